@@ -1,0 +1,177 @@
+"""The execution record in the shape of IntentusNet's ExecutionRecord (seeds 000 and 002).
+
+These are plain frozen-ish dataclasses, independent of the database: the store builds them from
+rows, the replay engines consume them, `to_dict()` gives the wire/CLI JSON shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+# Event types of seed 002 (router lifecycle) and seed 004 (LLM / tool calls).
+INTENT_RECEIVED = "INTENT_RECEIVED"
+AGENT_ATTEMPT_START = "AGENT_ATTEMPT_START"
+AGENT_ATTEMPT_END = "AGENT_ATTEMPT_END"
+FALLBACK_TRIGGERED = "FALLBACK_TRIGGERED"
+ROUTER_DECISION = "ROUTER_DECISION"
+FINAL_RESPONSE = "FINAL_RESPONSE"
+LLM_REQUESTED = "llm.requested"
+LLM_RESPONDED = "llm.responded"
+TOOL_REQUESTED = "tool.requested"
+TOOL_RESPONDED = "tool.responded"
+
+SEED_002_EVENT_TYPES = frozenset(
+    {
+        INTENT_RECEIVED,
+        AGENT_ATTEMPT_START,
+        AGENT_ATTEMPT_END,
+        FALLBACK_TRIGGERED,
+        ROUTER_DECISION,
+        FINAL_RESPONSE,
+    }
+)
+SEED_004_EVENT_TYPES = frozenset({LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED})
+
+# Execution status and replayability (seed 000's four states).
+STATUS_RUNNING = "running"
+STATUS_COMPLETED = "completed"
+STATUS_INCOMPLETE = "incomplete"
+STATUS_INVALIDATED = "invalidated"
+STATUSES = (STATUS_RUNNING, STATUS_COMPLETED, STATUS_INCOMPLETE, STATUS_INVALIDATED)
+
+REASON_EXECUTION_INCOMPLETE = "execution_incomplete"
+REASON_RECORDING_FAILURE = "recording_failure"
+REASON_MANUALLY_INVALIDATED = "manually_invalidated"
+REASON_RECORD_CORRUPTED = "record_corrupted"
+REPLAYABLE_REASONS = (
+    REASON_EXECUTION_INCOMPLETE,
+    REASON_RECORDING_FAILURE,
+    REASON_MANUALLY_INVALIDATED,
+    REASON_RECORD_CORRUPTED,
+)
+
+
+def compute_envelope_hash(envelope: dict) -> str:
+    """Hash an intent envelope exactly as seed 000 does: routingMetadata left out, canonical JSON."""
+    stable = {k: v for k, v in envelope.items() if k not in ["routingMetadata"]}
+    canonical = json.dumps(
+        stable,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+        default=str,
+    )
+    return f"sha256:{hashlib.sha256(canonical.encode()).hexdigest()}"
+
+
+def normalize_envelope_hash(value: Optional[str]) -> Optional[str]:
+    """Accept a bare hex digest (IntentusNet writes those) beside the "sha256:"-prefixed form."""
+    if value is None:
+        return None
+    if value.startswith("sha256:"):
+        return value
+    if len(value) == 64 and all(c in "0123456789abcdef" for c in value.lower()):
+        return "sha256:" + value.lower()
+    return value
+
+
+@dataclass
+class ExecutionEvent:
+    seq: int
+    type: str
+    payload: Any
+
+    def to_dict(self) -> dict:
+        return {"seq": self.seq, "type": self.type, "payload": self.payload}
+
+
+@dataclass
+class ExecutionHeader:
+    executionId: str
+    createdUtcIso: str
+    envelopeHash: Optional[str]
+    replayable: bool
+    replayableReason: Optional[str]
+
+    def to_dict(self) -> dict:
+        return {
+            "executionId": self.executionId,
+            "createdUtcIso": self.createdUtcIso,
+            "envelopeHash": self.envelopeHash,
+            "replayable": self.replayable,
+            "replayableReason": self.replayableReason,
+        }
+
+
+@dataclass
+class ExecutionRecord:
+    """One execution: header, envelope, router decision, events in seq order, final response.
+
+    `status`, `intent` and the lineage fields are tracedb's additions beside the seed's shape;
+    `to_dict()` carries them under their own keys and never changes the seed's keys.
+    """
+
+    header: ExecutionHeader
+    envelope: dict
+    routerDecision: Optional[dict] = None
+    events: list[ExecutionEvent] = field(default_factory=list)
+    finalResponse: Optional[dict] = None
+    status: str = STATUS_RUNNING
+    intent: Optional[str] = None
+    parentExecutionId: Optional[str] = None
+    forkedAtSeq: Optional[int] = None
+
+    @property
+    def execution_id(self) -> str:
+        return self.header.executionId
+
+    @property
+    def last_event(self) -> Optional[ExecutionEvent]:
+        return self.events[-1] if self.events else None
+
+    def to_dict(self) -> dict:
+        out = {
+            "header": self.header.to_dict(),
+            "envelope": self.envelope,
+            "routerDecision": self.routerDecision,
+            "events": [e.to_dict() for e in self.events],
+            "finalResponse": self.finalResponse,
+            "status": self.status,
+            "intent": self.intent,
+        }
+        if self.parentExecutionId is not None:
+            out["lineage"] = {
+                "parentExecutionId": self.parentExecutionId,
+                "forkedAtSeq": self.forkedAtSeq,
+            }
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ExecutionRecord":
+        """Build a record from `to_dict()` output (or an IntentusNet record of the same shape)."""
+        h = data["header"]
+        lineage = data.get("lineage") or {}
+        return cls(
+            header=ExecutionHeader(
+                executionId=h["executionId"],
+                createdUtcIso=h.get("createdUtcIso", ""),
+                envelopeHash=normalize_envelope_hash(h.get("envelopeHash")),
+                replayable=bool(h.get("replayable", False)),
+                replayableReason=h.get("replayableReason"),
+            ),
+            envelope=data.get("envelope") or {},
+            routerDecision=data.get("routerDecision"),
+            events=[
+                ExecutionEvent(seq=e["seq"], type=e["type"], payload=e.get("payload"))
+                for e in data.get("events") or []
+            ],
+            finalResponse=data.get("finalResponse"),
+            status=data.get("status")
+            or (STATUS_COMPLETED if data.get("finalResponse") is not None else STATUS_INCOMPLETE),
+            intent=data.get("intent"),
+            parentExecutionId=lineage.get("parentExecutionId"),
+            forkedAtSeq=lineage.get("forkedAtSeq"),
+        )

@@ -1,0 +1,60 @@
+"""tracedb's write-ahead log: durable appends with group commit, recovery modes, repair.
+
+The byte layout and the recovery rules are specified in wal/FORMAT.md. This package knows
+nothing of traces.
+"""
+
+from .errors import (
+    PayloadTooLargeError,
+    WalClosedError,
+    WalCorruptionError,
+    WalError,
+    WalFailedError,
+    WalLockedError,
+    WalUsageError,
+)
+from .format import MAX_PAYLOAD_BYTES
+from .fs import OsFileSystem
+from .reader import (
+    Damage,
+    Record,
+    RecoveryMode,
+    ScanResult,
+    WalReader,
+    list_segments,
+    read_applied_lsn,
+    read_records,
+    scan,
+)
+from .repair import RepairResult, repair
+from .writer import DEFAULT_SEGMENT_SIZE_BYTES, AsyncWal, OpenResult, Wal, WalStats, open_async, open_wal
+
+__all__ = [
+    "AsyncWal",
+    "Damage",
+    "DEFAULT_SEGMENT_SIZE_BYTES",
+    "MAX_PAYLOAD_BYTES",
+    "OpenResult",
+    "OsFileSystem",
+    "PayloadTooLargeError",
+    "Record",
+    "RecoveryMode",
+    "RepairResult",
+    "ScanResult",
+    "Wal",
+    "WalClosedError",
+    "WalCorruptionError",
+    "WalError",
+    "WalFailedError",
+    "WalLockedError",
+    "WalReader",
+    "WalStats",
+    "WalUsageError",
+    "list_segments",
+    "open_async",
+    "open_wal",
+    "read_applied_lsn",
+    "read_records",
+    "repair",
+    "scan",
+]

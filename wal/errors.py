@@ -1,0 +1,74 @@
+"""The WAL's errors. `WalError` is the root; each condition a caller may handle has its class."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class WalError(Exception):
+    """Root of every error the `wal` package raises."""
+
+    def __init__(self, message: str, *, hint: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
+
+class WalLockedError(WalError):
+    """Another writer holds the directory's LOCK file."""
+
+    def __init__(self, directory: str, holder: str):
+        super().__init__(
+            f"WAL directory {directory} is locked by another writer ({holder})",
+            hint="one writer per directory: stop that process, or point this one at another directory",
+        )
+        self.directory = directory
+        self.holder = holder
+
+
+class WalFailedError(WalError):
+    """A write or fsync failed; the writer refuses every further append (fail closed)."""
+
+    def __init__(self, op: str, cause: BaseException):
+        errno_name = getattr(cause, "errno", None)
+        super().__init__(
+            f"WAL {op} failed: {cause}; no further appends are accepted",
+            hint="fix the disk (space, I/O errors), then reopen the log: recovery keeps every "
+            "acknowledged record",
+        )
+        self.op = op
+        self.errno = errno_name
+        self.__cause__ = cause
+
+
+class WalClosedError(WalError):
+    """An append on a closed writer."""
+
+
+class WalCorruptionError(WalError):
+    """Damage that is not a torn tail: names the file, the byte offset and what was expected."""
+
+    def __init__(self, path: str, offset: int, expected: str, found: str):
+        super().__init__(
+            f"WAL corruption in {path} at offset {offset}: expected {expected}, found {found}",
+            hint="inspect it; `tracedb wal repair` keeps a .broken copy and truncates at the last "
+            "good record",
+        )
+        self.path = path
+        self.offset = offset
+        self.expected = expected
+        self.found = found
+
+
+class WalUsageError(WalError):
+    """An API used the wrong way (a sync call inside a running event loop, a payload too big)."""
+
+
+class PayloadTooLargeError(WalUsageError):
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"WAL payload of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit

@@ -1,0 +1,115 @@
+"""Byte layout of segments and records; see wal/FORMAT.md. Pure functions, no I/O."""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import crc32c as _crc32c
+
+MAGIC = b"TDBWAL\x00\x01"
+FORMAT_VERSION = 1
+SEGMENT_HEADER_SIZE = 40
+RECORD_HEADER_SIZE = 20
+MAX_PAYLOAD_BYTES = 64 << 20
+ALIGN = 8
+
+TYPE_DATA = 1
+TYPE_SEAL = 2
+RECORD_TYPES = (TYPE_DATA, TYPE_SEAL)
+
+_SEG_HEAD = struct.Struct("<8sHHIQQI")  # magic, version, reserved, salt, segno, first_lsn, reserved
+_SEG_CRC = struct.Struct("<I")
+_REC_TAIL = struct.Struct("<IQBBH")  # length, lsn, type, padding, reserved
+_REC_HEAD = struct.Struct("<IIQBBH")  # crc + tail
+_SEAL_PAYLOAD = struct.Struct("<QQ")  # last lsn, data record count
+_U32 = struct.Struct("<I")
+_MASK_DELTA = 0xA282EAD8
+
+crc32c = _crc32c.crc32c
+
+
+def mask(crc: int) -> int:
+    """LevelDB's CRC mask: a CRC stored in data that is itself checksummed stays strong."""
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def unmask(masked: int) -> int:
+    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
+    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
+
+
+def segment_name(segment_number: int, first_lsn: int) -> str:
+    return f"{segment_number:016x}-{first_lsn:016x}.wal"
+
+
+def parse_segment_name(name: str) -> tuple[int, int] | None:
+    """(segment number, first LSN) of a segment file name, or None if it is not one."""
+    if len(name) != 37 or not name.endswith(".wal") or name[16] != "-":
+        return None
+    try:
+        return int(name[:16], 16), int(name[17:33], 16)
+    except ValueError:
+        return None
+
+
+def encode_segment_header(salt: int, segment_number: int, first_lsn: int) -> bytes:
+    body = _SEG_HEAD.pack(MAGIC, FORMAT_VERSION, 0, salt, segment_number, first_lsn, 0)
+    return body + _SEG_CRC.pack(mask(crc32c(body)))
+
+
+class SegmentHeader(NamedTuple):
+    salt: int
+    segment_number: int
+    first_lsn: int
+
+
+def decode_segment_header(data: bytes) -> SegmentHeader | str:
+    """The header, or a string saying what is wrong with it."""
+    if len(data) < SEGMENT_HEADER_SIZE:
+        return f"a {SEGMENT_HEADER_SIZE}-byte segment header, found {len(data)} bytes"
+    body = bytes(data[:36])
+    (stored,) = _SEG_CRC.unpack_from(data, 36)
+    if mask(crc32c(body)) != stored:
+        return "a segment header with a valid CRC"
+    magic, version, r1, salt, segno, first_lsn, r2 = _SEG_HEAD.unpack(body)
+    if magic != MAGIC:
+        return f"magic {MAGIC!r}, found {magic!r}"
+    if version != FORMAT_VERSION:
+        return f"format version {FORMAT_VERSION}, found {version}"
+    if r1 or r2:
+        return "zero reserved header fields"
+    return SegmentHeader(salt, segno, first_lsn)
+
+
+def salt_seed(salt: int) -> int:
+    """The CRC state after the salt: every record CRC of a segment starts from it."""
+    return crc32c(_U32.pack(salt))
+
+
+def padding_for(payload_len: int) -> int:
+    return -(RECORD_HEADER_SIZE + payload_len) % ALIGN
+
+
+_ZEROS = bytes(ALIGN)
+
+
+def encode_record(seed: int, lsn: int, rtype: int, payload: bytes) -> bytes:
+    """One framed record; `seed` is `salt_seed(segment salt)`."""
+    n = len(payload)
+    pad = -(RECORD_HEADER_SIZE + n) % ALIGN
+    tail = _REC_TAIL.pack(n, lsn, rtype, pad, 0)
+    crc = crc32c(payload, crc32c(tail, seed))
+    return b"".join((_U32.pack(mask(crc)), tail, payload, _ZEROS[:pad]))
+
+
+def encode_seal(seed: int, last_lsn: int, data_records: int) -> bytes:
+    """The SEAL record: takes no LSN of its own, its LSN field is the segment's last LSN."""
+    return encode_record(seed, last_lsn, TYPE_SEAL, _SEAL_PAYLOAD.pack(last_lsn, data_records))
+
+
+def decode_seal(payload: bytes) -> tuple[int, int]:
+    return _SEAL_PAYLOAD.unpack(payload)
+
+
+REC_HEAD = _REC_HEAD

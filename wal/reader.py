@@ -1,0 +1,359 @@
+"""Reading the log: iterate records from an LSN, tell a torn tail from corruption.
+
+See wal/FORMAT.md, "Reading and recovery", for the rules this module implements.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Iterator, NamedTuple, Optional
+
+from . import format as fmt
+from .errors import WalCorruptionError, WalUsageError
+
+APPLIED_FILE = "APPLIED"
+
+
+class RecoveryMode(str, enum.Enum):
+    """What a reader does with damage; after RocksDB's WAL recovery modes."""
+
+    TOLERATE_TAIL = "tolerate_tail"
+    ABSOLUTE = "absolute"
+    POINT_IN_TIME = "point_in_time"
+    SALVAGE = "salvage"
+
+
+class Record(NamedTuple):
+    lsn: int
+    payload: bytes
+    segment: str
+    offset: int
+
+
+class SegmentInfo(NamedTuple):
+    path: str
+    name: str
+    number: int
+    first_lsn: int
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One damaged place: `torn_tail` is the benign end of an unacknowledged group."""
+
+    path: str
+    offset: int
+    expected: str
+    found: str
+    torn_tail: bool
+    skipped_bytes: int = 0
+
+    def error(self) -> WalCorruptionError:
+        return WalCorruptionError(self.path, self.offset, self.expected, self.found)
+
+
+def list_segments(directory: str) -> list[SegmentInfo]:
+    """Segment files of `directory`, sorted by number."""
+    out = []
+    for name in os.listdir(directory):
+        parsed = fmt.parse_segment_name(name)
+        if parsed is not None:
+            out.append(SegmentInfo(os.path.join(directory, name), name, parsed[0], parsed[1]))
+    out.sort(key=lambda s: s.number)
+    return out
+
+
+def read_applied_lsn(directory: str) -> int:
+    """The LSN below which every record was applied elsewhere (1 if none was declared)."""
+    try:
+        with open(os.path.join(directory, APPLIED_FILE), "rb") as f:
+            text = f.read().decode("ascii").strip()
+    except FileNotFoundError:
+        return 1
+    try:
+        return max(1, int(text))
+    except ValueError:
+        raise WalCorruptionError(
+            os.path.join(directory, APPLIED_FILE), 0, "a decimal LSN", repr(text[:40])
+        ) from None
+
+
+def _check_record(buf, off: int, end: int, seed: int, expected_lsn: int):
+    """Validate the record at `off`. Returns (lsn, type, n, record_end) or a string of what's wrong.
+
+    `expected_lsn` None accepts any LSN (used when hunting for a valid record after damage).
+    """
+    if end - off < fmt.RECORD_HEADER_SIZE:
+        return f"a {fmt.RECORD_HEADER_SIZE}-byte record header, found {end - off} bytes"
+    crc, n, lsn, rtype, pad, reserved = fmt.REC_HEAD.unpack_from(buf, off)
+    if n > fmt.MAX_PAYLOAD_BYTES:
+        return f"a payload length at most {fmt.MAX_PAYLOAD_BYTES}, found {n}"
+    rec_end = off + fmt.RECORD_HEADER_SIZE + n + pad
+    if rec_end > end:
+        return f"a record of {rec_end - off} bytes, found {end - off} bytes to end of file"
+    if rtype not in fmt.RECORD_TYPES:
+        return f"record type 1 or 2, found {rtype}"
+    if reserved != 0 or pad != (-(fmt.RECORD_HEADER_SIZE + n) % fmt.ALIGN):
+        return f"padding {(-(fmt.RECORD_HEADER_SIZE + n) % fmt.ALIGN)} and zero reserved bytes"
+    if fmt.mask(fmt.crc32c(buf[off + 4 : off + fmt.RECORD_HEADER_SIZE + n], seed)) != crc:
+        return "a record with a valid CRC"
+    if pad and any(buf[rec_end - pad : rec_end]):
+        return "zero padding"
+    if expected_lsn is not None:
+        want = expected_lsn if rtype == fmt.TYPE_DATA else expected_lsn - 1
+        if lsn != want:
+            return f"LSN {want}, found {lsn}"
+    return lsn, rtype, n, rec_end
+
+
+def _find_valid_after(buf, off: int, end: int, seed: int, min_lsn: int) -> Optional[int]:
+    """The first 8-byte-aligned offset after `off` holding a valid record with LSN >= min_lsn."""
+    pos = off + fmt.ALIGN - (off % fmt.ALIGN)
+    while pos + fmt.RECORD_HEADER_SIZE <= end:
+        got = _check_record(buf, pos, end, seed, None)
+        if not isinstance(got, str) and got[0] >= min_lsn:
+            return pos
+        pos += fmt.ALIGN
+    return None
+
+
+@dataclass
+class ScanResult:
+    """What a full scan found: counts, the LSN range, the end of valid data, every damage."""
+
+    records: int = 0
+    first_lsn: Optional[int] = None
+    last_lsn: int = 0
+    segments: int = 0
+    sealed_last: bool = False
+    end_segment: Optional[str] = None
+    end_offset: int = 0
+    damages: list[Damage] = field(default_factory=list)
+
+    @property
+    def torn_tail(self) -> Optional[Damage]:
+        for d in self.damages:
+            if d.torn_tail:
+                return d
+        return None
+
+
+class WalReader:
+    """Iterates DATA records in LSN order, from `from_lsn`, under a recovery mode.
+
+    The reader can be called again after the log has grown: `records(to_lsn)` continues where the
+    previous call stopped. `to_lsn` bounds what is read to what the writer has acknowledged, so a
+    group still being written is never looked at.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        from_lsn: int = 1,
+        mode: RecoveryMode | str = RecoveryMode.TOLERATE_TAIL,
+    ):
+        self.directory = directory
+        self.mode = RecoveryMode(mode)
+        self.from_lsn = max(1, from_lsn)
+        self.damages: list[Damage] = []
+        self.records_read = 0
+        self.last_lsn = 0
+        self.sealed_last = False
+        self._seg: Optional[SegmentInfo] = None
+        self._seed = 0
+        self._offset = 0
+        self._expected = 0
+        self._stopped = False
+
+    # -- segment bookkeeping -------------------------------------------------------------
+    def _segments(self) -> list[SegmentInfo]:
+        segs = list_segments(self.directory)
+        if not segs:
+            return segs
+        applied = read_applied_lsn(self.directory)
+        first = segs[0]
+        if first.first_lsn > 1 and first.first_lsn > applied:
+            raise WalCorruptionError(
+                first.path,
+                0,
+                f"segments covering LSN {applied}..{first.first_lsn - 1} (not declared applied)",
+                "them missing",
+            )
+        for prev, nxt in zip(segs, segs[1:]):
+            if nxt.number != prev.number + 1:
+                raise WalCorruptionError(
+                    nxt.path, 0, f"segment number {prev.number + 1}", f"{nxt.number}"
+                )
+        return segs
+
+    def _open_segment(self, seg: SegmentInfo, expected_first: Optional[int]) -> bool:
+        with open(seg.path, "rb") as f:
+            head = f.read(fmt.SEGMENT_HEADER_SIZE)
+        got = fmt.decode_segment_header(head)
+        if isinstance(got, str):
+            return self._damage(seg.path, 0, got, "a damaged segment header", False)
+        if got.segment_number != seg.number or got.first_lsn != seg.first_lsn:
+            return self._damage(
+                seg.path,
+                0,
+                f"header for segment {seg.number} first LSN {seg.first_lsn}",
+                f"segment {got.segment_number} first LSN {got.first_lsn}",
+                False,
+            )
+        if expected_first is not None and got.first_lsn != expected_first:
+            return self._damage(
+                seg.path, 0, f"first LSN {expected_first}", f"{got.first_lsn}", False
+            )
+        self._seg = seg
+        self._seed = fmt.salt_seed(got.salt)
+        self._offset = fmt.SEGMENT_HEADER_SIZE
+        self._expected = got.first_lsn
+        return True
+
+    def _damage(self, path, offset, expected, found, torn, skipped=0) -> bool:
+        d = Damage(path, offset, expected, found, torn, skipped)
+        self.damages.append(d)
+        if self.mode is RecoveryMode.ABSOLUTE or (
+            self.mode is RecoveryMode.TOLERATE_TAIL and not torn
+        ):
+            raise d.error()
+        return False
+
+    def _start(self) -> bool:
+        segs = self._segments()
+        if not segs:
+            return False
+        start = segs[0]
+        for s in segs:
+            if s.first_lsn <= self.from_lsn:
+                start = s
+        return self._open_segment(start, None)
+
+    # -- iteration -----------------------------------------------------------------------
+    def records(self, to_lsn: Optional[int] = None) -> Iterator[Record]:
+        """Yield DATA records with from_lsn <= lsn <= to_lsn, continuing from the last call."""
+        if self._stopped:
+            return
+        if self._seg is None and not self._start():
+            if self.damages:
+                self._stopped = True
+            return
+        while True:
+            if to_lsn is not None and self._expected > to_lsn:
+                return
+            seg = self._seg
+            with open(seg.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+            base = self._offset
+            buf = memoryview(data)
+            end = len(data)
+            off = 0
+            seed = self._seed
+            expected = self._expected
+            from_lsn = self.from_lsn
+            sealed = False
+            damage = None
+            check = _check_record
+            while off < end:
+                if to_lsn is not None and expected > to_lsn:
+                    break
+                got = check(buf, off, end, seed, expected)
+                if got.__class__ is str:
+                    damage = got
+                    break
+                lsn, rtype, n, rec_end = got
+                if rtype == fmt.TYPE_SEAL:
+                    if rec_end != end:
+                        damage = f"end of segment after its SEAL record, found {end - rec_end} more bytes"
+                        break
+                    sealed = True
+                    off = rec_end
+                    break
+                if lsn >= from_lsn:
+                    self.records_read += 1
+                    yield Record(lsn, bytes(buf[off + 20 : off + 20 + n]), seg.name, base + off)
+                self.last_lsn = lsn
+                expected = lsn + 1
+                off = rec_end
+                # Progress is saved per record so that a consumer that stops early resumes here.
+                self._offset = base + off
+                self._expected = expected
+            self._offset = base + off
+            self._expected = expected
+            if damage is not None:
+                if not self._handle_damage(seg, buf, base, off, end, seed, expected, damage):
+                    return
+                continue
+            if sealed:
+                self.sealed_last = True
+                nxt = self._next_segment(seg)
+                if nxt is None:
+                    return
+                self.sealed_last = False
+                if not self._open_segment(nxt, expected):
+                    self._stopped = True
+                    return
+                continue
+            return  # clean end of the segment's current bytes
+
+    def _next_segment(self, seg: SegmentInfo) -> Optional[SegmentInfo]:
+        for s in self._segments():
+            if s.number == seg.number + 1:
+                return s
+        return None
+
+    def _is_last(self, seg: SegmentInfo) -> bool:
+        return self._next_segment(seg) is None
+
+    def _handle_damage(self, seg, buf, base, off, end, seed, expected, what) -> bool:
+        """Classify damage at `base + off`; True if reading continues (salvage) in this segment."""
+        after = _find_valid_after(buf, off, end, seed, expected - 1 if expected > 1 else 1)
+        torn = after is None and self._is_last(seg)
+        found = "a damaged record" if after is None else f"a valid record at offset {base + after}"
+        self._damage(seg.path, base + off, what, found, torn, (after or end) - off)
+        if self.mode is RecoveryMode.SALVAGE:
+            if after is not None:
+                lsn = fmt.REC_HEAD.unpack_from(buf, after)[2]
+                self._offset = base + after
+                self._expected = lsn
+                return True
+            nxt = self._next_segment(seg)
+            if nxt is not None and self._open_segment(nxt, None):
+                return True
+        self._stopped = True
+        return False
+
+
+def read_records(
+    directory: str,
+    *,
+    from_lsn: int = 1,
+    to_lsn: Optional[int] = None,
+    mode: RecoveryMode | str = RecoveryMode.TOLERATE_TAIL,
+) -> Iterator[Record]:
+    """Yield every DATA record from `from_lsn` (to `to_lsn`), in LSN order, under `mode`."""
+    return WalReader(directory, from_lsn=from_lsn, mode=mode).records(to_lsn)
+
+
+def scan(directory: str, *, mode: RecoveryMode | str = RecoveryMode.TOLERATE_TAIL) -> ScanResult:
+    """Read the whole log and summarise it; raises WalCorruptionError as `mode` says."""
+    if not os.path.isdir(directory):
+        raise WalUsageError(f"no WAL directory at {directory}")
+    reader = WalReader(directory, mode=mode)
+    result = ScanResult()
+    for rec in reader.records():
+        if result.first_lsn is None:
+            result.first_lsn = rec.lsn
+        result.records += 1
+    result.last_lsn = reader.last_lsn
+    result.segments = len(list_segments(directory))
+    result.sealed_last = reader.sealed_last
+    result.damages = list(reader.damages)
+    if reader._seg is not None:
+        result.end_segment = reader._seg.path
+        result.end_offset = reader._offset
+    return result

@@ -1,0 +1,87 @@
+"""Repair a damaged log: keep a `.broken` copy, truncate at the last good record.
+
+Never run on a log that a writer holds open: it takes the directory's lock first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Optional
+
+from .fs import OsFileSystem
+from .reader import Damage, RecoveryMode, WalReader, list_segments
+
+
+@dataclass(frozen=True)
+class RepairResult:
+    """What repair did: where the log now ends, what was cut, where the copies are."""
+
+    damage: Optional[Damage]
+    last_lsn: int
+    truncated_segment: Optional[str]
+    truncated_at: Optional[int]
+    removed_segments: tuple[str, ...]
+    broken_copies: tuple[str, ...]
+
+
+def _keep_copy(fs, path: str) -> str:
+    dst = path + ".broken"
+    shutil.copyfile(path, dst)
+    fd = fs.open(dst, os.O_RDONLY)
+    try:
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    return dst
+
+
+def repair(directory: str, *, fs=None) -> RepairResult:
+    """Cut the log at its first damage (torn tail or corruption). A clean log is left alone."""
+    from .writer import acquire_dir_lock
+
+    fs = fs or OsFileSystem()
+    lock_fd = acquire_dir_lock(os.path.abspath(directory))
+    try:
+        reader = WalReader(directory, mode=RecoveryMode.POINT_IN_TIME)
+        for _ in reader.records():
+            pass
+        if not reader.damages:
+            return RepairResult(None, reader.last_lsn, None, None, (), ())
+        damage = reader.damages[0]
+        copies = []
+        removed = []
+        cut_path = damage.path
+        cut_at = damage.offset
+        if cut_at == 0:
+            # A damaged segment header: the whole segment goes (after its copy).
+            cut_at = None
+        later = [s for s in list_segments(directory) if s.path > cut_path]
+        copies.append(_keep_copy(fs, cut_path))
+        for s in later:
+            copies.append(_keep_copy(fs, s.path))
+        if cut_at is None:
+            fs.unlink(cut_path)
+            removed.append(cut_path)
+        else:
+            fd = fs.open(cut_path, os.O_WRONLY)
+            try:
+                fs.ftruncate(fd, cut_at)
+                fs.fdatasync(fd)
+            finally:
+                fs.close(fd)
+        for s in later:
+            fs.unlink(s.path)
+            removed.append(s.path)
+        fs.fsync_dir(directory)
+        return RepairResult(
+            damage,
+            reader.last_lsn,
+            None if cut_at is None else cut_path,
+            cut_at,
+            tuple(removed),
+            tuple(copies),
+        )
+    finally:
+        os.close(lock_fd)

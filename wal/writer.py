@@ -1,0 +1,495 @@
+"""The one writer of a WAL directory: group commit, rotation, fail-closed on I/O errors.
+
+Appends are framed and given their LSN in call order under one lock, into the current group. A
+single flusher thread takes the whole group, writes it with one write and makes it durable with
+one fdatasync, then acknowledges every append of the group at once: blocked threads through a
+condition variable, asyncio callers through one `call_soon_threadsafe` per event loop per group.
+So concurrency raises the group size instead of the number of fsyncs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from . import format as fmt
+from .errors import (
+    PayloadTooLargeError,
+    WalClosedError,
+    WalCorruptionError,
+    WalFailedError,
+    WalLockedError,
+    WalUsageError,
+)
+from .fs import OsFileSystem, write_all, write_file_atomic
+from .reader import APPLIED_FILE, RecoveryMode, list_segments, read_applied_lsn, WalReader
+
+DEFAULT_SEGMENT_SIZE_BYTES = 64 << 20
+LOCK_FILE = "LOCK"
+
+
+@dataclass(frozen=True)
+class OpenResult:
+    """What opening the log found and did."""
+
+    last_lsn: int
+    segments: int
+    truncated_bytes: int
+    torn_tail_offset: Optional[int]
+
+
+@dataclass(frozen=True)
+class WalStats:
+    """Counters since open, for metrics."""
+
+    appends: int
+    groups: int
+    bytes_written: int
+    fsync_seconds_total: float
+    durable_lsn: int
+    last_group_size: int
+
+
+def acquire_dir_lock(directory: str) -> int:
+    """flock the directory's LOCK file and write our pid and host into it; return its fd."""
+    path = os.path.join(directory, LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            os.close(fd)
+            raise
+        try:
+            holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        raise WalLockedError(directory, holder) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+    return fd
+
+
+def _in_running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _resolve_futures(batch) -> None:
+    """Runs in an event loop's thread: acknowledge (or fail) one group's futures there."""
+    for fut, value, exc in batch:
+        if fut.done():
+            continue
+        if exc is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(exc)
+
+
+class Wal:
+    """A write-ahead log opened for appending. Sync API; see `AsyncWal` for the asyncio twin.
+
+    `append` returns the record's LSN only after the fdatasync covering it succeeded.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        segment_size_bytes: int = DEFAULT_SEGMENT_SIZE_BYTES,
+        fs=None,
+        on_group: Optional[Callable[[int, float], None]] = None,
+    ):
+        self.directory = os.path.abspath(directory)
+        self.segment_size_bytes = segment_size_bytes
+        self.fs = fs or OsFileSystem()
+        self._on_group = on_group
+        self._lock = threading.Lock()
+        self._synced = threading.Condition(self._lock)
+        self._work = threading.Condition(self._lock)
+        self._group = bytearray()
+        self._waiters: list = []  # (loop, future, lsn) of asyncio appends in the open group
+        self._group_last_lsn = 0
+        self._closed = False
+        self._failed: Optional[WalFailedError] = None
+        self._appends = 0
+        self._groups = 0
+        self._bytes = 0
+        self._fsync_s = 0.0
+        self._last_group = 0
+        self._lock_fd: Optional[int] = None
+        self._fd: Optional[int] = None
+        os.makedirs(self.directory, exist_ok=True)
+        self._acquire_lock()
+        try:
+            self.open_result = self._recover()
+        except BaseException:
+            self._release_lock()
+            raise
+        self._thread = threading.Thread(target=self._flusher, name="wal-flusher", daemon=True)
+        self._thread.start()
+
+    # -- opening -------------------------------------------------------------------------
+    def _acquire_lock(self) -> None:
+        self._lock_fd = acquire_dir_lock(self.directory)
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing drops the flock
+            self._lock_fd = None
+
+    def _recover(self) -> OpenResult:
+        """Remove temp files, validate the last segment, truncate a torn tail, open for append."""
+        for name in os.listdir(self.directory):
+            if name.endswith(".tmp"):
+                self.fs.unlink(os.path.join(self.directory, name))
+        segs = list_segments(self.directory)
+        if not segs:
+            applied = read_applied_lsn(self.directory)
+            self._next_lsn = applied
+            self._create_segment(1, applied)
+            return OpenResult(applied - 1, 1, 0, None)
+        last = segs[-1]
+        reader = WalReader(self.directory, from_lsn=last.first_lsn, mode=RecoveryMode.TOLERATE_TAIL)
+        if len(segs) > 1:
+            # Start the reader inside the last segment: earlier ones are the compactor's to read.
+            reader._segments = lambda: [last]  # type: ignore[method-assign]
+        for _ in reader.records():
+            pass
+        end = reader._offset if reader._seg is not None else fmt.SEGMENT_HEADER_SIZE
+        if reader._seg is None:
+            # The last segment's header is damaged: never a torn tail (see FORMAT.md).
+            d = reader.damages[0] if reader.damages else None
+            raise WalCorruptionError(last.path, 0, "a valid segment header", d.found if d else "?")
+        next_lsn = reader._expected
+        size = os.path.getsize(last.path)
+        truncated = size - end
+        torn = reader.damages[0].offset if reader.damages else None
+        fd = self.fs.open(last.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            if truncated:
+                self.fs.ftruncate(fd, end)
+            # Bytes a killed process left in the page cache are durable only once synced.
+            self.fs.fdatasync(fd)
+        except BaseException:
+            self.fs.close(fd)
+            raise
+        self._next_lsn = next_lsn
+        self._segment_number = last.number
+        self._seed = reader._seed
+        self._segment_bytes = end
+        self._segment_first = last.first_lsn
+        self._fd = fd
+        self._durable_lsn = next_lsn - 1
+        self._group_last_lsn = next_lsn - 1
+        self._encode_seed = self._seed
+        self._pending_rotation = None
+        if reader.sealed_last:
+            self.fs.close(fd)
+            self._fd = None
+            self._create_segment(last.number + 1, next_lsn)
+        return OpenResult(next_lsn - 1, len(segs), truncated, torn)
+
+    def _create_segment(self, number: int, first_lsn: int) -> None:
+        salt = secrets.randbits(32)
+        name = fmt.segment_name(number, first_lsn)
+        write_file_atomic(self.fs, self.directory, name, fmt.encode_segment_header(salt, number, first_lsn))
+        self._fd = self.fs.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_APPEND)
+        self._segment_number = number
+        self._seed = fmt.salt_seed(salt)
+        self._encode_seed = self._seed
+        self._segment_bytes = fmt.SEGMENT_HEADER_SIZE
+        self._segment_first = first_lsn
+        self._durable_lsn = first_lsn - 1
+        self._group_last_lsn = first_lsn - 1
+        self._pending_rotation = None
+
+    # -- appending -----------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if self._closed:
+            raise WalClosedError(f"WAL {self.directory} is closed")
+
+    def _encode_locked(self, payload) -> int:
+        n = len(payload)
+        if n > fmt.MAX_PAYLOAD_BYTES:
+            raise PayloadTooLargeError(n, fmt.MAX_PAYLOAD_BYTES)
+        lsn = self._next_lsn
+        self._group += fmt.encode_record(self._encode_seed, lsn, fmt.TYPE_DATA, payload)
+        self._next_lsn = lsn + 1
+        self._group_last_lsn = lsn
+        return lsn
+
+    def _enqueue(self, payloads: Sequence[bytes]) -> list[int]:
+        for p in payloads:
+            if len(p) > fmt.MAX_PAYLOAD_BYTES:
+                raise PayloadTooLargeError(len(p), fmt.MAX_PAYLOAD_BYTES)
+        with self._lock:
+            self._check_open()
+            lsns = [self._encode_locked(p) for p in payloads]
+            self._appends += len(lsns)
+            self._work.notify()
+        return lsns
+
+    def _wait_durable(self, lsn: int) -> None:
+        with self._lock:
+            while self._durable_lsn < lsn:
+                if self._failed is not None:
+                    raise self._failed
+                if self._closed and not self._thread.is_alive():
+                    raise WalClosedError(f"WAL {self.directory} closed before LSN {lsn} was synced")
+                self._synced.wait()
+
+    def append(self, payload: bytes) -> int:
+        """Append one record; return its LSN once it is durable (after fdatasync)."""
+        if _in_running_loop():
+            raise WalUsageError(
+                "Wal.append() blocks and was called inside a running event loop; "
+                "use `await AsyncWal.append()` (wal.open_async) there"
+            )
+        (lsn,) = self._enqueue((payload,))
+        self._wait_durable(lsn)
+        return lsn
+
+    def append_many(self, payloads: Sequence[bytes]) -> list[int]:
+        """Append records in order; return their LSNs once all are durable."""
+        if _in_running_loop():
+            raise WalUsageError(
+                "Wal.append_many() blocks and was called inside a running event loop; "
+                "use `await AsyncWal.append_many()` (wal.open_async) there"
+            )
+        if not payloads:
+            return []
+        lsns = self._enqueue(payloads)
+        self._wait_durable(lsns[-1])
+        return lsns
+
+    def append_future(self, payloads: Sequence[bytes], loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        """Enqueue records; the returned future (of `loop`) resolves to their LSNs once durable."""
+        fut = loop.create_future()
+        for p in payloads:
+            if len(p) > fmt.MAX_PAYLOAD_BYTES:
+                raise PayloadTooLargeError(len(p), fmt.MAX_PAYLOAD_BYTES)
+        with self._lock:
+            self._check_open()
+            lsns = [self._encode_locked(p) for p in payloads]
+            self._appends += len(lsns)
+            self._waiters.append((loop, fut, lsns))
+            self._work.notify()
+        return fut
+
+    # -- the flusher ---------------------------------------------------------------------
+    def _flusher(self) -> None:
+        while True:
+            with self._lock:
+                while not self._group and not self._closed:
+                    self._work.wait()
+                if not self._group and self._closed:
+                    return
+                group = self._group
+                waiters = self._waiters
+                last_lsn = self._group_last_lsn
+                self._group = bytearray()
+                self._waiters = []
+                rotate_to = None
+                if self._segment_bytes + len(group) >= self.segment_size_bytes:
+                    # Appends framed from now on belong to the next segment: give them its salt.
+                    salt = secrets.randbits(32)
+                    rotate_to = (salt, self._segment_number + 1, last_lsn + 1)
+                    self._encode_seed = fmt.salt_seed(salt)
+            try:
+                t0 = time.perf_counter()
+                write_all(self.fs, self._fd, group)
+                self.fs.fdatasync(self._fd)
+                dt = time.perf_counter() - t0
+                if rotate_to is not None:
+                    self._rotate(rotate_to, last_lsn)
+            except BaseException as e:  # noqa: BLE001 - every failure fails closed
+                self._fail("write/fdatasync" if rotate_to is None else "write/fdatasync/rotate", e, waiters)
+                return
+            with self._lock:
+                self._durable_lsn = last_lsn
+                self._groups += 1
+                self._bytes += len(group)
+                self._fsync_s += dt
+                if rotate_to is None:
+                    self._segment_bytes += len(group)
+                self._synced.notify_all()
+            self._last_group = len(waiters)
+            self._ack(waiters, None)
+            if self._on_group is not None:
+                try:
+                    self._on_group(len(group), dt)
+                except Exception:  # noqa: BLE001 - metrics must never break the log
+                    pass
+
+    def _rotate(self, rotate_to, last_lsn: int) -> None:
+        salt, number, first_lsn = rotate_to
+        data_records = last_lsn - self._segment_first + 1
+        write_all(self.fs, self._fd, fmt.encode_seal(self._seed, last_lsn, data_records))
+        self.fs.fdatasync(self._fd)
+        self.fs.close(self._fd)
+        self._fd = None
+        name = fmt.segment_name(number, first_lsn)
+        write_file_atomic(self.fs, self.directory, name, fmt.encode_segment_header(salt, number, first_lsn))
+        self._fd = self.fs.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_APPEND)
+        self._segment_number = number
+        self._seed = fmt.salt_seed(salt)
+        self._segment_bytes = fmt.SEGMENT_HEADER_SIZE
+        self._segment_first = first_lsn
+
+    def _ack(self, waiters, exc) -> None:
+        by_loop: dict = {}
+        for loop, fut, lsns in waiters:
+            by_loop.setdefault(loop, []).append((fut, lsns, exc))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve_futures, batch)
+            except RuntimeError:
+                pass  # that loop is closed; nobody is waiting there any more
+
+    def _fail(self, op: str, cause: BaseException, waiters) -> None:
+        err = WalFailedError(op, cause)
+        with self._lock:
+            self._failed = err
+            rest = self._waiters
+            self._waiters = []
+            self._group = bytearray()
+            self._synced.notify_all()
+        self._ack(waiters + rest, err)
+
+    # -- truncation below an applied LSN -------------------------------------------------
+    def mark_applied(self, lsn: int) -> int:
+        """Declare every record below `lsn` applied elsewhere; delete sealed segments below it.
+
+        Returns the number of segments deleted.
+        """
+        with self._lock:
+            self._check_open()
+            if lsn > self._durable_lsn + 1:
+                raise WalUsageError(
+                    f"cannot mark LSN {lsn} applied: only LSNs up to {self._durable_lsn} are durable"
+                )
+            current = self._segment_number
+        write_file_atomic(self.fs, self.directory, APPLIED_FILE, f"{lsn}\n".encode())
+        segs = list_segments(self.directory)
+        deleted = 0
+        for seg, nxt in zip(segs, segs[1:]):
+            if seg.number >= current or nxt.first_lsn > lsn:
+                break
+            self.fs.unlink(seg.path)
+            deleted += 1
+        if deleted:
+            self.fs.fsync_dir(self.directory)
+        return deleted
+
+    @property
+    def applied_lsn(self) -> int:
+        return read_applied_lsn(self.directory)
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def durable_lsn(self) -> int:
+        """The last LSN covered by a successful fdatasync."""
+        return self._durable_lsn
+
+    @property
+    def failed(self) -> Optional[WalFailedError]:
+        return self._failed
+
+    def stats(self) -> WalStats:
+        with self._lock:
+            return WalStats(
+                self._appends, self._groups, self._bytes, self._fsync_s, self._durable_lsn,
+                self._last_group,
+            )
+
+    def close(self) -> None:
+        """Flush what is queued, stop the flusher, release the lock. Safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._work.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        with self._lock:
+            self._synced.notify_all()
+        if self._fd is not None:
+            try:
+                self.fs.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+        self._release_lock()
+
+    def __enter__(self) -> "Wal":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_lock_fd", None) is not None and not getattr(self, "_closed", True):
+            import warnings
+
+            warnings.warn(f"Wal {self.directory} was never closed", ResourceWarning, stacklevel=1)
+
+
+class AsyncWal:
+    """The asyncio twin of `Wal`: the same names, awaited; never blocks the event loop."""
+
+    def __init__(self, wal: Wal):
+        self.wal = wal
+
+    @property
+    def directory(self) -> str:
+        return self.wal.directory
+
+    @property
+    def durable_lsn(self) -> int:
+        return self.wal.durable_lsn
+
+    async def append(self, payload: bytes) -> int:
+        """Append one record; the LSN comes back once it is durable."""
+        (lsn,) = await self.wal.append_future((payload,), asyncio.get_running_loop())
+        return lsn
+
+    async def append_many(self, payloads: Sequence[bytes]) -> list[int]:
+        """Append records in order; their LSNs come back once all are durable."""
+        if not payloads:
+            return []
+        return await self.wal.append_future(payloads, asyncio.get_running_loop())
+
+    async def mark_applied(self, lsn: int) -> int:
+        return await asyncio.get_running_loop().run_in_executor(None, self.wal.mark_applied, lsn)
+
+    def stats(self) -> WalStats:
+        return self.wal.stats()
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.wal.close)
+
+
+def open_wal(directory: str, **kwargs) -> Wal:
+    """Open (creating if needed) the WAL in `directory` for appending; runs tail recovery."""
+    return Wal(directory, **kwargs)
+
+
+async def open_async(directory: str, **kwargs) -> AsyncWal:
+    """Open the WAL for asyncio callers (recovery runs in a worker thread)."""
+    loop = asyncio.get_running_loop()
+    wal = await loop.run_in_executor(None, lambda: Wal(directory, **kwargs))
+    return AsyncWal(wal)
