@@ -92,3 +92,82 @@ class RecordingFailedError(TraceDBError):
 
 class ConfigError(TraceDBError):
     code = "config"
+
+
+# --- replay (tracedb/replay/) -------------------------------------------------------------------
+
+_NOT_REPLAYABLE_HINTS = {
+    "execution_incomplete": "the execution never recorded a final response; inspect it with "
+    "`tracedb inspect ID`, or replay anyway with --force (the payload may be null)",
+    "recording_failure": "the final response was not recorded properly; replay with --force only "
+    "to debug (the data may be partial)",
+    "manually_invalidated": "an operator invalidated this record; replay with --force only to debug",
+    "record_corrupted": "check the record with `tracedb verify ID`",
+}
+
+
+class NotReplayableError(TraceDBError):
+    """A record that may not be replayed (seed 000): `reason` is one of the replayability states."""
+
+    code = "not_replayable"
+    exit_code = EXIT_NOT_REPLAYABLE
+
+    def __init__(self, reason: Optional[str], *, execution_id: Optional[str] = None):
+        who = f"execution {execution_id!r}" if execution_id else "the record"
+        super().__init__(
+            f"{who} is not replayable: {reason}",
+            hint=_NOT_REPLAYABLE_HINTS.get(reason or "", "replay with --force only to debug"),
+        )
+        self.reason = reason
+        self.execution_id = execution_id
+
+
+class RecordCorruptedError(NotReplayableError, IntegrityError):
+    """A record failing its integrity checks (envelope hash, event order, shape).
+
+    It is a NotReplayableError (reason "record_corrupted", so batch replay reports it like any
+    other non-replayable record) and an IntegrityError (the CLI exits 4).
+    """
+
+    code = "record_corrupted"
+    exit_code = EXIT_INTEGRITY
+
+    def __init__(self, problems: "list[str]", *, execution_id: Optional[str] = None):
+        NotReplayableError.__init__(self, "record_corrupted", execution_id=execution_id)
+        self.problems = list(problems)
+        if self.problems:
+            self.message = f"{self.message} ({'; '.join(self.problems)})"
+
+
+class ReplayHashMismatchError(IntegrityError):
+    """The envelope given for verification does not hash to the recorded envelope hash."""
+
+    code = "envelope_mismatch"
+
+    def __init__(self, recorded: Optional[str], provided: str):
+        super().__init__(
+            f"Envelope modified since original execution: recorded {recorded}, provided {provided}",
+            hint="replay with the envelope the execution was recorded with (routingMetadata may differ)",
+        )
+        self.recorded = recorded
+        self.provided = provided
+
+
+class ReplayDivergenceError(TraceDBError):
+    """Strict event-log replay saw a call that differs from the recording (seed 004).
+
+    `seq` is the seq of the first divergent recorded event, `expected` what the log holds there,
+    `got` what the replayed code asked for.
+    """
+
+    code = "replay_divergence"
+
+    def __init__(self, seq: Optional[int], expected: object, got: object):
+        super().__init__(
+            f"replay diverged at seq {seq}: expected {expected}, got {got}",
+            hint="the code is not deterministic against this log (random, time, I/O outside the "
+            "recorded calls?); replay with strict=False to run unmatched calls live",
+        )
+        self.seq = seq
+        self.expected = expected
+        self.got = got

@@ -118,6 +118,7 @@ class Wal:
         self._lock = threading.Lock()
         self._synced = threading.Condition(self._lock)
         self._work = threading.Condition(self._lock)
+        self._flusher_idle = False  # notify only a sleeping flusher: Condition.notify is not free
         self._group = bytearray()
         self._waiters: list = []  # (loop, future, lsn) of asyncio appends in the open group
         self._group_last_lsn = 0
@@ -240,7 +241,8 @@ class Wal:
             self._check_open()
             lsns = [self._encode_locked(p) for p in payloads]
             self._appends += len(lsns)
-            self._work.notify()
+            if self._flusher_idle:
+                self._work.notify()
         return lsns
 
     def _wait_durable(self, lsn: int) -> None:
@@ -287,7 +289,28 @@ class Wal:
             lsns = [self._encode_locked(p) for p in payloads]
             self._appends += len(lsns)
             self._waiters.append((loop, fut, lsns))
-            self._work.notify()
+            if self._flusher_idle:
+                self._work.notify()
+        return fut
+
+    def append_one_future(self, payload, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        """`append_future` for one record: the future resolves to its LSN. The hot path of
+        asyncio callers, so it is written out rather than shared."""
+        n = len(payload)
+        if n > fmt.MAX_PAYLOAD_BYTES:
+            raise PayloadTooLargeError(n, fmt.MAX_PAYLOAD_BYTES)
+        fut = loop.create_future()
+        with self._lock:
+            if self._failed is not None or self._closed:
+                self._check_open()
+            lsn = self._next_lsn
+            self._group += fmt.encode_record(self._encode_seed, lsn, fmt.TYPE_DATA, payload)
+            self._next_lsn = lsn + 1
+            self._group_last_lsn = lsn
+            self._appends += 1
+            self._waiters.append((loop, fut, lsn))
+            if self._flusher_idle:
+                self._work.notify()
         return fut
 
     # -- the flusher ---------------------------------------------------------------------
@@ -295,7 +318,9 @@ class Wal:
         while True:
             with self._lock:
                 while not self._group and not self._closed:
+                    self._flusher_idle = True
                     self._work.wait()
+                    self._flusher_idle = False
                 if not self._group and self._closed:
                     return
                 group = self._group
@@ -462,10 +487,13 @@ class AsyncWal:
     def durable_lsn(self) -> int:
         return self.wal.durable_lsn
 
-    async def append(self, payload: bytes) -> int:
-        """Append one record; the LSN comes back once it is durable."""
-        (lsn,) = await self.wal.append_future((payload,), asyncio.get_running_loop())
-        return lsn
+    def append(self, payload: bytes) -> "asyncio.Future[int]":
+        """Append one record: `await` it for the LSN, which comes back once it is durable.
+
+        A plain method returning a future rather than a coroutine: the record is framed and
+        queued at call time, in call order, and no coroutine frame is paid per event.
+        """
+        return self.wal.append_one_future(payload, asyncio.get_running_loop())
 
     async def append_many(self, payloads: Sequence[bytes]) -> list[int]:
         """Append records in order; their LSNs come back once all are durable."""

@@ -1,0 +1,261 @@
+"""The sidecar's wire protocol: framing, request validation, response encoding.
+
+Newline-delimited JSON over a stream socket; docs/protocol.md is the specification this module
+implements (where they disagree, this module is wrong). Pure functions and small classes, no I/O,
+so the server, the client and the tests share them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import orjson
+
+PROTOCOL_VERSION = 1
+
+# Limits, with the defaults documented in docs/protocol.md.
+DEFAULT_MAX_FRAME_BYTES = 16 << 20
+DEFAULT_MAX_CONNECTIONS = 256
+DEFAULT_MAX_INFLIGHT_REQUESTS = 1024
+DEFAULT_MAX_INFLIGHT_BYTES = 64 << 20
+# The WAL refuses payloads above 64 MiB; a frame must leave room for the record's framing.
+MAX_FRAME_BYTES_LIMIT = 60 << 20
+
+DEFAULT_SOCKET_NAME = "tracedb.sock"
+DEFAULT_TCP_PORT = 7411
+
+MAX_ID_CHARS = 256
+MAX_EXECUTION_ID_CHARS = 128
+MAX_TYPE_CHARS = 128
+MAX_INTENT_CHARS = 1024
+MAX_REASON_CHARS = 4096
+
+# Error codes: stable, documented, the only values of `error.code`.
+BAD_JSON = "bad_json"
+FRAME_TOO_LARGE = "frame_too_large"
+BAD_REQUEST = "bad_request"
+UNKNOWN_EXECUTION = "unknown_execution"
+EXECUTION_CLOSED = "execution_closed"
+EXECUTION_EXISTS = "execution_exists"
+SEQ_CONFLICT = "seq_conflict"
+UNAUTHORIZED = "unauthorized"
+UNAVAILABLE = "unavailable"
+OVERLOADED = "overloaded"
+INTERNAL = "internal"
+ERROR_CODES = (
+    BAD_JSON,
+    FRAME_TOO_LARGE,
+    BAD_REQUEST,
+    UNKNOWN_EXECUTION,
+    EXECUTION_CLOSED,
+    EXECUTION_EXISTS,
+    SEQ_CONFLICT,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    OVERLOADED,
+    INTERNAL,
+)
+
+OPS = ("hello", "ping", "start", "event", "finish", "invalidate", "get")
+WRITE_OPS = frozenset({"start", "event", "finish", "invalidate"})
+
+_EXECUTION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*\Z")
+_OPT = orjson.OPT_APPEND_NEWLINE
+
+
+class ProtocolError(Exception):
+    """A request the server answers with an error response; `code` is one of ERROR_CODES."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _bad(message: str) -> ProtocolError:
+    return ProtocolError(BAD_REQUEST, message)
+
+
+# -- responses -------------------------------------------------------------------------------
+
+
+def encode_ok(rid: Any, fields: Optional[dict] = None) -> bytes:
+    """One success response line: {"id": rid, "ok": true, **fields} and a newline."""
+    out = {"id": rid, "ok": True}
+    if fields:
+        out.update(fields)
+    return orjson.dumps(out, option=_OPT)
+
+
+def encode_error(rid: Any, code: str, message: str) -> bytes:
+    """One error response line: {"id": rid, "ok": false, "error": {"code", "message"}}."""
+    return orjson.dumps(
+        {"id": rid, "ok": False, "error": {"code": code, "message": message}}, option=_OPT
+    )
+
+
+def encode_request(request: dict) -> bytes:
+    """One request line (the client's side of `encode_ok`); raises ProtocolError if unencodable."""
+    try:
+        return orjson.dumps(request, option=_OPT)
+    except (TypeError, orjson.JSONEncodeError) as e:
+        raise _bad(f"request is not encodable as JSON: {e}") from None
+
+
+# -- framing ---------------------------------------------------------------------------------
+
+
+class FrameSplitter:
+    """Cuts a byte stream into lines of at most `max_frame_bytes`, without copying it twice.
+
+    `feed(data)` returns the complete frames (without their newline) and, for each line longer
+    than the limit, the marker `FrameSplitter.TOO_LARGE` in its place; the bytes of an oversized
+    line are dropped as they arrive (memory stays bounded) up to its newline, after which framing
+    resumes. Empty lines are skipped.
+    """
+
+    TOO_LARGE = object()
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+        self.max_frame_bytes = max_frame_bytes
+        self._parts: list[bytes] = []  # the current, unterminated line
+        self._partial = 0  # its length
+        self._discarding = False  # inside an oversized line, dropping until its newline
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of an incomplete frame held in memory."""
+        return self._partial
+
+    def feed(self, data: bytes) -> list:
+        """Frames completed by `data`, in order (TOO_LARGE marks an oversized one)."""
+        out: list = []
+        start = 0
+        n = len(data)
+        limit = self.max_frame_bytes
+        while start < n:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                rest = n - start
+                if self._discarding:
+                    return out
+                if self._partial + rest > limit:
+                    self._parts.clear()
+                    self._partial = 0
+                    self._discarding = True
+                    out.append(self.TOO_LARGE)
+                    return out
+                self._parts.append(data[start:] if start else data)
+                self._partial += rest
+                return out
+            if self._discarding:
+                self._discarding = False
+            elif self._parts:
+                self._parts.append(data[start:nl])
+                size = self._partial + (nl - start)
+                frame = b"".join(self._parts)
+                self._parts.clear()
+                self._partial = 0
+                if size > limit:
+                    out.append(self.TOO_LARGE)
+                elif size and not frame.isspace():
+                    out.append(frame)
+            elif nl - start > limit:
+                out.append(self.TOO_LARGE)
+            elif nl > start:
+                frame = data[start:nl]
+                if not frame.isspace():
+                    out.append(frame)
+            start = nl + 1
+        return out
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+def parse_frame(frame: bytes) -> dict:
+    """The request object of one frame; ProtocolError(bad_json / bad_request) if it is not one."""
+    try:
+        req = orjson.loads(frame)
+    except orjson.JSONDecodeError as e:
+        raise ProtocolError(BAD_JSON, f"frame is not valid UTF-8 JSON: {e}") from None
+    if type(req) is not dict:
+        raise _bad(f"a request is a JSON object, got {type(req).__name__}")
+    return req
+
+
+def check_id(req: dict) -> Any:
+    """The request's `id` (a string, an integer or null); ProtocolError if it is anything else."""
+    rid = req.get("id")
+    t = type(rid)
+    if t is int or rid is None:
+        return rid
+    if t is str:
+        if len(rid) > MAX_ID_CHARS:
+            raise _bad(f"`id` is longer than {MAX_ID_CHARS} characters")
+        return rid
+    raise _bad("`id` must be a string, an integer or null")
+
+
+def req_str(req: dict, name: str, max_chars: int, *, required: bool = True) -> Optional[str]:
+    """A string field of a request, checked for presence, type and length."""
+    v = req.get(name)
+    if v is None:
+        if required:
+            raise _bad(f"`{name}` is required")
+        return None
+    if type(v) is not str:
+        raise _bad(f"`{name}` must be a string, got {_json_type(v)}")
+    if not v:
+        raise _bad(f"`{name}` must not be empty")
+    if len(v) > max_chars:
+        raise _bad(f"`{name}` is longer than {max_chars} characters")
+    return v
+
+
+def req_execution_id(req: dict, name: str = "execution_id", *, required: bool = True) -> Optional[str]:
+    """An execution id field: 1..128 characters, letters, digits and ._:@/+=- (not first)."""
+    v = req_str(req, name, MAX_EXECUTION_ID_CHARS, required=required)
+    if v is not None and not _EXECUTION_ID_RE.match(v):
+        raise _bad(
+            f"`{name}` may hold only letters, digits and . _ : @ / + = - "
+            "and must start with a letter or digit"
+        )
+    return v
+
+
+def req_object(req: dict, name: str, *, required: bool = True) -> Optional[dict]:
+    """A JSON-object field of a request."""
+    v = req.get(name)
+    if v is None:
+        if required:
+            raise _bad(f"`{name}` is required")
+        return None
+    if type(v) is not dict:
+        raise _bad(f"`{name}` must be a JSON object, got {_json_type(v)}")
+    return v
+
+
+def req_seq(req: dict, name: str = "seq") -> Optional[int]:
+    """An optional positive integer field (the expected seq of an event)."""
+    v = req.get(name)
+    if v is None:
+        return None
+    if type(v) is not int or v < 1:
+        raise _bad(f"`{name}` must be a positive integer")
+    return v
+
+
+def _json_type(v: Any) -> str:
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, dict):
+        return "an object"
+    return "null"
