@@ -171,3 +171,50 @@ class ReplayDivergenceError(TraceDBError):
         self.seq = seq
         self.expected = expected
         self.got = got
+
+
+class RecordedCallError(TraceDBError):
+    """Event-log replay of an LLM or tool call whose recorded outcome was an error.
+
+    Replay raises it where the live call raised, so a recorded failure replays as that failure.
+    """
+
+    code = "recorded_call_error"
+
+    def __init__(self, seq: Optional[int], error_type: str, error_message: str):
+        super().__init__(
+            f"recorded call at seq {seq} failed: {error_type}: {error_message}",
+            hint="this is the recorded failure replaying; fork before it to try the call again",
+        )
+        self.seq = seq
+        self.error_type = error_type
+        self.error_message = error_message
+
+
+class StoreNotFoundError(TraceDBError):
+    """No trace store exists where a read command looked."""
+
+    code = "store_not_found"
+    exit_code = EXIT_NOT_FOUND
+
+    def __init__(self, path: str):
+        super().__init__(
+            f"no trace store at {path}",
+            hint="point --data-dir (or TRACEDB_DATA_DIR) at the recorder's data directory",
+        )
+        self.path = path
+
+
+class StoreClosedError(TraceDBError):
+    """A call on a store that was closed."""
+
+    code = "closed"
+
+    def __init__(self, what: str = "the store"):
+        super().__init__(f"{what} is closed", hint="open it again with tracedb.open(data_dir)")
+
+
+class UsageError(TraceDBError):
+    """The API used the wrong way (a blocking call inside a running event loop, ...)."""
+
+    code = "usage"

@@ -1,0 +1,68 @@
+"""Fixtures for the CLI tests: a data directory with seed 002's executions in it."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+import tracedb
+from tracedb.cli import main
+
+ENVELOPE = {"intent": "ProcessIntent", "payload": {"document": "invoice-17"}}
+EVENTS = [
+    ("INTENT_RECEIVED", {"intent": "ProcessIntent"}),
+    ("AGENT_ATTEMPT_START", {"agent": "processor-a"}),
+    ("AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
+    ("FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
+    ("AGENT_ATTEMPT_START", {"agent": "processor-b"}),
+    ("AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
+    ("ROUTER_DECISION", {"agent": "processor-b"}),
+]
+T0 = 1_705_314_600_000_000_000  # 2024-01-15T10:30:00Z
+
+
+class Clock:
+    def __init__(self):
+        self.ns = T0
+
+    def __call__(self):
+        return self.ns
+
+
+def settings(**kw):
+    kw.setdefault("compact_interval_ms", 0)
+    kw.setdefault("idle_timeout_s", 0)
+    return kw
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    return str(tmp_path / "data")
+
+
+@pytest.fixture
+def seeded(data_dir):
+    """Seed 002's two executions: exec-a1b2c3d4 completed at 10:30:00, exec-e5f6g7h8 cut off
+    after AGENT_ATTEMPT_START at 10:31:00 (its recorder went away)."""
+    clock = Clock()
+    with tracedb.open(data_dir, config=settings(), clock=clock) as store:
+        ex = store.start("ProcessIntent", ENVELOPE, "exec-a1b2c3d4")
+        for e in EVENTS:
+            ex.event(*e)
+        ex.finish({"status": "success"})
+        clock.ns += 60 * 10**9
+        ex = store.start("ProcessIntent", ENVELOPE, "exec-e5f6g7h8")
+        ex.event(*EVENTS[0])
+        ex.event(*EVENTS[1])
+        ex.event("AGENT_ATTEMPT_START", {"agent": "processor-a"})
+    return data_dir
+
+
+@pytest.fixture
+def run(data_dir):
+    runner = CliRunner()
+
+    def _run(*args, **kw):
+        return runner.invoke(main, ["--data-dir", data_dir, *args], catch_exceptions=False, **kw)
+
+    return _run

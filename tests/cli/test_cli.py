@@ -1,0 +1,223 @@
+"""The command line: seed 002's inspect output, seed 000's states through trace get, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import click
+import pytest
+
+import tracedb
+from tracedb import cli, db
+from tracedb.cli import main
+from tracedb.models import traces
+
+from .conftest import ENVELOPE, settings
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def all_commands(group: click.Group, prefix=()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,), cmd
+        if isinstance(cmd, click.Group):
+            yield from all_commands(cmd, prefix + (name,))
+
+
+def test_every_command_has_help_that_ends_with_an_example(run):
+    seen = []
+    for path, cmd in [((), main), *all_commands(main)]:
+        result = run(*path, "--help")
+        assert result.exit_code == 0, path
+        text = result.output
+        assert "Example:" in text, path
+        example = text.split("Example:")[1].split("Options:")[0]
+        assert "tracedb " in example, path
+        assert cmd.help and cmd.help.strip().splitlines()[-1].strip().startswith("tracedb"), path
+        seen.append(" ".join(path))
+    assert {"inspect", "trace get", "compact", "recover", "prune", "pin", "unpin", "invalidate",
+            "verify", "migrate", "wal scan", "wal repair"} <= set(seen)
+
+
+def test_inspect_list_prints_one_line_per_execution_as_in_seed_002(seeded, run):
+    result = run("inspect", "--list")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert [line.split() for line in lines] == [
+        ["exec-a1b2c3d4", "2024-01-15T10:30:00Z", "ProcessIntent", "completed", "replayable"],
+        ["exec-e5f6g7h8", "2024-01-15T10:31:00Z", "ProcessIntent", "incomplete", "not-replayable"],
+    ]
+    only = run("inspect", "--list", "--status", "incomplete")
+    assert [line.split()[0] for line in only.stdout.splitlines()] == ["exec-e5f6g7h8"]
+    window = run("inspect", "--list", "--since", "2024-01-15T10:30:30Z")
+    assert [line.split()[0] for line in window.stdout.splitlines()] == ["exec-e5f6g7h8"]
+    window = run("inspect", "--list", "--until", "2024-01-15T10:30:30Z")
+    assert [line.split()[0] for line in window.stdout.splitlines()] == ["exec-a1b2c3d4"]
+    as_json = json.loads(run("inspect", "--list", "--json").stdout)
+    assert [(r["execution_id"], r["status"], r["replayable"]) for r in as_json] == [
+        ("exec-a1b2c3d4", "completed", True),
+        ("exec-e5f6g7h8", "incomplete", False),
+    ]
+
+
+def test_inspect_id_prints_seed_002s_json(seeded, run):
+    result = run("inspect", "exec-e5f6g7h8")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == {
+        "execution_id": "exec-e5f6g7h8",
+        "status": "incomplete",
+        "last_event": {"seq": 3, "type": "AGENT_ATTEMPT_START", "agent": "processor-a"},
+        "replayable": False,
+        "replayable_reason": "execution_incomplete",
+    }
+    assert json.loads(run("inspect", "exec-e5f6g7h8", "--json").stdout)["status"] == "incomplete"
+
+
+def test_trace_get_shows_seed_000s_four_states(data_dir, run):
+    with tracedb.open(data_dir, config=settings(idle_timeout_s=1)) as store:
+        done = store.start("ProcessIntent", ENVELOPE, "exec-replayable")
+        done.event("INTENT_RECEIVED", {"intent": "ProcessIntent"})
+        done.finish({"status": "success", "payload": {"total": 42}})
+        cut = store.start("ProcessIntent", ENVELOPE, "exec-incomplete")
+        cut.event("INTENT_RECEIVED", {"intent": "ProcessIntent"})
+        store.sweep_idle(store.clock() + 2 * 10**9)
+        bad = store.start("ProcessIntent", ENVELOPE, "exec-recording-failure")
+        bad.mark_recording_failure("client lost events")
+        bad.finish({"status": "success"})
+        gone = store.start("ProcessIntent", ENVELOPE, "exec-invalidated")
+        gone.finish({"status": "success"})
+    assert run("invalidate", "exec-invalidated", "--reason", "agent had a bug").exit_code == 0
+
+    def get(eid):
+        result = run("trace", "get", eid)
+        assert result.exit_code == 0
+        return json.loads(result.stdout)
+
+    rec = get("exec-replayable")
+    assert set(rec) >= {"header", "envelope", "routerDecision", "events", "finalResponse"}
+    assert set(rec["header"]) == {"executionId", "createdUtcIso", "envelopeHash", "replayable", "replayableReason"}
+    assert rec["header"]["envelopeHash"] == tracedb.compute_envelope_hash(ENVELOPE)
+    assert rec["events"][0] == {"seq": 1, "type": "INTENT_RECEIVED", "payload": {"intent": "ProcessIntent"}}
+    states = {
+        eid: (get(eid)["header"]["replayable"], get(eid)["header"]["replayableReason"], get(eid)["finalResponse"])
+        for eid in ["exec-replayable", "exec-incomplete", "exec-recording-failure", "exec-invalidated"]
+    }
+    assert states == {
+        "exec-replayable": (True, None, {"status": "success", "payload": {"total": 42}}),
+        "exec-incomplete": (False, "execution_incomplete", None),
+        "exec-recording-failure": (False, "recording_failure", {"status": "success"}),
+        "exec-invalidated": (False, "manually_invalidated", {"status": "success"}),
+    }
+    compact = run("trace", "get", "exec-replayable", "--json").stdout
+    assert len(compact.strip().splitlines()) == 1
+
+
+def test_unknown_execution_exits_3_with_a_hint(seeded, run):
+    for args in (["inspect", "exec-nope"], ["trace", "get", "exec-nope"], ["pin", "exec-nope"],
+                 ["invalidate", "exec-nope", "--reason", "x"], ["verify", "exec-nope"]):
+        result = run(*args)
+        assert result.exit_code == 3, args
+        assert "error: no execution 'exec-nope'" in result.stderr
+        assert "hint:" in result.stderr
+
+
+def test_no_store_at_the_data_dir_exits_3(run):
+    result = run("inspect", "--list")
+    assert result.exit_code == 3
+    assert "no trace store" in result.stderr and "--data-dir" in result.stderr
+
+
+def test_verify_exits_4_on_a_tampered_record(seeded, run, data_dir):
+    ok = run("verify")
+    assert ok.exit_code == 0 and ok.stdout.startswith("ok: 2 trace(s)")
+    engine = db.create_engine(os.path.join(data_dir, "traces.db"), write=True)
+    with engine.begin() as conn:
+        conn.execute(traces.update().where(traces.c.execution_id == "exec-a1b2c3d4").values(envelope={"forged": True}))
+    engine.dispose()
+    bad = run("verify")
+    assert bad.exit_code == 4
+    assert "exec-a1b2c3d4: envelope hash" in bad.stdout
+    assert run("verify", "exec-e5f6g7h8").exit_code == 0
+    report = json.loads(run("verify", "--json").stdout)
+    assert report["ok"] is False and len(report["problems"]) == 1
+
+
+def test_compact_and_recover_exit_5_next_to_a_running_recorder(seeded, run, data_dir):
+    with tracedb.open(data_dir, config=settings()) as store:
+        ex = store.start("X", {})
+        for args in (["compact"], ["recover"]):
+            result = run(*args)
+            assert result.exit_code == 5
+            assert "in use by a running recorder" in result.stderr
+            assert "hint:" in result.stderr
+        # Read commands and pin/invalidate work next to it.
+        store.compact()
+        assert run("inspect", "--list").exit_code == 0
+        assert run("pin", ex.execution_id).exit_code == 0
+        assert run("invalidate", ex.execution_id, "--reason", "stop it").exit_code == 0
+        assert store.list(status="invalidated")[0].pinned is True
+
+
+def test_recover_after_a_crash_reports_what_it_marked(data_dir, run):
+    # A recorder that died: its executions are still "running" in the database.
+    store = tracedb.open(data_dir, config=settings())
+    store.start("X", {}, "exec-cut").event("INTENT_RECEIVED", {"intent": "X"})
+    store._compactor.compact(store._wal.durable_lsn)
+    store._shutdown_resources()  # released without close(): like a crash, minus the kill
+    listing = run("inspect", "--list")
+    assert "note: no recorder is running" in listing.stderr
+    result = run("recover", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["incomplete_ids"] == ["exec-cut"]
+    assert run("inspect", "exec-cut").stdout.count("execution_incomplete") == 1
+    again = json.loads(run("recover", "--json").stdout)
+    assert again["marked_incomplete"] == 0
+
+
+def test_compact_prune_pin_migrate_wal_scan(seeded, run, data_dir):
+    assert "applied LSN" in run("compact").stdout
+    assert json.loads(run("wal", "scan", "--json").stdout)["damages"] == []
+    assert run("pin", "exec-a1b2c3d4").stdout.strip() == "pinned exec-a1b2c3d4"
+    dry = json.loads(run("prune", "--older-than", "1s", "--dry-run", "--json").stdout)
+    assert (dry["deleted_traces"], dry["kept_pinned"]) == (1, 1)
+    real = json.loads(run("prune", "--older-than", "1s", "--json").stdout)
+    assert (real["dry_run"], real["deleted_traces"], real["deleted_steps"]) == (False, 1, 3)
+    assert json.loads(run("prune", "--older-than", "1s", "--json").stdout)["deleted_traces"] == 0
+    assert run("unpin", "exec-a1b2c3d4").exit_code == 0
+    assert "deleted 1 trace(s)" in run("prune", "--older-than", "1s").stdout
+    assert run("migrate").stdout.startswith("schema at 0001")
+    assert run("prune", "--older-than", "soon").exit_code == 1
+
+
+def test_optional_command_modules_register_or_are_skipped(monkeypatch):
+    group = click.Group()
+    fake = types.ModuleType("tracedb._fake_cli")
+    fake.register = lambda g: g.add_command(click.Command("fake"))
+    monkeypatch.setitem(sys.modules, "tracedb._fake_cli", fake)
+    monkeypatch.setattr(cli, "main", group)
+    monkeypatch.setattr(cli, "OPTIONAL_COMMAND_MODULES", ("tracedb._fake_cli", "tracedb._missing_cli"))
+    cli._register_optional_commands()
+    assert "fake" in group.commands
+    monkeypatch.setattr(cli, "OPTIONAL_COMMAND_MODULES", ("tracedb._broken_cli",))
+
+    def fail_import(name, *a, **k):
+        raise ModuleNotFoundError("No module named 'somedependency'", name="somedependency")
+
+    monkeypatch.setattr(cli.importlib, "import_module", fail_import)
+    with pytest.raises(ModuleNotFoundError):
+        cli._register_optional_commands()
+
+
+def test_the_command_runs_as_a_real_process(seeded, data_dir):
+    env = dict(os.environ, PYTHONPATH=REPO, TRACEDB_DATA_DIR=data_dir)
+    out = subprocess.run([sys.executable, "-m", "tracedb", "inspect", "exec-a1b2c3d4", "--json"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["status"] == "completed"
+    out = subprocess.run([sys.executable, "-m", "tracedb", "trace", "get", "exec-missing"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 3

@@ -1,0 +1,68 @@
+"""A recorder process for the crash tests: records a scenario, says READY, waits to be killed.
+
+usage: child.py DATA_DIR SCENARIO [N]
+  during      start, INTENT_RECEIVED, AGENT_ATTEMPT_START, then READY (seed 002 scenario 2)
+  after       the whole seed 002 execution, FINAL_RESPONSE included, then READY (scenario 3)
+  before      open the store only, then READY (scenario 1: crash before the intent is recorded)
+  bulk N      N executions of 10 events each recorded without compaction, then READY, then
+              compact (the test pauses it with TRACEDB_TEST_COMPACT_PAUSE and kills it there)
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import tracedb
+
+EVENTS = [
+    ("INTENT_RECEIVED", {"intent": "ProcessIntent"}),
+    ("AGENT_ATTEMPT_START", {"agent": "processor-a"}),
+    ("AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
+    ("FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
+    ("AGENT_ATTEMPT_START", {"agent": "processor-b"}),
+    ("AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
+    ("ROUTER_DECISION", {"agent": "processor-b"}),
+]
+
+
+def say(word: str) -> None:
+    sys.stdout.write(word + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    data_dir, scenario = sys.argv[1], sys.argv[2]
+    settings = {"compact_interval_ms": 0, "idle_timeout_s": 0}
+    if scenario == "bulk":
+        settings["compact_batch_records"] = 100
+    store = tracedb.open(data_dir, config=settings)
+    if scenario == "before":
+        say("READY")
+    elif scenario == "during":
+        ex = store.start("ProcessIntent", {"intent": "ProcessIntent"}, "exec-e5f6g7h8")
+        ex.event(*EVENTS[0])
+        ex.event(*EVENTS[1])
+        say("READY")
+    elif scenario == "after":
+        ex = store.start("ProcessIntent", {"intent": "ProcessIntent"}, "exec-a1b2c3d4")
+        for e in EVENTS:
+            ex.event(*e)
+        ex.finish({"status": "success"})
+        say("READY")
+    elif scenario == "bulk":
+        n = int(sys.argv[3])
+        for i in range(n):
+            ex = store.start("Bulk", {"i": i}, f"exec-{i:05d}")
+            for j in range(10):
+                ex.event("tool.requested", {"i": i, "j": j})
+            if i % 2 == 0:
+                ex.finish({"status": "success", "i": i})
+        say(f"RECORDED {store.durable_lsn}")
+        store.compact()
+        say("COMPACTED")
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Fixtures for the store tests: a fake clock, stores opened in tmp_path and closed afterwards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tracedb
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
+
+# Seed 002's example event sequence; FINAL_RESPONSE is recorded by finish().
+SEED_002_EVENTS = [
+    (1, "INTENT_RECEIVED", {"intent": "ProcessIntent"}),
+    (2, "AGENT_ATTEMPT_START", {"agent": "processor-a"}),
+    (3, "AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
+    (4, "FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
+    (5, "AGENT_ATTEMPT_START", {"agent": "processor-b"}),
+    (6, "AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
+    (7, "ROUTER_DECISION", {"agent": "processor-b"}),
+    (8, "FINAL_RESPONSE", {"status": "success"}),
+]
+ENVELOPE = {
+    "intent": "ProcessIntent",
+    "payload": {"document": "invoice-17"},
+    "routingMetadata": {"hop": 3},
+}
+
+
+class FakeClock:
+    """Nanoseconds since the epoch that move only when a test says so."""
+
+    def __init__(self, start_ns: int = 1_705_314_600_000_000_000):  # 2024-01-15T10:30:00Z
+        self.ns = start_ns
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance(self, seconds: float) -> None:
+        self.ns += int(seconds * 1e9)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> str:
+    return str(tmp_path / "data")
+
+
+@pytest.fixture
+def open_store(data_dir, clock):
+    """open_store(**settings) -> Store on data_dir with the fake clock; closed at teardown.
+
+    The background thread is off unless a test asks for it: tests drive compaction themselves.
+    """
+    opened = []
+
+    def _open(path=None, **settings):
+        settings.setdefault("compact_interval_ms", 0)
+        settings.setdefault("idle_timeout_s", 0)
+        store = tracedb.open(path or data_dir, config=settings, clock=clock)
+        opened.append(store)
+        return store
+
+    yield _open
+    for s in opened:
+        s.close()
+
+
+def record_seed_002(store, execution_id="exec-a1b2c3d4", envelope=None):
+    """Record seed 002's example execution; returns the Execution."""
+    ex = store.start("ProcessIntent", envelope or ENVELOPE, execution_id)
+    for seq, type_, payload in SEED_002_EVENTS[:-1]:
+        assert ex.event(type_, payload) == seq
+    assert ex.finish(SEED_002_EVENTS[-1][2]) == 8
+    return ex
+
+
+class Child:
+    """A real recorder process (tests/store/child.py) that a test can SIGKILL at a known point."""
+
+    def __init__(self, data_dir: str, *args: str, env: dict | None = None):
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, CHILD, data_dir, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            text=True,
+        )
+
+    def wait_for(self, word: str) -> list[str]:
+        """Read the child's stdout until a line starting with `word` (blocking read, no sleep)."""
+        lines = []
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                err = self.proc.stderr.read()
+                raise AssertionError(f"child exited before {word!r}: {lines} {err}")
+            lines.append(line.strip())
+            if line.startswith(word):
+                return lines
+
+    def kill(self) -> None:
+        self.proc.kill()  # SIGKILL
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        self.proc.stdin.close()
+
+
+@pytest.fixture
+def child(data_dir):
+    started = []
+
+    def _start(*args, env=None):
+        c = Child(data_dir, *args, env=env)
+        started.append(c)
+        return c
+
+    yield _start
+    for c in started:
+        if c.proc.poll() is None:
+            c.kill()

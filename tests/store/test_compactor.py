@@ -1,0 +1,200 @@
+"""Compaction: batches, idempotence, segment deletion, guards for operator changes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import sqlalchemy as sa
+
+import tracedb
+import wal
+from tracedb import db, retention
+from tracedb.models import compaction_checkpoint, trace_steps, traces
+
+from .conftest import record_seed_002
+
+
+def counts(engine):
+    with engine.connect() as conn:
+        n_traces = conn.execute(sa.select(sa.func.count()).select_from(traces)).scalar()
+        n_steps = conn.execute(sa.select(sa.func.count()).select_from(trace_steps)).scalar()
+        applied = conn.execute(sa.select(compaction_checkpoint.c.applied_lsn)).scalar()
+    return n_traces, n_steps, applied
+
+
+def test_compaction_in_small_batches_applies_every_record_once(open_store):
+    store = open_store(compact_batch_records=7)
+    for i in range(20):
+        ex = store.start("X", {"i": i})
+        for j in range(9):
+            ex.event("tool.requested", {"j": j})
+        ex.finish({"status": "success"})
+    result = store.compact()
+    assert result.records == 20 * 11
+    assert result.steps == 20 * 10
+    assert result.batches == -(-220 // 7)
+    assert result.applied_lsn == store.durable_lsn
+    assert counts(store.engine) == (20, 200, store.durable_lsn)
+    again = store.compact()
+    assert again.records == 0
+    assert counts(store.engine) == (20, 200, store.durable_lsn)
+    assert store.verify().ok
+
+
+def test_reopening_applies_nothing_twice(open_store):
+    store = open_store()
+    record_seed_002(store)
+    store.compact()
+    before = counts(store.engine)
+    store.close()
+    store = open_store()
+    assert store.last_recovery.compacted_records == 0
+    assert counts(store.engine) == before
+
+
+def test_wal_segments_below_the_applied_lsn_are_deleted(open_store, data_dir):
+    store = open_store(wal_segment_size_bytes=4096)
+    for i in range(10):
+        ex = store.start("X", {"pad": "x" * 300})
+        for j in range(5):
+            ex.event("tool.requested", {"pad": "y" * 300})
+    wal_dir = os.path.join(data_dir, "wal")
+    assert len(wal.list_segments(wal_dir)) > 3
+    result = store.compact()
+    assert result.segments_deleted > 0
+    segs = wal.list_segments(wal_dir)
+    assert len(segs) <= 2
+    # What is left of the log still reads from the applied LSN on.
+    assert wal.read_applied_lsn(wal_dir) <= store.applied_lsn + 1
+    store.close()
+    store = open_store(wal_segment_size_bytes=4096)
+    assert len(store.list()) == 10
+    assert store.verify().ok
+
+
+def test_operator_invalidation_in_the_database_is_never_overwritten(open_store):
+    store = open_store()
+    ex = store.start("X", {})
+    ex.event("tool.requested", {"n": 1})
+    store.compact()
+    # `tracedb invalidate` next to the running recorder writes the database directly.
+    assert retention.invalidate_in_db(store.engine, ex.execution_id, "bad agent", store.clock())
+    ex.finish({"status": "success"})  # was in flight: accepted by the recorder
+    rec = store.get(ex.execution_id)
+    assert rec.status == "invalidated"
+    assert (rec.header.replayable, rec.header.replayableReason) == (False, "manually_invalidated")
+    assert rec.finalResponse == {"status": "success"}  # nothing lost
+    assert [e.seq for e in rec.events] == [1, 2]
+
+
+def test_the_recorder_notices_an_operator_invalidation_and_refuses_more_events(open_store):
+    store = open_store()
+    ex = store.start("X", {})
+    ex.event("tool.requested", {"n": 1})
+    store.compact()
+    store._compactor.external_change()  # baseline of SQLite's data_version
+    retention.invalidate_in_db(store.engine, ex.execution_id, "bad agent", store.clock())
+    assert store._sync_external() == 1
+    with pytest.raises(tracedb.ExecutionClosedError):
+        ex.event("tool.requested", {"n": 2})
+
+
+def test_a_finish_does_not_clear_a_recording_failure(open_store):
+    store = open_store()
+    ex = store.start("X", {})
+    ex.mark_recording_failure("queue overflow")
+    store.compact()
+    ex.finish({"status": "success"})
+    rec = store.get(ex.execution_id)
+    assert (rec.status, rec.header.replayable, rec.header.replayableReason) == (
+        "completed", False, "recording_failure",
+    )
+
+
+def test_steps_of_a_pruned_trace_are_skipped_and_compaction_goes_on(open_store, clock):
+    store = open_store()
+    ex = store.start("X", {})
+    store.compact()
+    retention.invalidate_in_db(store.engine, ex.execution_id, "gone", clock())
+    clock.advance(10)
+    assert store.prune(older_than_s=1).deleted_traces == 1
+    ex.event("tool.requested", {"late": True})  # accepted before the recorder noticed
+    other = store.start("Y", {})
+    other.event("tool.requested", {})
+    result = store.compact()
+    assert result.skipped_records == 1
+    assert [e.seq for e in store.get(other.execution_id).events] == [1]
+    assert store.verify().ok
+
+
+def test_a_database_that_does_not_belong_to_the_wal_is_refused(open_store, data_dir, tmp_path):
+    store = open_store()
+    record_seed_002(store)
+    store.close()
+    os.rename(os.path.join(data_dir, "traces.db"), str(tmp_path / "old.db"))
+    for suffix in ("-wal", "-shm"):
+        p = os.path.join(data_dir, "traces.db" + suffix)
+        if os.path.exists(p):
+            os.remove(p)
+    # A fresh database is fine: the whole WAL is still there to rebuild it.
+    store = open_store()
+    assert [r.execution_id for r in store.list()] == ["exec-a1b2c3d4"]
+    store.close()
+    # The WAL replaced by a new, empty one: the database is ahead of it.
+    import shutil
+
+    shutil.rmtree(os.path.join(data_dir, "wal"))
+    with pytest.raises(tracedb.IntegrityError) as err:
+        tracedb.open(data_dir, config={"compact_interval_ms": 0})
+    assert err.value.hint
+
+
+def test_migrated_schema_equals_the_models(tmp_path):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from tracedb.models import metadata
+
+    engine = db.create_engine(str(tmp_path / "t.db"), write=True)
+    db.migrate(engine)
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+        pragmas = {
+            p: conn.exec_driver_sql(f"PRAGMA {p}").scalar()
+            for p in ("foreign_keys", "journal_mode", "synchronous", "auto_vacuum")
+        }
+    assert pragmas == {"foreign_keys": 1, "journal_mode": "wal", "synchronous": 2, "auto_vacuum": 2}
+    assert db.migrate(engine) == db.HEAD_REVISION  # idempotent
+    engine.dispose()
+
+
+def test_deleting_a_trace_deletes_its_steps(open_store):
+    store = open_store()
+    ex = record_seed_002(store)
+    store.compact()
+    with store.engine.begin() as conn:
+        conn.execute(traces.delete().where(traces.c.execution_id == ex.execution_id))
+    assert counts(store.engine)[:2] == (0, 0)
+
+
+def test_background_compactor_applies_without_being_asked(data_dir, clock):
+    import threading
+
+    with tracedb.open(data_dir, config={"compact_interval_ms": 20, "compact_batch_records": 10}, clock=clock) as store:
+        applied = threading.Event()
+        original = store._forget_applied
+
+        def spy(lsn):
+            original(lsn)
+            if lsn >= target[0]:
+                applied.set()
+
+        target = [10**9]
+        store._forget_applied = spy
+        ex = store.start("X", {})
+        for i in range(30):
+            ex.event("tool.requested", {"i": i})
+        target[0] = store.durable_lsn
+        assert applied.wait(30)
+        assert counts(store.engine)[1] == 30

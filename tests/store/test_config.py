@@ -1,0 +1,78 @@
+"""Configuration: precedence, seed 003 aliases, the documented file."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tracedb.config import Config, load_config, parse_duration_s
+from tracedb.errors import ConfigError
+
+from .conftest import REPO
+
+DOC = os.path.join(REPO, "config", "tracedb.toml")
+
+
+def test_the_documented_file_holds_every_key_with_its_default():
+    assert load_config(DOC, env={}) == Config()
+    text = open(DOC).read()
+    from tracedb.config import _FILE_KEYS
+
+    for (table, key), name in _FILE_KEYS.items():
+        assert f"{key} =" in text, key
+        assert f"({name.upper()})" in text, name  # the environment name is documented
+
+
+def test_flags_win_over_env_over_file_over_defaults(tmp_path):
+    f = tmp_path / "t.toml"
+    f.write_text('[retention]\ndays = 10\n[compaction]\ninterval_ms = 50\n[sidecar]\nport = 1\n')
+    cfg = load_config(str(f), env={})
+    assert (cfg.retention_days, cfg.compact_interval_ms) == (10, 50)
+    assert cfg.extra == {"sidecar": {"port": 1}}  # other owners' tables pass through
+    cfg = load_config(str(f), env={"TRACEDB_RETENTION_DAYS": "20"})
+    assert cfg.retention_days == 20 and cfg.compact_interval_ms == 50
+    cfg = load_config(str(f), env={"TRACEDB_RETENTION_DAYS": "20"}, overrides={"retention_days": 5, "data_dir": None})
+    assert cfg.retention_days == 5 and cfg.data_dir == ".tracedb"
+
+
+def test_seed_003_variables_are_aliases():
+    cfg = load_config(env={
+        "TRACE_STORAGE_PATH": "/var/lib/aos/traces.db",
+        "TRACE_RETENTION_DAYS": "7",
+        "TRACING_ENABLED": "false",
+    })
+    assert cfg.sqlite_path == "/var/lib/aos/traces.db"
+    assert cfg.data_dir == "/var/lib/aos"
+    assert cfg.retention_days == 7 and cfg.enabled is False
+    # The TRACEDB_ name wins over its alias.
+    assert load_config(env={"TRACE_RETENTION_DAYS": "7", "TRACEDB_RETENTION_DAYS": "9"}).retention_days == 9
+    assert load_config(env={"TRACE_STORAGE_PATH": "/srv/traces"}).wal_dir == "/srv/traces/wal"
+
+
+@pytest.mark.parametrize(
+    "text, env",
+    [
+        ("[retention]\ndayz = 3\n", {}),
+        ("[retention]\ndays = 'many'\n", {}),
+        ("not toml [", {}),
+        ("", {"TRACEDB_COMPACT_BATCH_RECORDS": "0"}),
+        ("", {"TRACING_ENABLED": "maybe"}),
+    ],
+)
+def test_bad_configuration_is_a_clear_error(tmp_path, text, env):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(str(f), env=env)
+    assert err.value.message
+
+
+def test_durations():
+    assert parse_duration_s("30d") == 30 * 86400
+    assert parse_duration_s("12h") == 12 * 3600
+    assert parse_duration_s("90m") == 5400
+    assert parse_duration_s("45s") == 45
+    assert parse_duration_s("2") == 2 * 86400  # bare number: days, as seed 003 counts them
+    with pytest.raises(ConfigError):
+        parse_duration_s("soon")

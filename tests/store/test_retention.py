@@ -1,0 +1,112 @@
+"""Retention: what prune deletes and keeps, dry runs, idempotence, space, next to a recorder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import sqlalchemy as sa
+
+from tracedb.models import trace_steps, traces
+
+from .conftest import REPO, record_seed_002
+
+DAY = 86400
+
+
+def step_count(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(trace_steps)).scalar()
+
+
+def test_prune_deletes_old_terminal_traces_and_keeps_the_rest(open_store, clock):
+    store = open_store()
+    old_done = record_seed_002(store, "exec-old-done")
+    old_cut = store.start("X", {}, "exec-old-incomplete")
+    old_cut.event("tool.requested", {})
+    store._mark_incomplete(store._open_states(), "test")
+    old_running = store.start("X", {}, "exec-old-running")
+    old_pinned = record_seed_002(store, "exec-old-pinned")
+    parent = record_seed_002(store, "exec-old-parent")
+    clock.advance(31 * DAY)
+    fork = store.start("X", {}, "exec-fork", parent_execution_id=parent.execution_id, forked_at_seq=3)
+    young = record_seed_002(store, "exec-young")
+    store.pin(old_pinned.execution_id)
+    clock.advance(1)
+
+    dry = store.prune(older_than_s=30 * DAY, dry_run=True)
+    assert (dry.dry_run, dry.deleted_traces, dry.deleted_steps) == (True, 2, 9)
+    assert (dry.kept_pinned, dry.kept_parents) == (1, 1)
+    assert len(store.list()) == 7  # a dry run deletes nothing
+
+    result = store.prune(older_than_s=30 * DAY)
+    assert (result.deleted_traces, result.deleted_steps) == (2, 9)
+    assert (result.kept_pinned, result.kept_parents) == (1, 1)
+    left = {r.execution_id for r in store.list()}
+    assert left == {
+        old_running.execution_id, old_pinned.execution_id, parent.execution_id,
+        fork.execution_id, young.execution_id,
+    }
+    assert old_done.execution_id not in left and old_cut.execution_id not in left
+    # Idempotent.
+    again = store.prune(older_than_s=30 * DAY)
+    assert (again.deleted_traces, again.deleted_steps) == (0, 0)
+    # Unpinned, it goes next time; the running one never does.
+    store.unpin(old_pinned.execution_id)
+    assert store.prune(older_than_s=30 * DAY).deleted_traces == 1
+    assert store.verify().ok
+
+
+def test_a_parent_goes_in_the_same_run_as_its_last_fork(open_store, clock):
+    store = open_store()
+    parent = record_seed_002(store, "exec-parent")
+    fork = store.start("X", {}, "exec-fork", parent_execution_id=parent.execution_id, forked_at_seq=2)
+    fork.finish({"status": "success"})
+    clock.advance(40 * DAY)
+    dry = store.prune(older_than_s=30 * DAY, dry_run=True)
+    result = store.prune(older_than_s=30 * DAY)
+    assert dry.deleted_traces == result.deleted_traces == 2
+    assert store.list() == []
+
+
+def test_prune_works_in_batches_and_gives_space_back(open_store, clock):
+    store = open_store(prune_batch_traces=7)
+    for i in range(40):
+        ex = store.start("X", {"i": i})
+        for j in range(20):
+            ex.event("tool.requested", {"blob": "z" * 500, "j": j})
+        ex.finish({"status": "success"})
+    store.compact()
+    clock.advance(31 * DAY)
+    db_path = store.config.sqlite_path
+    result = store.prune()  # default: retention_days (30)
+    assert result.deleted_traces == 40 and result.deleted_steps == 40 * 21
+    assert result.batches == 6
+    assert result.bytes_freed > 40 * 20 * 500
+    assert step_count(store.engine) == 0
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA freelist_count").scalar() == 0
+        assert conn.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
+    assert os.path.getsize(db_path + "-wal") == 0
+
+
+def test_cli_prune_runs_next_to_a_live_recorder(open_store, clock, data_dir):
+    store = open_store()
+    record_seed_002(store, "exec-old")
+    live = store.start("X", {}, "exec-live")
+    live.event("tool.requested", {})
+    store.compact()
+    env = dict(os.environ, PYTHONPATH=REPO)
+    # The fake clock is 2024; the CLI's real clock makes everything old enough.
+    out = subprocess.run(
+        [sys.executable, "-m", "tracedb", "--data-dir", data_dir, "prune", "--older-than", "1d", "--json"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert '"deleted_traces":1' in out.stdout
+    # The recorder goes on recording and compacting.
+    assert live.event("tool.requested", {}) == 2
+    assert [r.execution_id for r in store.list()] == ["exec-live"]
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(traces)).scalar() == 1

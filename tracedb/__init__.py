@@ -1,0 +1,130 @@
+"""tracedb: a crash-safe recorder and replay store for AI agent executions.
+
+    import tracedb
+    with tracedb.open(".tracedb") as store:
+        ex = store.start("ProcessIntent", {"intent": "ProcessIntent", "payload": {...}})
+        ex.event("INTENT_RECEIVED", {"intent": "ProcessIntent"})
+        ex.finish({"status": "success"})
+        record = store.get(ex.execution_id)      # seed 000's ExecutionRecord; record.to_dict()
+"""
+
+from __future__ import annotations
+
+from .config import Config, load_config
+from .errors import (
+    ConfigError,
+    ExecutionClosedError,
+    ExecutionExistsError,
+    ExecutionNotFoundError,
+    IntegrityError,
+    InvalidInputError,
+    RecordingFailedError,
+    StoreClosedError,
+    StoreInUseError,
+    StoreNotFoundError,
+    TraceDBError,
+    UsageError,
+)
+from .record import (
+    ExecutionEvent,
+    ExecutionHeader,
+    ExecutionRecord,
+    TraceSummary,
+    compute_envelope_hash,
+)
+
+
+def open(data_dir=None, *, config=None, clock=None):
+    """Open (creating if needed) a data directory for recording and reading; a context manager.
+
+    `config` is a `tracedb.Config`, a mapping of settings, or a TOML file path; `clock` (a
+    function returning nanoseconds since the epoch) is for tests.
+    """
+    from .store import open_store
+
+    return open_store(data_dir, config=config, clock=clock)
+
+
+async def open_async(data_dir=None, *, config=None, clock=None):
+    """The asyncio twin of `open`: `astore = await tracedb.open_async(data_dir)`."""
+    from .store import open_store_async
+
+    return await open_store_async(data_dir, config=config, clock=clock)
+
+
+def __getattr__(name):
+    # The store pulls in SQLAlchemy and Alembic; load it only when asked for.
+    if name in ("Store", "AsyncStore", "Execution", "AsyncExecution"):
+        from . import store
+
+        return getattr(store, name)
+    if name == "CompactResult":
+        from .compactor import CompactResult
+
+        return CompactResult
+    if name == "RecoverResult":
+        from .recovery import RecoverResult
+
+        return RecoverResult
+    if name == "PruneResult":
+        from .retention import PruneResult
+
+        return PruneResult
+    if name == "VerifyResult":
+        from .verify import VerifyResult
+
+        return VerifyResult
+    raise AttributeError(f"module 'tracedb' has no attribute {name!r}")
+
+
+__all__ = [
+    "AsyncExecution",
+    "AsyncStore",
+    "CompactResult",
+    "Config",
+    "ConfigError",
+    "Execution",
+    "ExecutionClosedError",
+    "ExecutionEvent",
+    "ExecutionExistsError",
+    "ExecutionHeader",
+    "ExecutionNotFoundError",
+    "ExecutionRecord",
+    "IntegrityError",
+    "InvalidInputError",
+    "PruneResult",
+    "RecordingFailedError",
+    "RecoverResult",
+    "Store",
+    "StoreClosedError",
+    "StoreInUseError",
+    "StoreNotFoundError",
+    "TraceDBError",
+    "TraceSummary",
+    "UsageError",
+    "VerifyResult",
+    "compute_envelope_hash",
+    "load_config",
+    "open",
+    "open_async",
+]
+
+# Replay (tracedb/replay/): pure Python over records, cheap to import.
+from .errors import (  # noqa: E402
+    NotReplayableError,
+    RecordCorruptedError,
+    RecordedCallError,
+    ReplayDivergenceError,
+    ReplayHashMismatchError,
+)
+from .replay import *  # noqa: E402,F401,F403
+from .replay import __all__ as _replay_all  # noqa: E402
+
+__all__ += [
+    "NotReplayableError",
+    "RecordCorruptedError",
+    "RecordedCallError",
+    "ReplayDivergenceError",
+    "ReplayHashMismatchError",
+    *_replay_all,
+]

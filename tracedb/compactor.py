@@ -1,0 +1,495 @@
+"""Folds committed WAL records into `traces` and `trace_steps`.
+
+Each batch (thousands of records) is one transaction: new traces inserted, touched traces updated,
+steps inserted, each with one executemany, and the checkpoint's applied LSN moved in the same
+transaction. A crash anywhere leaves either the whole batch with its LSN or none of it, so a record
+is applied exactly once. Only after the commit is durable (synchronous=FULL) may WAL segments below
+the applied LSN be deleted.
+
+The WAL records are orjson documents written by `tracedb.store`:
+
+    {"op": "start", "id", "intent", "envelope", "hash", "t", ["parent", "fork_seq"]}
+    {"op": "event", "id", "seq", "type", "payload", "t"}
+    {"op": "finish", "id", "seq", "response", "t"}            -> a FINAL_RESPONSE step
+    {"op": "invalidate", "id", "reason", "t"}
+    {"op": "incomplete", "id", "why", "t"}
+    {"op": "recording_failure", "id", "detail", "t"}
+
+An operator may invalidate a trace directly in the database while a recorder runs (`tracedb
+invalidate`); every status change below is therefore guarded so that it never overwrites
+`invalidated`, and a later finish never makes a trace flagged `recording_failure` replayable again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from itertools import islice
+from typing import Callable, Optional
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+import wal
+
+from .errors import IntegrityError
+from .models import compaction_checkpoint, trace_steps, traces
+from .record import (
+    FINAL_RESPONSE,
+    REASON_EXECUTION_INCOMPLETE,
+    REASON_MANUALLY_INVALIDATED,
+    REASON_RECORDING_FAILURE,
+    ROUTER_DECISION,
+    STATUS_COMPLETED,
+    STATUS_INCOMPLETE,
+    STATUS_INVALIDATED,
+    STATUS_RUNNING,
+)
+
+log = logging.getLogger(__name__)
+
+OP_START = "start"
+OP_EVENT = "event"
+OP_FINISH = "finish"
+OP_INVALIDATE = "invalidate"
+OP_INCOMPLETE = "incomplete"
+OP_RECORDING_FAILURE = "recording_failure"
+
+# Test-only: "<point>:<batch>" makes the compactor stop at that point of that batch (1-based),
+# announce it on stdout and wait to be killed. Points: before_commit (inside the transaction,
+# rows written) and after_commit (committed, before the WAL is told). Crash tests use it to
+# SIGKILL a real process at a known place.
+FAULT_ENV = "TRACEDB_TEST_COMPACT_PAUSE"
+
+_STEP_COLS = ("execution_id", "seq", "type", "payload", "recorded_at_ns", "lsn")
+_TRACE_COLS = (
+    "execution_id", "recorder_id", "intent", "status", "replayable", "replayable_reason",
+    "status_note", "envelope", "envelope_hash", "router_decision", "final_response", "last_seq",
+    "created_at_ns", "updated_at_ns", "parent_execution_id", "forked_at_seq", "pinned",
+)
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    """What one `compact()` call applied."""
+
+    records: int = 0
+    steps: int = 0
+    traces_created: int = 0
+    traces_updated: int = 0
+    batches: int = 0
+    skipped_records: int = 0
+    applied_lsn: int = 0
+    segments_deleted: int = 0
+    seconds: float = 0.0
+
+    @property
+    def events_per_s(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+
+def _dumps(value) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _dumps_or_none(value) -> Optional[str]:
+    return None if value is None else orjson.dumps(value).decode()
+
+
+class _Raw:
+    """A statement compiled once for the engine's dialect and run through the DBAPI's executemany.
+
+    Skipping SQLAlchemy's per-row parameter processing is what keeps compaction close to a raw
+    executemany; JSON values are serialised by orjson before they get here. Rows are tuples in
+    the order of `keys`.
+    """
+
+    def __init__(self, engine: Engine, stmt, keys: tuple[str, ...], **compile_kw):
+        compiled = stmt.compile(dialect=engine.dialect, **compile_kw)
+        self.sql = str(compiled)
+        self.positional = compiled.positional
+        names = list(compiled.positiontup) if compiled.positional else list(compiled.params)
+        index = {k: i for i, k in enumerate(keys)}
+        self.order = [index[n] for n in names]
+        self.names = names
+        self.identity = self.order == list(range(len(keys)))
+
+    def execute(self, conn, rows: list[tuple]) -> int:
+        if not rows:
+            return 0
+        if self.positional:
+            params = rows if self.identity else [tuple([r[i] for i in self.order]) for r in rows]
+        else:
+            params = [dict(zip(self.names, [r[i] for i in self.order])) for r in rows]
+        return conn.exec_driver_sql(self.sql, params).rowcount
+
+
+def _transition(row: dict, op: str, d: dict) -> None:
+    """Apply a lifecycle record to a row (a new trace's full row, or a delta for an existing one).
+
+    A delta starts from what the database holds, assumed running and unflagged; the guards in
+    the UPDATE statement cover the cases where it is not (invalidated, flagged).
+    """
+    status = row.get("status")
+    if status == STATUS_INVALIDATED:
+        return
+    if op == OP_INVALIDATE:
+        row["status"] = STATUS_INVALIDATED
+        row["replayable"] = False
+        row["replayable_reason"] = REASON_MANUALLY_INVALIDATED
+        row["status_note"] = d.get("reason")
+    elif op == OP_INCOMPLETE:
+        if status not in (None, STATUS_RUNNING):
+            return
+        row["status"] = STATUS_INCOMPLETE
+        row["replayable"] = False
+        row["replayable_reason"] = REASON_EXECUTION_INCOMPLETE
+        row["status_note"] = d.get("why")
+    elif op == OP_RECORDING_FAILURE:
+        row["replayable"] = False
+        row["replayable_reason"] = REASON_RECORDING_FAILURE
+        row["status_note"] = d.get("detail")
+    elif op == OP_FINISH:
+        row["status"] = STATUS_COMPLETED
+        if row.get("replayable_reason") != REASON_RECORDING_FAILURE:
+            row["replayable"] = True
+            row["replayable_reason"] = None
+
+
+class Compactor:
+    """Applies a recorder's WAL to the database, incrementally, from its checkpoint.
+
+    Not thread-safe by itself: the store serialises calls with its compaction lock.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        wal_dir: str,
+        recorder_id: str,
+        applied_lsn: int,
+        *,
+        batch_records: int = 5000,
+        clock: Callable[[], int] = time.time_ns,
+    ):
+        self.engine = engine
+        self.wal_dir = wal_dir
+        self.recorder_id = recorder_id
+        self.applied_lsn = applied_lsn
+        self.batch_records = batch_records
+        self.clock = clock
+        self._reader: Optional[wal.WalReader] = None
+        self._conn = None
+        self._data_version: Optional[int] = None
+        self._batches_total = 0
+        self._fault = os.environ.get(FAULT_ENV) or None
+        self._insert_steps = _Raw(engine, trace_steps.insert(), _STEP_COLS, column_keys=list(_STEP_COLS))
+        self._insert_traces = _Raw(engine, traces.insert(), _TRACE_COLS, column_keys=list(_TRACE_COLS))
+        self._updates: dict = {}
+        cp = compaction_checkpoint
+        self._checkpoint = (
+            sa.update(cp)
+            .where(cp.c.recorder_id == sa.bindparam("b_recorder"))
+            .where(cp.c.applied_lsn == sa.bindparam("b_old"))
+            .values(applied_lsn=sa.bindparam("b_new"), updated_at_ns=sa.bindparam("b_t"))
+        )
+
+    # -- connection ----------------------------------------------------------------------
+    def _connection(self):
+        if self._conn is None:
+            self._conn = self.engine.connect()
+        return self._conn
+
+    def close(self) -> None:
+        """Release the compactor's database connection."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    def external_change(self) -> bool:
+        """True if another connection committed since the last call (SQLite's data_version).
+
+        The store uses it to notice `tracedb invalidate` run next to it. Other dialects: always True.
+        """
+        if self.engine.dialect.name != "sqlite":
+            return True
+        conn = self._connection()
+        version = conn.exec_driver_sql("PRAGMA data_version").scalar()
+        if conn.in_transaction():
+            conn.rollback()
+        changed = self._data_version is not None and version != self._data_version
+        self._data_version = version
+        return changed
+
+    # -- the main loop -------------------------------------------------------------------
+    def compact(
+        self,
+        to_lsn: int,
+        *,
+        mark_applied: Optional[Callable[[int], int]] = None,
+        progress: Optional[Callable[[int, int], None]] = None,
+        on_batch: Optional[Callable[[int], None]] = None,
+    ) -> CompactResult:
+        """Apply every record with applied_lsn < lsn <= to_lsn, in batches.
+
+        `to_lsn` must be durable (the writer's durable_lsn): unacknowledged bytes are never read.
+        `mark_applied(lsn)` is called after a durable commit when WAL segments can be deleted.
+        """
+        t0 = time.perf_counter()
+        total = max(0, to_lsn - self.applied_lsn)
+        done = records = steps = created = updated = batches = skipped = deleted = 0
+        gen = None
+        while self.applied_lsn < to_lsn:
+            try:
+                if self._reader is None:
+                    self._reader = wal.WalReader(self.wal_dir, from_lsn=self.applied_lsn + 1)
+                if gen is None:
+                    # One pass over the log for the whole call: the reader reads the rest of a
+                    # segment each time it is called, so calling it per batch would be quadratic.
+                    gen = self._reader.records(to_lsn=to_lsn)
+                applied = self.applied_lsn
+                recs = [r for r in islice(gen, self.batch_records) if r.lsn > applied]
+                if not recs:
+                    break
+                counts = self._apply(recs)
+            except BaseException:
+                # The reader may have moved past records that were not applied: start again
+                # from the checkpoint next time.
+                self._reader = None
+                self.close()
+                raise
+            n, s, c, u, k = counts
+            records += n
+            steps += s
+            created += c
+            updated += u
+            skipped += k
+            batches += 1
+            done += n
+            if on_batch is not None:
+                on_batch(self.applied_lsn)
+            if mark_applied is not None:
+                deleted += self._maybe_mark_applied(mark_applied)
+            if progress is not None:
+                progress(done, total)
+        if gen is not None:
+            gen.close()
+        return CompactResult(
+            records, steps, created, updated, batches, skipped, self.applied_lsn, deleted,
+            time.perf_counter() - t0,
+        )
+
+    def _maybe_mark_applied(self, mark_applied: Callable[[int], int]) -> int:
+        # mark_applied writes and fsyncs the APPLIED file: call it only when a sealed segment
+        # lies wholly below the applied LSN and can actually be deleted.
+        nxt_lsn = self.applied_lsn + 1
+        segs = wal.list_segments(self.wal_dir)
+        if any(b.first_lsn <= nxt_lsn for b in segs[1:]):
+            return mark_applied(nxt_lsn)
+        return 0
+
+    def _pause(self, point: str) -> None:
+        spec = self._fault
+        if spec and spec == f"{point}:{self._batches_total}":
+            os.write(1, f"PAUSED {point}\n".encode())
+            threading.Event().wait()
+
+    # -- one batch -----------------------------------------------------------------------
+    def _apply(self, recs) -> tuple[int, int, int, int, int]:
+        new: dict[str, dict] = {}
+        upd: dict[str, dict] = {}
+        steps: list[tuple] = []
+        loads = orjson.loads
+        for rec in recs:
+            d = loads(rec.payload)
+            op = d["op"]
+            eid = d["id"]
+            if op == OP_EVENT:
+                seq = d["seq"]
+                t = d["t"]
+                payload = d.get("payload")
+                steps.append((eid, seq, d["type"], _dumps(payload), t, rec.lsn))
+                row = new.get(eid)
+                if row is None:
+                    row = upd.get(eid)
+                    if row is None:
+                        row = upd[eid] = {}
+                row["last_seq"] = seq
+                row["updated_at_ns"] = t
+                if d["type"] == ROUTER_DECISION:
+                    row["router_decision"] = payload
+            elif op == OP_START:
+                t = d["t"]
+                new[eid] = {
+                    "execution_id": eid,
+                    "recorder_id": self.recorder_id,
+                    "intent": d.get("intent"),
+                    "status": STATUS_RUNNING,
+                    "replayable": False,
+                    "replayable_reason": None,
+                    "status_note": None,
+                    "envelope": d["envelope"],
+                    "envelope_hash": d["hash"],
+                    "router_decision": None,
+                    "final_response": None,
+                    "last_seq": 0,
+                    "created_at_ns": t,
+                    "updated_at_ns": t,
+                    "parent_execution_id": d.get("parent"),
+                    "forked_at_seq": d.get("fork_seq"),
+                    "pinned": False,
+                    "_lsn": rec.lsn,
+                }
+            else:
+                row = new.get(eid)
+                if row is None:
+                    row = upd.get(eid)
+                    if row is None:
+                        row = upd[eid] = {}
+                t = d["t"]
+                row["updated_at_ns"] = t
+                if op == OP_FINISH:
+                    seq = d["seq"]
+                    response = d.get("response")
+                    steps.append((eid, seq, FINAL_RESPONSE, _dumps(response), t, rec.lsn))
+                    row["last_seq"] = seq
+                    row["final_response"] = response
+                elif op not in (OP_INVALIDATE, OP_INCOMPLETE, OP_RECORDING_FAILURE):
+                    raise IntegrityError(
+                        f"WAL record {rec.lsn} has an unknown op {op!r}",
+                        hint="this WAL was written by a newer tracedb; upgrade before compacting",
+                    )
+                _transition(row, op, d)
+        self._batches_total += 1
+        try:
+            self._write(new, upd, steps, recs[-1].lsn)
+            skipped = 0
+        except sa.exc.IntegrityError as e:
+            # A step whose trace was pruned meanwhile (it had been invalidated from the CLI), or
+            # a row that already exists: keep the compactor moving, apply what fits, say so.
+            log.warning("compaction batch up to LSN %d hit %s; applying it record by record", recs[-1].lsn, e.orig)
+            skipped = self._write_filtered(new, upd, steps, recs[-1].lsn)
+        return len(recs), len(steps), len(new), len(upd), skipped
+
+    def _write(self, new: dict, upd: dict, steps: list, last_lsn: int) -> None:
+        conn = self._connection()
+        with conn.begin():
+            if new:
+                self._insert_traces.execute(conn, [self._trace_tuple(r) for r in new.values()])
+            if upd:
+                self._run_updates(conn, upd)
+            self._insert_steps.execute(conn, steps)
+            res = conn.execute(
+                self._checkpoint,
+                {"b_recorder": self.recorder_id, "b_old": self.applied_lsn, "b_new": last_lsn, "b_t": self.clock()},
+            )
+            if res.rowcount != 1:
+                raise IntegrityError(
+                    f"the compaction checkpoint of recorder {self.recorder_id!r} moved under this "
+                    f"compactor (expected applied LSN {self.applied_lsn})",
+                    hint="two processes compact the same recorder's WAL: give each data directory "
+                    "its own recorder_id",
+                )
+            self._pause("before_commit")
+        self.applied_lsn = last_lsn
+        self._pause("after_commit")
+
+    def _write_filtered(self, new: dict, upd: dict, steps: list, last_lsn: int) -> int:
+        conn = self._connection()
+        ids = list({*new, *upd, *(s[0] for s in steps)})
+        existing: set = set()
+        have_steps: set = set()
+        with conn.begin():
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                existing.update(
+                    conn.execute(
+                        sa.select(traces.c.execution_id).where(traces.c.execution_id.in_(chunk))
+                    ).scalars()
+                )
+                have_steps.update(
+                    (r[0], r[1])
+                    for r in conn.execute(
+                        sa.select(trace_steps.c.execution_id, trace_steps.c.seq).where(
+                            trace_steps.c.execution_id.in_(chunk)
+                        )
+                    )
+                )
+        skipped = 0
+        kept_new = {}
+        for eid, row in new.items():
+            if eid in existing:
+                skipped += 1
+                log.warning("WAL LSN %d starts execution %r, which already exists: skipped", row["_lsn"], eid)
+            else:
+                kept_new[eid] = row
+        kept_steps = []
+        for s in steps:
+            if (s[0] in kept_new or s[0] in existing) and (s[0], s[1]) not in have_steps:
+                kept_steps.append(s)
+            else:
+                skipped += 1
+        kept_upd = {eid: row for eid, row in upd.items() if eid in existing}
+        self._write(kept_new, kept_upd, kept_steps, last_lsn)
+        return skipped
+
+    @staticmethod
+    def _trace_tuple(r: dict) -> tuple:
+        return (
+            r["execution_id"], r["recorder_id"], r["intent"], r["status"], r["replayable"],
+            r["replayable_reason"], r["status_note"], _dumps(r["envelope"]), r["envelope_hash"],
+            _dumps_or_none(r["router_decision"]), _dumps_or_none(r["final_response"]),
+            r["last_seq"], r["created_at_ns"], r["updated_at_ns"], r["parent_execution_id"],
+            r["forked_at_seq"], r["pinned"],
+        )
+
+    def _run_updates(self, conn, upd: dict) -> None:
+        groups: dict[tuple, list] = {}
+        for eid, delta in upd.items():
+            keys = tuple(sorted(delta))
+            row = [delta[k] for k in keys]
+            row.append(eid)
+            groups.setdefault(keys, []).append(row)
+        for keys, rows in groups.items():
+            raw = self._updates.get(keys)
+            if raw is None:
+                raw = self._updates[keys] = _Raw(
+                    self.engine, _update_statement(keys), tuple("b_" + k for k in keys) + ("b_id",)
+                )
+            for i, k in enumerate(keys):
+                if k in _JSON_COLS:
+                    for r in rows:
+                        r[i] = _dumps_or_none(r[i])
+            raw.execute(conn, [tuple(r) for r in rows])
+
+
+_JSON_COLS = frozenset({"router_decision", "final_response", "envelope"})
+
+
+def _update_statement(keys: tuple) -> sa.Update:
+    """UPDATE traces for one set of changed columns, with the lifecycle guards (module doc)."""
+    c = traces.c
+    # Constants inline, so that every bound parameter is one of the row's values.
+    invalidated = c.status == sa.literal_column(f"'{STATUS_INVALIDATED}'")
+    values: dict = {}
+    for k in keys:
+        # JSON arrives serialised already: bind it as text.
+        p = sa.bindparam("b_" + k, type_=sa.Text() if k in _JSON_COLS else traces.c[k].type)
+        if k == "status":
+            values[k] = sa.case((invalidated, c.status), else_=p)
+        elif k == "status_note":
+            values[k] = sa.case((invalidated, c.status_note), else_=p)
+        elif k in ("replayable", "replayable_reason"):
+            # A finish (replayable true) never clears a recording_failure flag.
+            rp = sa.bindparam("b_replayable", type_=sa.Boolean)
+            keep = sa.and_(rp, c.replayable_reason == sa.literal_column(f"'{REASON_RECORDING_FAILURE}'"))
+            values[k] = sa.case((invalidated, c[k]), (keep, c[k]), else_=p)
+        else:
+            values[k] = p
+    return sa.update(traces).where(c.execution_id == sa.bindparam("b_id")).values(values)

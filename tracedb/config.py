@@ -1,0 +1,222 @@
+"""Configuration: defaults, then a TOML file, then TRACEDB_* environment variables, then flags.
+
+`config/tracedb.toml` documents every key. Seed 003's variables are accepted as aliases:
+TRACE_STORAGE_PATH (the data directory, or the SQLite file inside it when it ends in `.db`),
+TRACE_RETENTION_DAYS and TRACING_ENABLED. A TRACEDB_* variable wins over its alias.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from .errors import ConfigError
+
+DEFAULT_DATA_DIR = ".tracedb"
+DB_FILE = "traces.db"
+WAL_DIR = "wal"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of the store. Build one with `load_config`; `replace()` for variations."""
+
+    data_dir: str = DEFAULT_DATA_DIR
+    # The SQLite file; empty means <data_dir>/traces.db.
+    db_path: str = ""
+    enabled: bool = True
+    # Identifies this data directory's WAL in a shared database; empty means generated once and
+    # kept in <data_dir>/RECORDER_ID.
+    recorder_id: str = ""
+    wal_segment_size_bytes: int = 64 << 20
+    compact_interval_ms: int = 200
+    compact_batch_records: int = 5000
+    idle_timeout_s: float = 3600.0
+    retention_days: float = 30.0
+    prune_batch_traces: int = 500
+    busy_timeout_ms: int = 5000
+    # Tables of the file this module does not own (e.g. [sidecar]), kept for their owners.
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def sqlite_path(self) -> str:
+        """The SQLite projection's file."""
+        return self.db_path or os.path.join(self.data_dir, DB_FILE)
+
+    @property
+    def wal_dir(self) -> str:
+        """The WAL directory inside the data directory."""
+        return os.path.join(self.data_dir, WAL_DIR)
+
+    def replace(self, **changes) -> "Config":
+        """A copy with some settings changed."""
+        return dataclasses.replace(self, **changes)
+
+
+# (toml table, toml key) -> Config field. The environment variable is TRACEDB_<FIELD upper>.
+_FILE_KEYS = {
+    ("store", "data_dir"): "data_dir",
+    ("store", "db_path"): "db_path",
+    ("store", "enabled"): "enabled",
+    ("store", "recorder_id"): "recorder_id",
+    ("store", "busy_timeout_ms"): "busy_timeout_ms",
+    ("wal", "segment_size_bytes"): "wal_segment_size_bytes",
+    ("compaction", "interval_ms"): "compact_interval_ms",
+    ("compaction", "batch_records"): "compact_batch_records",
+    ("recovery", "idle_timeout_s"): "idle_timeout_s",
+    ("retention", "days"): "retention_days",
+    ("retention", "batch_traces"): "prune_batch_traces",
+}
+_OWN_TABLES = {t for t, _ in _FILE_KEYS}
+_FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "extra"}
+_ALIASES = {"TRACE_RETENTION_DAYS": "retention_days", "TRACING_ENABLED": "enabled"}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """Turn a file or environment value into the field's type, or raise ConfigError."""
+    kind = type(_FIELDS[name].default)
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return int(value)
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{source}: {value!r} is not a valid {kind.__name__} for {name}",
+            hint="see config/tracedb.toml for every key and its type",
+        ) from None
+
+
+def _from_file(path: str) -> tuple[dict, dict]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist", hint="check --config / TRACEDB_CONFIG") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    values: dict = {}
+    extra: dict = {}
+    for table, body in data.items():
+        if table not in _OWN_TABLES:
+            extra[table] = body
+            continue
+        if not isinstance(body, dict):
+            raise ConfigError(f"{path}: [{table}] must be a table")
+        for key, value in body.items():
+            name = _FILE_KEYS.get((table, key))
+            if name is None:
+                raise ConfigError(
+                    f"{path}: unknown key {key!r} in [{table}]",
+                    hint="see config/tracedb.toml for every key",
+                )
+            values[name] = _coerce(name, value, f"{path} [{table}] {key}")
+    return values, extra
+
+
+def _from_env(env: Mapping[str, str]) -> dict:
+    values: dict = {}
+    storage = env.get("TRACE_STORAGE_PATH")
+    if storage:
+        if storage.endswith(".db"):
+            values["db_path"] = storage
+            values["data_dir"] = os.path.dirname(storage) or "."
+        else:
+            values["data_dir"] = storage
+    for alias, name in _ALIASES.items():
+        if alias in env:
+            values[name] = _coerce(name, env[alias], alias)
+    for name in _FIELDS:
+        var = "TRACEDB_" + name.upper()
+        if var in env:
+            values[name] = _coerce(name, env[var], var)
+    return values
+
+
+def load_config(
+    path: Optional[str] = None,
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    overrides: Optional[Mapping[str, Any]] = None,
+) -> Config:
+    """Defaults < file (`path`, else $TRACEDB_CONFIG) < environment < `overrides` (flags).
+
+    `overrides` entries whose value is None are ignored, so unset flags fall through.
+    """
+    env = os.environ if env is None else env
+    values: dict = {}
+    extra: dict = {}
+    path = path or env.get("TRACEDB_CONFIG") or None
+    if path:
+        values, extra = _from_file(path)
+    values.update(_from_env(env))
+    for name, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if name not in _FIELDS:
+            raise ConfigError(f"unknown setting {name!r}")
+        values[name] = _coerce(name, value, f"setting {name}")
+    cfg = Config(**values, extra=extra)
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: Config) -> None:
+    for name in ("compact_batch_records", "prune_batch_traces", "wal_segment_size_bytes"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+    for name in ("compact_interval_ms", "idle_timeout_s", "retention_days", "busy_timeout_ms"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name} must not be negative, got {getattr(cfg, name)}")
+
+
+def as_config(config: Any, data_dir: Optional[str]) -> Config:
+    """Accept what `tracedb.open(config=...)` accepts: None, a Config, a mapping of settings, or
+    the path of a TOML file; `data_dir`, when given, wins."""
+    if config is None:
+        cfg = load_config()
+    elif isinstance(config, Config):
+        cfg = config
+    elif isinstance(config, Mapping):
+        cfg = load_config(overrides=config)
+    elif isinstance(config, (str, os.PathLike)):
+        cfg = load_config(os.fspath(config))
+    else:
+        raise ConfigError(f"config must be a Config, a mapping or a file path, not {type(config).__name__}")
+    if data_dir is not None:
+        data_dir = os.fspath(data_dir)
+        if cfg.db_path and os.path.dirname(cfg.db_path) == cfg.data_dir:
+            cfg = cfg.replace(db_path="")
+        cfg = cfg.replace(data_dir=data_dir)
+    return cfg
+
+
+def parse_duration_s(text: str) -> float:
+    """'30d', '12h', '90m', '45s' or a bare number of days (seed 003 counts retention in days)."""
+    text = str(text).strip().lower()
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "w": 7 * 86400.0}
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text) * 86400.0
+    except ValueError:
+        raise ConfigError(
+            f"{text!r} is not a duration", hint="write it like 30d, 12h, 90m or 45s"
+        ) from None
