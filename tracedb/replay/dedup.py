@@ -16,9 +16,12 @@ is recorded in the trace as a `tool.denied` event.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
+
+from ..errors import UsageError
 
 TOOL_DENIED = "tool.denied"
 DUPLICATE = "duplicate"
@@ -79,31 +82,55 @@ class ReplayControl:
         # Registry miss: conservative dedup, as the original harness did.
         return True if found is None else found.idempotent
 
+    def _decide(
+        self, tool_name: str, arguments: Any, spec: Optional[ToolSpec]
+    ) -> Tuple[bool, Optional[str], Optional[dict]]:
+        if not self._idempotent(tool_name, spec):
+            return False, None, None
+        key = call_key(tool_name, arguments)
+        if self._history.get(key) != SUCCESS:
+            return False, None, None
+        details = f"{tool_name} already succeeded with the same arguments in this turn (call key {key})"
+        payload = {
+            "tool": tool_name,
+            "arguments": arguments,
+            "reason": DUPLICATE,
+            "details": details,
+            "call_key": key,
+        }
+        return True, details, payload
+
     def should_skip(
         self, tool_name: str, arguments: Any, spec: Optional[ToolSpec] = None
     ) -> Tuple[bool, Optional[str]]:
         """(True, details) when the call repeats a prior success of an idempotent tool, else (False, None).
 
-        A skip is recorded as a `tool.denied` event in the execution, when one was given.
+        A skip is recorded as a `tool.denied` event in the execution, when one was given (an
+        asyncio execution needs `await ashould_skip(...)` instead).
         """
-        if not self._idempotent(tool_name, spec):
-            return False, None
-        key = call_key(tool_name, arguments)
-        if self._history.get(key) != SUCCESS:
-            return False, None
-        details = f"{tool_name} already succeeded with the same arguments in this turn (call key {key})"
-        if self._execution is not None:
-            self._execution.event(
-                TOOL_DENIED,
-                {
-                    "tool": tool_name,
-                    "arguments": arguments,
-                    "reason": DUPLICATE,
-                    "details": details,
-                    "call_key": key,
-                },
-            )
-        return True, details
+        skip, details, payload = self._decide(tool_name, arguments, spec)
+        if payload is not None and self._execution is not None:
+            pending = self._execution.event(TOOL_DENIED, payload)
+            if inspect.isawaitable(pending):
+                # Never drop the trace event silently: an un-awaited coroutine records nothing.
+                if hasattr(pending, "close"):
+                    pending.close()
+                raise UsageError(
+                    "ReplayControl.should_skip() got an asyncio execution handle",
+                    hint="use `await control.ashould_skip(...)` / `await control.agate(...)`",
+                )
+        return skip, details
+
+    async def ashould_skip(
+        self, tool_name: str, arguments: Any, spec: Optional[ToolSpec] = None
+    ) -> Tuple[bool, Optional[str]]:
+        """should_skip for an asyncio execution handle: the skip event is awaited."""
+        skip, details, payload = self._decide(tool_name, arguments, spec)
+        if payload is not None and self._execution is not None:
+            pending = self._execution.event(TOOL_DENIED, payload)
+            if inspect.isawaitable(pending):
+                await pending
+        return skip, details
 
     def gate(
         self,
@@ -115,6 +142,20 @@ class ReplayControl:
     ) -> Optional[ToolDenied]:
         """should_skip as the harness uses it: a ToolDenied(reason="duplicate") to return, or None to run."""
         skip, details = self.should_skip(tool_name, arguments, spec)
+        if not skip:
+            return None
+        return ToolDenied(call_id=call_id, tool_name=tool_name, reason=DUPLICATE, details=details)
+
+    async def agate(
+        self,
+        tool_name: str,
+        arguments: Any,
+        spec: Optional[ToolSpec] = None,
+        *,
+        call_id: Optional[str] = None,
+    ) -> Optional[ToolDenied]:
+        """gate for an asyncio execution handle."""
+        skip, details = await self.ashould_skip(tool_name, arguments, spec)
         if not skip:
             return None
         return ToolDenied(call_id=call_id, tool_name=tool_name, reason=DUPLICATE, details=details)

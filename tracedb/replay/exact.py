@@ -82,8 +82,12 @@ class ReplayResult:
 
 
 @dataclass(frozen=True, slots=True)
-class VerifyResult:
-    """Outcome of comparing a recorded envelope hash with a provided one (seed 000)."""
+class EnvelopeVerifyResult:
+    """Outcome of comparing a recorded envelope hash with a provided one (seed 000's VerifyResult).
+
+    Named apart from the store's `tracedb.VerifyResult` (database verification); `VerifyResult`
+    in this module is the seed's name for it.
+    """
 
     match: bool
     recorded_hash: Optional[str] = None
@@ -91,11 +95,14 @@ class VerifyResult:
     error: Optional[str] = None
 
 
-def verify_envelope(recorded: Optional[str], provided: str) -> VerifyResult:
+VerifyResult = EnvelopeVerifyResult
+
+
+def verify_envelope(recorded: Optional[str], provided: str) -> EnvelopeVerifyResult:
     """Compare two envelope hashes; a mismatch says the envelope changed since the execution."""
     if normalize_envelope_hash(recorded) == normalize_envelope_hash(provided):
-        return VerifyResult(match=True)
-    return VerifyResult(
+        return EnvelopeVerifyResult(match=True)
+    return EnvelopeVerifyResult(
         match=False,
         recorded_hash=recorded,
         provided_hash=provided,
@@ -190,10 +197,16 @@ class ReplayEngine:
         if cached is not None:
             return cached
         record = self._record
-        if record.finalResponse is None:
-            result: Tuple[bool, Optional[str]] = (False, REASON_EXECUTION_INCOMPLETE)
-        elif not record.header.replayable:
-            result = (False, record.header.replayableReason)
+        header = record.header
+        # The header's own verdict comes first when it names a reason: seed 000's state 4 (an
+        # invalidated record, possibly without a final response) must report
+        # manually_invalidated, not execution_incomplete.
+        if not header.replayable and header.replayableReason:
+            result: Tuple[bool, Optional[str]] = (False, header.replayableReason)
+        elif record.finalResponse is None:
+            result = (False, REASON_EXECUTION_INCOMPLETE)
+        elif not header.replayable:
+            result = (False, header.replayableReason)
         elif not self._validate_structure():
             result = (False, REASON_RECORD_CORRUPTED)
         else:
@@ -244,7 +257,7 @@ class ReplayEngine:
             final,
         )
 
-    def verify_envelope(self, env: Any) -> VerifyResult:
+    def verify_envelope(self, env: Any) -> EnvelopeVerifyResult:
         """Compare `env`'s hash with the recorded one, without raising."""
         return verify_envelope(self._record.header.envelopeHash, compute_envelope_hash(_envelope_dict(env)))
 
