@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import os
+import struct
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Optional
 
@@ -14,6 +15,10 @@ from . import format as fmt
 from .errors import WalCorruptionError, WalUsageError
 
 APPLIED_FILE = "APPLIED"
+
+_U64 = struct.Struct("<Q")
+_MAX = fmt.MAX_PAYLOAD_BYTES
+_NO_LIMIT = 1 << 64
 
 
 class RecoveryMode(str, enum.Enum):
@@ -69,9 +74,10 @@ def read_applied_lsn(directory: str) -> int:
     """The LSN below which every record was applied elsewhere (1 if none was declared)."""
     try:
         with open(os.path.join(directory, APPLIED_FILE), "rb") as f:
-            text = f.read().decode("ascii").strip()
+            raw = f.read()
     except FileNotFoundError:
         return 1
+    text = raw.decode("ascii", errors="replace").strip()
     try:
         return max(1, int(text))
     except ValueError:
@@ -174,20 +180,31 @@ class WalReader:
         if not segs:
             return segs
         applied = read_applied_lsn(self.directory)
+        # mark_applied deletes segments below the applied LSN; a crash before its directory fsync
+        # may bring back any subset of them. Segments before a gap whose next segment starts at
+        # or below the applied LSN hold only applied records: the sequence starts after the gap.
+        for i in range(len(segs) - 1, 0, -1):
+            if segs[i].number != segs[i - 1].number + 1 and segs[i].first_lsn <= applied:
+                segs = segs[i:]
+                break
         first = segs[0]
         if first.first_lsn > 1 and first.first_lsn > applied:
-            raise WalCorruptionError(
+            self._missing(
                 first.path,
-                0,
                 f"segments covering LSN {applied}..{first.first_lsn - 1} (not declared applied)",
                 "them missing",
             )
-        for prev, nxt in zip(segs, segs[1:]):
-            if nxt.number != prev.number + 1:
-                raise WalCorruptionError(
-                    nxt.path, 0, f"segment number {prev.number + 1}", f"{nxt.number}"
-                )
+            return []
+        for i in range(1, len(segs)):
+            if segs[i].number != segs[i - 1].number + 1:
+                self._missing(segs[i].path, f"segment number {segs[i - 1].number + 1}", f"{segs[i].number}")
+                return segs[:i]
         return segs
+
+    def _missing(self, path: str, expected: str, found: str) -> None:
+        """Missing segments are corruption: raised, or the end of the log (point_in_time, salvage)."""
+        if Damage(path, 0, expected, found, False) not in self.damages:
+            self._damage(path, 0, expected, found, False)
 
     def _open_segment(self, seg: SegmentInfo, expected_first: Optional[int]) -> bool:
         with open(seg.path, "rb") as f:
@@ -258,9 +275,39 @@ class WalReader:
             sealed = False
             damage = None
             check = _check_record
+            limit = to_lsn if to_lsn is not None else _NO_LIMIT
+            unpack = fmt.REC_HEAD.unpack_from
+            crc32c = fmt.crc32c
+            word = _U64.unpack_from
+            name = seg.name
             while off < end:
-                if to_lsn is not None and expected > to_lsn:
+                if expected > limit:
                     break
+                # Fast path, inlined: a valid DATA record with the expected LSN. Anything else
+                # goes through _check_record, which says precisely what is wrong.
+                if end - off >= 20:
+                    crc, n, lsn, rtype, pad, res = unpack(buf, off)
+                    rec_end = off + 20 + n + pad
+                    if (
+                        rtype == 1
+                        and lsn == expected
+                        and rec_end <= end
+                        and n <= _MAX
+                        and not res
+                        and pad == (-(20 + n)) & 7
+                        and (not pad or not word(buf, rec_end - 8)[0] >> (64 - 8 * pad))
+                    ):
+                        c = crc32c(buf[off + 4 : off + 20 + n], seed)
+                        if ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF == crc:
+                            expected = lsn + 1
+                            self.last_lsn = lsn
+                            self._offset = base + rec_end
+                            self._expected = expected
+                            if lsn >= from_lsn:
+                                self.records_read += 1
+                                yield Record(lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)
+                            off = rec_end
+                            continue
                 got = check(buf, off, end, seed, expected)
                 if got.__class__ is str:
                     damage = got
@@ -273,15 +320,16 @@ class WalReader:
                     sealed = True
                     off = rec_end
                     break
-                if lsn >= from_lsn:
-                    self.records_read += 1
-                    yield Record(lsn, bytes(buf[off + 20 : off + 20 + n]), seg.name, base + off)
+                # Progress is saved before the yield so that a consumer that stops early resumes
+                # after this record, not on it.
                 self.last_lsn = lsn
                 expected = lsn + 1
-                off = rec_end
-                # Progress is saved per record so that a consumer that stops early resumes here.
-                self._offset = base + off
+                self._offset = base + rec_end
                 self._expected = expected
+                if lsn >= from_lsn:
+                    self.records_read += 1
+                    yield Record(lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)
+                off = rec_end
             self._offset = base + off
             self._expected = expected
             if damage is not None:
@@ -296,6 +344,19 @@ class WalReader:
                 self.sealed_last = False
                 if not self._open_segment(nxt, expected):
                     self._stopped = True
+                    return
+                continue
+            if to_lsn is not None and expected > to_lsn:
+                return
+            if not self._is_last(seg):
+                # Only the last segment may be unsealed. The writer seals a segment before it
+                # creates the next one, so a segment that grew since it was read is re-read.
+                if os.path.getsize(seg.path) > base + end:
+                    continue
+                if not self._handle_damage(
+                    seg, buf, base, off, end, seed, expected,
+                    "a SEAL record at the end of a segment that has a successor",
+                ):
                     return
                 continue
             return  # clean end of the segment's current bytes
@@ -314,12 +375,15 @@ class WalReader:
         after = _find_valid_after(buf, off, end, seed, expected - 1 if expected > 1 else 1)
         torn = after is None and self._is_last(seg)
         found = "a damaged record" if after is None else f"a valid record at offset {base + after}"
+        if off >= end:
+            found = "the end of the file"
         self._damage(seg.path, base + off, what, found, torn, (after or end) - off)
         if self.mode is RecoveryMode.SALVAGE:
             if after is not None:
-                lsn = fmt.REC_HEAD.unpack_from(buf, after)[2]
+                _crc, _n, lsn, rtype, _pad, _res = fmt.REC_HEAD.unpack_from(buf, after)
                 self._offset = base + after
-                self._expected = lsn
+                # A SEAL carries the LSN of the record before it, not its own.
+                self._expected = lsn if rtype == fmt.TYPE_DATA else lsn + 1
                 return True
             nxt = self._next_segment(seg)
             if nxt is not None and self._open_segment(nxt, None):

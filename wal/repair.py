@@ -27,7 +27,12 @@ class RepairResult:
 
 
 def _keep_copy(fs, path: str) -> str:
+    # Never overwrite the copy an earlier (maybe interrupted) repair kept.
     dst = path + ".broken"
+    n = 0
+    while os.path.exists(dst):
+        n += 1
+        dst = f"{path}.broken.{n}"
     shutil.copyfile(path, dst)
     fd = fs.open(dst, os.O_RDONLY)
     try:
@@ -61,6 +66,8 @@ def repair(directory: str, *, fs=None) -> RepairResult:
         copies.append(_keep_copy(fs, cut_path))
         for s in later:
             copies.append(_keep_copy(fs, s.path))
+        # The copies' directory entries must be durable before the originals are cut.
+        fs.fsync_dir(directory)
         if cut_at is None:
             fs.unlink(cut_path)
             removed.append(cut_path)

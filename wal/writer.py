@@ -116,6 +116,7 @@ class Wal:
         self.fs = fs or OsFileSystem()
         self._on_group = on_group
         self._lock = threading.Lock()
+        self._applied_lock = threading.Lock()
         self._synced = threading.Condition(self._lock)
         self._work = threading.Condition(self._lock)
         self._flusher_idle = False  # notify only a sleeping flusher: Condition.notify is not free
@@ -408,16 +409,20 @@ class Wal:
                     f"cannot mark LSN {lsn} applied: only LSNs up to {self._durable_lsn} are durable"
                 )
             current = self._segment_number
-        write_file_atomic(self.fs, self.directory, APPLIED_FILE, f"{lsn}\n".encode())
-        segs = list_segments(self.directory)
-        deleted = 0
-        for seg, nxt in zip(segs, segs[1:]):
-            if seg.number >= current or nxt.first_lsn > lsn:
-                break
-            self.fs.unlink(seg.path)
-            deleted += 1
-        if deleted:
-            self.fs.fsync_dir(self.directory)
+        with self._applied_lock:  # one at a time: they share APPLIED.tmp and the deletes
+            applied = read_applied_lsn(self.directory)
+            if lsn > applied:
+                write_file_atomic(self.fs, self.directory, APPLIED_FILE, f"{lsn}\n".encode())
+            lsn = max(lsn, applied)  # the applied LSN never moves backwards
+            segs = list_segments(self.directory)
+            deleted = 0
+            for seg, nxt in zip(segs, segs[1:]):
+                if seg.number >= current or nxt.first_lsn > lsn:
+                    break
+                self.fs.unlink(seg.path)
+                deleted += 1
+            if deleted:
+                self.fs.fsync_dir(self.directory)
         return deleted
 
     @property

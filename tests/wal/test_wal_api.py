@@ -1,0 +1,527 @@
+"""Group commit, the asyncio rules, locking, close, rotation, mark_applied, recovery modes, repair."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+import wal
+from wal import format as fmt
+from faultfs import FaultFS
+from helpers import (
+    append_bytes,
+    flip_bit,
+    payload_for,
+    read_all,
+    read_bytes,
+    record_spans,
+    segment_paths,
+    truncate,
+    write_log,
+)
+
+
+# -- group commit --------------------------------------------------------------------------
+def _appends_from_threads(w: wal.Wal, threads: int, per_thread: int) -> list[tuple[int, bytes]]:
+    got: list[tuple[int, bytes]] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def producer(t: int) -> None:
+        try:
+            for i in range(per_thread):
+                p = b"t%d-%d" % (t, i)
+                lsn = w.append(p)
+                with lock:
+                    got.append((lsn, p))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    workers = [threading.Thread(target=producer, args=(t,)) for t in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(60)
+    assert not errors and not any(t.is_alive() for t in workers)
+    return got
+
+
+def test_one_producer_needs_an_fdatasync_per_append_and_many_producers_share_them(tmp_path):
+    one = str(tmp_path / "one")
+    fs1 = FaultFS(one)
+    with wal.Wal(one, fs=fs1) as w:
+        _appends_from_threads(w, 1, 50)
+        s1 = w.stats()
+    assert s1.appends == s1.groups == fs1.calls["fdatasync"] == 50
+
+    many = str(tmp_path / "many")
+    fs8 = FaultFS(many)
+    with wal.Wal(many, fs=fs8) as w:
+        got = _appends_from_threads(w, 8, 50)
+        s8 = w.stats()
+    assert s8.appends == 400 and s8.durable_lsn == 400
+    assert s8.groups == fs8.calls["fdatasync"] < s8.appends
+    assert sorted(lsn for lsn, _ in got) == list(range(1, 401))
+    assert {(r.lsn, r.payload) for r in read_all(many)} == set(got)
+
+
+def test_appends_queued_during_an_fdatasync_are_committed_together_by_the_next_one(wal_dir):
+    entered, release = threading.Event(), threading.Event()
+
+    def before(kind, n):
+        if kind == "fdatasync" and n == 1:
+            entered.set()
+            assert release.wait(30)
+
+    fs = FaultFS(wal_dir, before=before)
+
+    async def main():
+        aw = await wal.open_async(wal_dir, fs=fs)
+        try:
+            first = asyncio.ensure_future(aw.append(b"first"))
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, entered.wait, 30)
+            rest = [asyncio.ensure_future(aw.append(b"r%d" % i)) for i in range(30)]
+            loop.call_soon(release.set)
+            lsns = await asyncio.wait_for(asyncio.gather(first, *rest), timeout=30)
+            return lsns, aw.stats()
+        finally:
+            await aw.close()
+
+    lsns, stats = asyncio.run(main())
+    assert lsns == list(range(1, 32))
+    assert stats.groups == fs.calls["fdatasync"] == 2 and stats.last_group_size == 30
+
+
+def test_an_async_append_after_a_large_group_is_still_acknowledged(wal_dir):
+    async def main():
+        aw = await wal.open_async(wal_dir)
+        try:
+            for burst in (40, 1, 25, 1, 1, 3):
+                futs = [aw.append(b"b%d" % i) for i in range(burst)]
+                await asyncio.wait_for(asyncio.gather(*futs), timeout=10)
+            return aw.stats()
+        finally:
+            await aw.close()
+
+    stats = asyncio.run(main())
+    assert stats.durable_lsn == stats.appends == 71
+
+
+# -- the asyncio rules ---------------------------------------------------------------------
+def test_a_sync_append_inside_a_running_event_loop_raises_usage_error_naming_asyncwal(wal_dir):
+    w = wal.Wal(wal_dir)
+    try:
+        async def inside():
+            with pytest.raises(wal.WalUsageError) as e1:
+                w.append(b"x")
+            with pytest.raises(wal.WalUsageError) as e2:
+                w.append_many([b"x"])
+            return str(e1.value), str(e2.value)
+
+        m1, m2 = asyncio.run(inside())
+        assert "AsyncWal.append" in m1 and "AsyncWal.append_many" in m2
+        assert w.stats().appends == 0, "the refused append was queued"
+        assert w.append(b"outside the loop") == 1
+    finally:
+        w.close()
+
+
+def test_async_wal_has_the_same_names_awaited(wal_dir):
+    async def main():
+        aw = await wal.open_async(wal_dir, segment_size_bytes=128)
+        try:
+            assert await aw.append(b"a") == 1
+            assert await aw.append_many([b"b", b"c"]) == [2, 3]
+            assert await aw.append_many([]) == []
+            for i in range(10):
+                await aw.append(payload_for(i))
+            deleted = await aw.mark_applied(aw.durable_lsn + 1)
+            return deleted, aw.stats()
+        finally:
+            await aw.close()
+
+    deleted, stats = asyncio.run(main())
+    assert deleted >= 1 and stats.appends == 13
+    assert len(wal.list_segments(wal_dir)) == 1
+
+
+# -- the lock ------------------------------------------------------------------------------
+def test_a_second_writer_on_the_same_directory_gets_locked_error_naming_the_holder(wal_dir):
+    with wal.Wal(wal_dir):
+        with pytest.raises(wal.WalLockedError) as e:
+            wal.Wal(wal_dir)
+        assert f"pid={os.getpid()}" in e.value.holder and f"pid={os.getpid()}" in str(e.value)
+        with pytest.raises(wal.WalLockedError):
+            wal.repair(wal_dir)
+    with wal.Wal(wal_dir) as w:  # released on close
+        assert w.append(b"x") == 1
+
+
+# -- close ---------------------------------------------------------------------------------
+def test_close_is_idempotent_and_later_appends_raise_closed_error(wal_dir):
+    w = wal.Wal(wal_dir)
+    assert w.append(b"a") == 1
+    w.close()
+    w.close()
+    with pytest.raises(wal.WalClosedError):
+        w.append(b"b")
+    with pytest.raises(wal.WalClosedError):
+        w.append_many([b"b"])
+    assert [r.payload for r in read_all(wal_dir)] == [b"a"]
+
+
+def test_close_commits_appends_queued_before_it(wal_dir):
+    async def main():
+        aw = await wal.open_async(wal_dir)
+        futs = [aw.append(b"q%d" % i) for i in range(20)]
+        await aw.close()
+        return await asyncio.wait_for(asyncio.gather(*futs), timeout=10)
+
+    assert asyncio.run(main()) == list(range(1, 21))
+    assert len(read_all(wal_dir)) == 20
+
+
+# -- rotation and the reader ---------------------------------------------------------------
+def test_rotation_creates_sealed_segments_and_a_live_reader_crosses_them(wal_dir):
+    with wal.Wal(wal_dir, segment_size_bytes=160) as w:
+        reader = wal.WalReader(wal_dir)
+        seen = []
+        for i in range(60):
+            w.append(payload_for(i))
+            if i % 7 == 0:
+                seen += [r.payload for r in reader.records(to_lsn=w.durable_lsn)]
+        seen += [r.payload for r in reader.records(to_lsn=w.durable_lsn)]
+    assert seen == [payload_for(i) for i in range(60)]
+    segs = wal.list_segments(wal_dir)
+    assert len(segs) >= 5
+    assert [s.number for s in segs] == list(range(1, len(segs) + 1))
+    for s in segs[:-1]:
+        assert record_spans(s.path)[-1].rtype == fmt.TYPE_SEAL
+    result = wal.scan(wal_dir)
+    assert (result.records, result.first_lsn, result.last_lsn) == (60, 1, 60)
+    assert not result.damages and not result.sealed_last
+
+
+def test_a_non_last_segment_without_a_seal_is_corruption(wal_dir):
+    write_log(wal_dir, [payload_for(i) for i in range(30)], segment_size_bytes=160)
+    paths = segment_paths(wal_dir)
+    seal = record_spans(paths[1])[-1]
+    truncate(paths[1], seal.offset)  # a record boundary: only the SEAL is gone
+    with pytest.raises(wal.WalCorruptionError) as e:
+        read_all(wal_dir)
+    assert (e.value.path, e.value.offset) == (paths[1], seal.offset)
+    reader = wal.WalReader(wal_dir, mode="point_in_time")
+    got = [r.lsn for r in reader.records()]
+    assert got == list(range(1, seal.lsn + 1)) and not reader.damages[0].torn_tail
+    result = wal.repair(wal_dir)
+    assert result.truncated_segment == paths[1] and set(result.removed_segments) == set(paths[2:])
+    with wal.Wal(wal_dir, segment_size_bytes=160) as w:
+        assert w.append(b"after") == seal.lsn + 1
+
+
+# -- mark_applied --------------------------------------------------------------------------
+def _segmented(wal_dir, fs=None) -> wal.Wal:
+    w = wal.Wal(wal_dir, segment_size_bytes=160, fs=fs)
+    for i in range(40):
+        w.append(payload_for(i))
+    assert len(wal.list_segments(wal_dir)) >= 5
+    return w
+
+
+def test_mark_applied_deletes_only_sealed_segments_wholly_below_the_lsn(wal_dir):
+    with _segmented(wal_dir) as w:
+        segs = wal.list_segments(wal_dir)
+        s2, s3 = segs[1], segs[2]
+        assert w.mark_applied(1) == 0
+        assert w.mark_applied(s2.first_lsn) == 1  # segment 1 ends at s2.first_lsn - 1
+        assert w.mark_applied(s3.first_lsn - 1) == 0  # segment 2's last record is not applied
+        assert [s.number for s in wal.list_segments(wal_dir)][0] == 2
+        assert w.mark_applied(s3.first_lsn) == 1
+        assert w.applied_lsn == s3.first_lsn
+        remaining = wal.list_segments(wal_dir)
+        last = remaining[-1]
+        assert w.mark_applied(w.durable_lsn + 1) == len(remaining) - 1
+        assert wal.list_segments(wal_dir) == [last], "the open segment is never deleted"
+        with pytest.raises(wal.WalUsageError):
+            w.mark_applied(w.durable_lsn + 2)
+        assert w.append(b"still open") == 41
+    assert [r.lsn for r in read_all(wal_dir)] == list(range(last.first_lsn, 42))
+
+
+def test_mark_applied_never_moves_the_applied_lsn_backwards(wal_dir):
+    with _segmented(wal_dir) as w:
+        third = wal.list_segments(wal_dir)[2]
+        assert w.mark_applied(third.first_lsn) == 2
+        assert w.mark_applied(1) == 0
+        assert w.applied_lsn == third.first_lsn
+    assert read_all(wal_dir)[0].lsn == third.first_lsn
+    with wal.Wal(wal_dir, segment_size_bytes=160) as w:
+        assert w.append(b"reopened") == 41
+
+
+def test_concurrent_mark_applied_calls_keep_the_highest_lsn(wal_dir):
+    with _segmented(wal_dir) as w:
+        lsns = list(range(1, w.durable_lsn + 2))
+        errors: list[BaseException] = []
+
+        def mark(chunk):
+            try:
+                for lsn in chunk:
+                    w.mark_applied(lsn)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=mark, args=(lsns[i::4][::-1],)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors
+        assert w.applied_lsn == lsns[-1]
+        assert len(wal.list_segments(wal_dir)) == 1
+    assert [r.lsn for r in read_all(wal_dir)] == list(range(wal.list_segments(wal_dir)[0].first_lsn, 41))
+
+
+def test_mark_applied_makes_applied_durable_before_deleting_and_fsyncs_the_directory(wal_dir):
+    fs = FaultFS(wal_dir)
+    with _segmented(wal_dir, fs) as w:
+        segs = wal.list_segments(wal_dir)
+        third = segs[2]
+        start = len(fs.ops)
+        assert w.mark_applied(third.first_lsn) == 2
+        ops = fs.ops[start:]
+    kinds = [k for k, _ in ops]
+    unlinks = [i for i, k in enumerate(kinds) if k == "unlink"]
+    rename = kinds.index("rename")
+    assert ops[rename][1] == "APPLIED.tmp -> APPLIED"
+    assert "fsync" in kinds[:rename], "APPLIED's bytes are synced before the rename"
+    assert "fsync_dir" in kinds[rename:unlinks[0]], "the rename is durable before any delete"
+    assert kinds[unlinks[-1] + 1 :] == ["fsync_dir"], "the deletes are made durable"
+    assert [d for k, d in ops if k == "unlink"] == [s.name for s in segs[:2]]
+
+
+def test_after_mark_applied_the_reader_starts_at_the_first_remaining_segment(wal_dir):
+    with _segmented(wal_dir) as w:
+        third = wal.list_segments(wal_dir)[2]
+        w.mark_applied(third.first_lsn + 1)
+    assert wal.read_applied_lsn(wal_dir) == third.first_lsn + 1
+    recs = read_all(wal_dir)
+    assert recs[0].lsn == third.first_lsn and recs[-1].lsn == 40
+    assert [r.payload for r in recs] == [payload_for(i - 1) for i in range(third.first_lsn, 41)]
+    assert [r.lsn for r in read_all(wal_dir, from_lsn=third.first_lsn + 3)][0] == third.first_lsn + 3
+    with wal.Wal(wal_dir, segment_size_bytes=160) as w:
+        assert w.append(b"next") == 41
+    assert read_all(wal_dir, mode="absolute")[-1].payload == b"next"
+
+
+def test_segments_left_below_a_gap_by_an_interrupted_mark_applied_are_not_corruption(wal_dir):
+    with _segmented(wal_dir) as w:
+        segs = wal.list_segments(wal_dir)
+        kept = {s.path: read_bytes(s.path) for s in segs[:3]}
+        w.mark_applied(segs[3].first_lsn)
+    # A crash before the directory fsync brought segment 1 back but not segments 2 and 3.
+    for path in list(kept)[:1]:
+        with open(path, "wb") as f:
+            f.write(kept[path])
+    assert [s.number for s in wal.list_segments(wal_dir)][:2] == [1, 4]
+    assert read_all(wal_dir)[0].lsn == segs[3].first_lsn
+    with wal.Wal(wal_dir, segment_size_bytes=160) as w:
+        w.append(b"more")
+        assert w.mark_applied(w.durable_lsn + 1) >= 1
+    assert wal.list_segments(wal_dir)[0].number > 4
+
+
+# -- missing segments ----------------------------------------------------------------------
+def test_a_missing_middle_segment_is_corruption(wal_dir):
+    write_log(wal_dir, [payload_for(i) for i in range(40)], segment_size_bytes=160)
+    segs = wal.list_segments(wal_dir)
+    os.remove(segs[2].path)
+    for mode in ("tolerate_tail", "absolute"):
+        with pytest.raises(wal.WalCorruptionError) as e:
+            read_all(wal_dir, mode=mode)
+        assert e.value.path == segs[3].path and "segment number 3" in e.value.expected
+    reader = wal.WalReader(wal_dir, mode="point_in_time")
+    assert [r.lsn for r in reader.records()] == list(range(1, segs[2].first_lsn))
+    assert [d.path for d in reader.damages] == [segs[3].path]
+    result = wal.repair(wal_dir)
+    assert result.last_lsn == segs[2].first_lsn - 1
+    assert set(result.removed_segments) == {s.path for s in segs[3:]}
+    assert all(read_bytes(s.path + ".broken") for s in segs[3:])
+    with wal.Wal(wal_dir, segment_size_bytes=160) as w:
+        assert w.append(b"after") == segs[2].first_lsn
+    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == list(range(1, segs[2].first_lsn + 1))
+
+
+def test_a_missing_first_segment_not_declared_applied_is_corruption(wal_dir):
+    write_log(wal_dir, [payload_for(i) for i in range(20)], segment_size_bytes=160)
+    segs = wal.list_segments(wal_dir)
+    os.remove(segs[0].path)
+    with pytest.raises(wal.WalCorruptionError) as e:
+        read_all(wal_dir)
+    assert e.value.path == segs[1].path and "not declared applied" in e.value.expected
+    reader = wal.WalReader(wal_dir, mode="point_in_time")
+    assert list(reader.records()) == [] and len(reader.damages) == 1
+
+
+# -- recovery modes ------------------------------------------------------------------------
+def _log_with_a_torn_tail(wal_dir) -> tuple[str, int]:
+    """30 records whose last one lost its final bytes; returns the segment and that record's offset."""
+    write_log(wal_dir, [payload_for(i) for i in range(30)], segment_size_bytes=160)
+    last = segment_paths(wal_dir)[-1]
+    span = record_spans(last)[-1]
+    truncate(last, span.end - 3)
+    return last, span.offset
+
+
+def test_absolute_raises_on_a_torn_tail_that_tolerate_tail_accepts(wal_dir):
+    last, span = _log_with_a_torn_tail(wal_dir)
+    with pytest.raises(wal.WalCorruptionError) as e:
+        read_all(wal_dir, mode="absolute")
+    assert (e.value.path, e.value.offset) == (last, span)
+    assert [r.lsn for r in read_all(wal_dir)] == list(range(1, 30))
+    result = wal.scan(wal_dir)
+    assert result.torn_tail is not None and result.torn_tail.offset == span
+    assert result.end_offset == span
+
+
+def test_point_in_time_stops_at_the_first_damage_without_raising_or_writing(wal_dir):
+    write_log(wal_dir, [payload_for(i) for i in range(40)], segment_size_bytes=160)
+    segs = wal.list_segments(wal_dir)
+    victim = record_spans(segs[1].path)[1]
+    flip_bit(segs[1].path, victim.offset + 9)
+    before = {s.path: read_bytes(s.path) for s in segs}
+    reader = wal.WalReader(wal_dir, mode="point_in_time")
+    assert [r.lsn for r in reader.records()] == list(range(1, victim.lsn))
+    (damage,) = reader.damages
+    assert (damage.path, damage.offset, damage.torn_tail) == (segs[1].path, victim.offset, False)
+    result = wal.scan(wal_dir, mode="point_in_time")
+    assert result.records == victim.lsn - 1 and len(result.damages) == 1
+    assert {s.path: read_bytes(s.path) for s in segs} == before
+
+
+def test_salvage_skips_damaged_records_and_reports_each_skip(wal_dir):
+    write_log(wal_dir, [payload_for(i) for i in range(40)], segment_size_bytes=160)
+    segs = wal.list_segments(wal_dir)
+    a = record_spans(segs[1].path)[1]
+    b = record_spans(segs[3].path)[0]
+    flip_bit(segs[1].path, a.offset + 25)
+    flip_bit(segs[3].path, b.offset + 2)
+    before = {s.path: read_bytes(s.path) for s in segs}
+    reader = wal.WalReader(wal_dir, mode="salvage")
+    got = [r.lsn for r in reader.records()]
+    assert got == [lsn for lsn in range(1, 41) if lsn not in (a.lsn, b.lsn)]
+    assert [(d.path, d.offset) for d in reader.damages] == [(segs[1].path, a.offset), (segs[3].path, b.offset)]
+    assert all(d.skipped_bytes == s.end - s.offset for d, s in zip(reader.damages, (a, b)))
+    assert {s.path: read_bytes(s.path) for s in segs} == before
+
+
+def test_salvage_continues_past_a_damaged_record_right_before_a_seal(wal_dir):
+    write_log(wal_dir, [payload_for(i) for i in range(40)], segment_size_bytes=160)
+    segs = wal.list_segments(wal_dir)
+    spans = record_spans(segs[1].path)
+    victim = spans[-2]  # the last DATA record; the SEAL follows it
+    assert spans[-1].rtype == fmt.TYPE_SEAL
+    flip_bit(segs[1].path, victim.offset + 21)
+    reader = wal.WalReader(wal_dir, mode="salvage")
+    got = [r.lsn for r in reader.records()]
+    assert got == [lsn for lsn in range(1, 41) if lsn != victim.lsn]
+    assert [(d.path, d.offset) for d in reader.damages] == [(segs[1].path, victim.offset)]
+
+
+# -- the writer on open --------------------------------------------------------------------
+def test_opening_the_writer_truncates_only_a_torn_tail(wal_dir):
+    last, cut = _log_with_a_torn_tail(wal_dir)
+    size = os.path.getsize(last)
+    with wal.Wal(wal_dir, segment_size_bytes=160) as w:
+        assert w.open_result.last_lsn == 29
+        assert (w.open_result.torn_tail_offset, w.open_result.truncated_bytes) == (cut, size - cut)
+        assert w.append(b"thirty") == 30
+    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == list(range(1, 31))
+
+
+def test_opening_the_writer_on_corruption_raises_and_changes_nothing(wal_dir):
+    write_log(wal_dir, [payload_for(i) for i in range(12)], segment_size_bytes=1 << 20)
+    (path,) = segment_paths(wal_dir)
+    victim = record_spans(path)[3]
+    flip_bit(path, victim.offset + 22)
+    before = read_bytes(path)
+    with pytest.raises(wal.WalCorruptionError) as e:
+        wal.Wal(wal_dir)
+    assert (e.value.path, e.value.offset) == (path, victim.offset)
+    assert read_bytes(path) == before
+    # The failed open released the lock: repair, which takes it, runs.
+    assert wal.repair(wal_dir).truncated_at == victim.offset
+
+
+def test_temp_files_of_an_interrupted_segment_creation_are_removed_on_open(wal_dir):
+    write_log(wal_dir, [b"a", b"b"])
+    tmp = os.path.join(wal_dir, fmt.segment_name(2, 3) + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(b"half a header")
+    with wal.Wal(wal_dir) as w:
+        assert not os.path.exists(tmp)
+        assert w.append(b"c") == 3
+
+
+# -- repair --------------------------------------------------------------------------------
+def test_repair_keeps_a_broken_copy_then_truncates_and_the_log_appends_again(wal_dir):
+    write_log(wal_dir, [payload_for(i) for i in range(40)], segment_size_bytes=160)
+    segs = wal.list_segments(wal_dir)
+    victim = record_spans(segs[2].path)[1]
+    flip_bit(segs[2].path, victim.offset + 30)
+    originals = {s.path: read_bytes(s.path) for s in segs}
+    fs = FaultFS(wal_dir)
+    result = wal.repair(wal_dir, fs=fs)
+    assert (result.truncated_segment, result.truncated_at) == (segs[2].path, victim.offset)
+    assert result.last_lsn == victim.lsn - 1
+    assert set(result.removed_segments) == {s.path for s in segs[3:]}
+    assert set(result.broken_copies) == {s.path + ".broken" for s in segs[2:]}
+    for s in segs[2:]:
+        assert read_bytes(s.path + ".broken") == originals[s.path]
+    assert read_bytes(segs[2].path) == originals[segs[2].path][: victim.offset]
+    for s in segs[:2]:
+        assert read_bytes(s.path) == originals[s.path]
+    # The copies are durable (data and directory entry) before anything is cut.
+    kinds = [k for k, _ in fs.ops]
+    first_cut = min(i for i, k in enumerate(kinds) if k in ("ftruncate", "unlink"))
+    assert kinds.count("fsync") == len(result.broken_copies)
+    assert max(i for i, k in enumerate(kinds) if k == "fsync") < first_cut
+    assert "fsync_dir" in kinds[:first_cut]
+    assert kinds[-1] == "fsync_dir"
+    with wal.Wal(wal_dir, segment_size_bytes=160) as w:
+        assert w.append(b"after repair") == victim.lsn
+    recs = read_all(wal_dir, mode="absolute")
+    assert [r.lsn for r in recs] == list(range(1, victim.lsn + 1))
+    assert wal.repair(wal_dir).damage is None, "a clean log is left alone"
+
+
+def test_repair_of_a_damaged_segment_header_removes_that_segment(wal_dir):
+    write_log(wal_dir, [payload_for(i) for i in range(30)], segment_size_bytes=160)
+    segs = wal.list_segments(wal_dir)
+    flip_bit(segs[1].path, 13)
+    result = wal.repair(wal_dir)
+    assert result.damage.offset == 0 and result.truncated_segment is None
+    assert segs[1].path in result.removed_segments and not os.path.exists(segs[1].path)
+    with wal.Wal(wal_dir, segment_size_bytes=160) as w:
+        assert w.append(b"x") == segs[1].first_lsn
+    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == list(range(1, segs[1].first_lsn + 1))
+
+
+def test_repair_of_a_torn_tail_truncates_it(wal_dir):
+    last, cut = _log_with_a_torn_tail(wal_dir)
+    result = wal.repair(wal_dir)
+    assert result.damage.torn_tail and result.truncated_at == cut
+    assert os.path.getsize(last) == cut
+    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == list(range(1, 30))
+
+
+def test_appended_garbage_after_the_last_record_is_reported_as_a_torn_tail(wal_dir):
+    write_log(wal_dir, [b"a", b"b"])
+    (path,) = segment_paths(wal_dir)
+    append_bytes(path, os.urandom(100))
+    result = wal.scan(wal_dir)
+    assert result.records == 2 and result.torn_tail is not None and len(result.damages) == 1
