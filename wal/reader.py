@@ -110,7 +110,7 @@ def _check_record(buf, off: int, end: int, seed: int, expected_lsn: int):
     if expected_lsn is not None:
         want = expected_lsn if rtype == fmt.TYPE_DATA else expected_lsn - 1
         if lsn != want:
-            return f"LSN {want}, found {lsn}"
+            return f"LSN {want} (the record carries LSN {lsn})"
     return lsn, rtype, n, rec_end
 
 
@@ -373,7 +373,10 @@ class WalReader:
     def _handle_damage(self, seg, buf, base, off, end, seed, expected, what) -> bool:
         """Classify damage at `base + off`; True if reading continues (salvage) in this segment."""
         after = _find_valid_after(buf, off, end, seed, expected - 1 if expected > 1 else 1)
-        torn = after is None and self._is_last(seg)
+        # A torn write cannot leave a whole record with a valid CRC: one there with the wrong
+        # LSN is damage of durable bytes, even at the very end of the log.
+        whole = not isinstance(_check_record(buf, off, end, seed, None), str)
+        torn = after is None and not whole and self._is_last(seg)
         found = "a damaged record" if after is None else f"a valid record at offset {base + after}"
         if off >= end:
             found = "the end of the file"

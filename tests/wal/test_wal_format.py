@@ -267,7 +267,7 @@ def test_a_gap_in_the_lsn_chain_inside_a_segment_is_corruption(wal_dir):
     third = record_spans(path)[2]
     with pytest.raises(wal.WalCorruptionError) as e:
         read_all(wal_dir)
-    assert e.value.offset == third.offset and e.value.expected.startswith("LSN 3, found 4")
+    assert e.value.offset == third.offset and e.value.expected.startswith("LSN 3 (the record carries LSN 4)")
 
 
 def test_the_lsn_chain_continues_across_segments(wal_dir):
@@ -397,3 +397,15 @@ def test_list_segments_ignores_broken_copies_and_temp_files(wal_dir):
             pass
     assert segment_paths(wal_dir) == paths
     assert [s.number for s in wal.list_segments(wal_dir)] == list(range(1, len(paths) + 1))
+
+
+def test_a_whole_record_with_a_wrong_lsn_at_the_very_end_is_corruption_not_a_torn_tail(wal_dir):
+    # A torn write cannot produce a complete record with a valid CRC, so this one was durable
+    # once: opening a writer must refuse rather than truncate it away.
+    os.makedirs(wal_dir)
+    build_segment(wal_dir, 1, 1, [(1, 1, b"a"), (2, 1, b"b"), (7, 1, b"g")])
+    with pytest.raises(wal.WalCorruptionError) as e:
+        read_all(wal_dir)
+    assert "carries LSN 7" in e.value.expected
+    with pytest.raises(wal.WalCorruptionError):
+        wal.open_wal(wal_dir)
