@@ -230,7 +230,177 @@ def section_wal(args, workdir: str) -> None:
     )
 
 
-SECTIONS = {"wal": section_wal}
+# -- store: compaction, get, prune -------------------------------------------------------
+
+
+def _write_store_wal(wal_dir: str, executions: int, events_per: int) -> int:
+    """Fill a WAL with the records the store writes: start, events, finish per execution."""
+    w = wal.open_wal(wal_dir)
+    t = 1_700_000_000_000_000_000
+    batch: list[bytes] = []
+    n_events = 0
+    for e in range(executions):
+        eid = f"exec-{e:08d}"
+        batch.append(orjson.dumps({
+            "op": "start", "id": eid, "intent": "summarize", "envelope": {"intent": "summarize", "n": e},
+            "hash": "sha256:" + "0" * 64, "t": t,
+        }))
+        for i in range(1, events_per):
+            ev = event_payload(i)
+            batch.append(orjson.dumps({
+                "op": "event", "id": eid, "seq": i, "type": "tool.responded", "payload": ev["payload"], "t": t + i,
+            }))
+        batch.append(orjson.dumps({
+            "op": "finish", "id": eid, "seq": events_per, "response": {"status": "success", "payload": {"n": e}},
+            "t": t + events_per,
+        }))
+        n_events += events_per
+        if len(batch) >= 10_000:
+            w.append_many(batch)
+            batch = []
+    if batch:
+        w.append_many(batch)
+    w.close()
+    return n_events
+
+
+def _fresh_db(path: str):
+    from tracedb import db
+
+    engine = db.create_engine(path, write=True)
+    db.migrate(engine)
+    return engine
+
+
+def bench_compaction(workdir: str, executions: int, events_per: int) -> tuple[dict, dict]:
+    """tracedb's compactor over a WAL, next to a raw executemany of the same rows, same schema."""
+    from tracedb import db
+    from tracedb.compactor import Compactor
+
+    d = tempfile.mkdtemp(dir=workdir)
+    wal_dir = os.path.join(d, "wal")
+    n_events = _write_store_wal(wal_dir, executions, events_per)
+    durable = wal.scan(wal_dir).last_lsn
+
+    engine = _fresh_db(os.path.join(d, "compact.db"))
+    db.ensure_checkpoint(engine, "bench", 0)
+    comp = Compactor(engine, wal_dir, "bench", 0)
+    t0 = time.perf_counter()
+    result = comp.compact(durable)
+    elapsed = time.perf_counter() - t0
+    comp.close()
+    assert result.steps == n_events, result
+    ours = row(f"compaction WAL -> SQLite ({n_events:,} events)", n_events / elapsed)
+
+    # The baseline: the same trace and step rows, already built in memory (no WAL read, no
+    # JSON decode), inserted with the DBAPI's executemany in batches of the same size.
+    engine2 = _fresh_db(os.path.join(d, "raw.db"))
+    raw = engine2.raw_connection()
+    cur = raw.cursor()
+    t = 1_700_000_000_000_000_000
+    trace_rows = []
+    step_rows = []
+    payload = orjson.dumps(event_payload(1)["payload"]).decode()
+    lsn = 0
+    for e in range(executions):
+        eid = f"exec-{e:08d}"
+        lsn += 1
+        trace_rows.append((eid, "bench", "summarize", "completed", 1, None, None,
+                           orjson.dumps({"intent": "summarize", "n": e}).decode(), "sha256:" + "0" * 64,
+                           None, orjson.dumps({"status": "success"}).decode(), events_per, t, t, None, None, 0))
+        for i in range(1, events_per + 1):
+            lsn += 1
+            step_rows.append((eid, i, "tool.responded", payload, t + i, lsn))
+    cols_t = ("execution_id, recorder_id, intent, status, replayable, replayable_reason, status_note, "
+              "envelope, envelope_hash, router_decision, final_response, last_seq, created_at_ns, "
+              "updated_at_ns, parent_execution_id, forked_at_seq, pinned")
+    sql_t = f"INSERT INTO traces ({cols_t}) VALUES ({', '.join('?' * 17)})"
+    sql_s = ("INSERT INTO trace_steps (execution_id, seq, type, payload, recorded_at_ns, lsn) "
+             "VALUES (?, ?, ?, ?, ?, ?)")
+    per_batch = max(1, 5000 // (events_per + 1))
+    t0 = time.perf_counter()
+    for i in range(0, executions, per_batch):
+        cur.execute("BEGIN IMMEDIATE")
+        cur.executemany(sql_t, trace_rows[i : i + per_batch])
+        cur.executemany(sql_s, step_rows[i * events_per : (i + per_batch) * events_per])
+        cur.execute("COMMIT")
+    elapsed = time.perf_counter() - t0
+    raw.close()
+    base = row(f"raw executemany, same rows and schema ({n_events:,})", n_events / elapsed)
+    engine.dispose()
+    engine2.dispose()
+    shutil.rmtree(d)
+    return ours, base
+
+
+def bench_get_and_prune(workdir: str, executions: int, events_per: int) -> tuple[dict, dict]:
+    import tracedb
+
+    d = tempfile.mkdtemp(dir=workdir)
+    data = os.path.join(d, "data")
+    os.makedirs(data)
+    n_events = _write_store_wal(os.path.join(data, "wal"), executions, events_per)
+    store = tracedb.open(data)  # recovery compacts the WAL on open
+    ids = [f"exec-{e:08d}" for e in range(0, executions, max(1, executions // 500))]
+    lat = []
+    for eid in ids * 4:
+        t0 = time.perf_counter()
+        store.get(eid)
+        lat.append(time.perf_counter() - t0)
+    store.close()
+    get_row = row(f"store.get one record by id ({events_per} events)", len(lat) / sum(lat), lat)
+    from tracedb import db
+    from tracedb.retention import prune
+
+    engine = db.create_engine(os.path.join(data, "traces.db"), write=True)
+    t0 = time.perf_counter()
+    res = prune(engine, 0, now_ns=2_000_000_000_000_000_000)
+    elapsed = time.perf_counter() - t0
+    assert res.deleted_steps == n_events, res
+    prune_row = row(f"prune ({res.deleted_traces:,} traces, {res.deleted_steps:,} steps)",
+                    res.deleted_steps / elapsed, extra=f"{res.bytes_freed / 1e6:.1f} MB given back")
+    engine.dispose()
+    shutil.rmtree(d)
+    return get_row, prune_row
+
+
+def section_store(args, workdir: str) -> None:
+    print("\n== Store: compaction into SQLite, reads by id, retention (steps/s)")
+    ex = args.executions
+    ours, base = bench_compaction(workdir, ex, 50)
+    get_row, prune_row = bench_get_and_prune(workdir, ex, 50)
+    ratio("compaction / raw executemany (target >= 0.8x)", ours["rate"], base["rate"])
+    RESULTS["store"] = {"compaction": ours, "raw_executemany": base, "get": get_row, "prune": prune_row}
+
+
+# -- replay ------------------------------------------------------------------------------
+
+
+def section_replay(args, workdir: str) -> None:
+    import tracedb
+    from tracedb.replay import bench as rb
+
+    print("\n== Replay: exact replay in-process, batch replay from the store")
+    iters = 20_000 if args.quick else 200_000
+    lat = rb.exact_replay_latencies(iterations=iters)
+    reused = row("exact replay, engine reused", len(lat) / sum(lat), lat)
+    lat2 = rb.exact_replay_latencies(iterations=iters // 4, fresh_engine=True)
+    fresh = row("exact replay, new engine per call (checks run)", len(lat2) / sum(lat2), lat2)
+    print("  seed 000 quotes ~1 ms per replay; target p50 <= 0.050 ms")
+    d = tempfile.mkdtemp(dir=workdir)
+    data = os.path.join(d, "data")
+    os.makedirs(data)
+    n = 500 if args.quick else 2000
+    _write_store_wal(os.path.join(data, "wal"), n, 8)
+    store = tracedb.open(data)
+    rate, count = rb.batch_replay_rate(store, [f"exec-{e:08d}" for e in range(n)])
+    store.close()
+    batch = row(f"batch replay from the store ({count:,} records)", rate)
+    shutil.rmtree(d)
+    RESULTS["replay"] = {"exact_reused": reused, "exact_fresh": fresh, "batch": batch}
+
+
+SECTIONS = {"wal": section_wal, "store": section_store, "replay": section_replay}
 
 
 def main() -> None:
@@ -238,6 +408,7 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     ap.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
     ap.add_argument("--scan-records", type=int, default=1_000_000)
+    ap.add_argument("--executions", type=int, default=4000, help="executions (x50 events) for store runs")
     ap.add_argument("--quick", action="store_true", help="short runs (a smoke test, not figures)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--workdir", default=None, help="where temporary data goes (default ./bench-out)")
@@ -245,6 +416,7 @@ def main() -> None:
     if args.quick:
         args.seconds = 0.5
         args.scan_records = 100_000
+        args.executions = 400
     workdir = args.workdir or os.path.join(ROOT, "bench-out")
     os.makedirs(workdir, exist_ok=True)
     print(
