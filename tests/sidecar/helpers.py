@@ -1,0 +1,241 @@
+"""Helpers for the sidecar tests: a server on its own event-loop thread, a line-based socket client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import orjson
+
+from tracedb.sidecar.server import ServerConfig, SidecarServer
+
+
+def short_tempdir() -> str:
+    """A private temp directory with a short path (Unix socket paths are limited to ~100 bytes)."""
+    return tempfile.mkdtemp(prefix="tdb")
+
+
+class ServerThread:
+    """A SidecarServer running on an event loop in a background thread (for sync socket tests)."""
+
+    def __init__(self, make_backend: Callable[[], Any], config: ServerConfig, *, metrics=None):
+        self.make_backend = make_backend
+        self.config = config
+        self.metrics = metrics
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.server: Optional[SidecarServer] = None
+        self.backend = None
+        self.http = None
+        self.http_port: Optional[int] = None
+        self._ready = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def main():
+            try:
+                self.backend = self.make_backend()
+                if asyncio.iscoroutine(self.backend):
+                    self.backend = await self.backend
+                self.server = SidecarServer(self.backend, self.config)
+                if self.metrics is not None:
+                    from tracedb.sidecar.metrics import MetricsHttpServer
+
+                    self.metrics.attach(self.server)
+                    self.http = MetricsHttpServer(self.metrics, port=0)
+                    self.http_port = await self.http.start()
+                await self.server.start()
+            except BaseException as e:  # noqa: BLE001 - reported to the test thread
+                self._error = e
+                self._ready.set()
+                return
+            self.loop = asyncio.get_running_loop()
+            self._ready.set()
+            await self.server.serve_until_stopped()
+            if self.http is not None:
+                await self.http.close()
+
+        asyncio.run(main())
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise TimeoutError("server did not start")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def call(self, fn, *args):
+        """Run `fn(*args)` on the server's loop and return its result."""
+        fut = asyncio.run_coroutine_threadsafe(_call(fn, *args), self.loop)
+        return fut.result(30)
+
+    def stop(self) -> None:
+        if self.loop is not None and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.server.request_stop)
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "server thread did not stop"
+
+
+async def _call(fn, *args):
+    out = fn(*args)
+    if asyncio.iscoroutine(out) or asyncio.isfuture(out):
+        out = await out
+    return out
+
+
+class LineClient:
+    """A raw blocking socket speaking NDJSON: send requests (or raw bytes), read response lines."""
+
+    def __init__(self, path: Optional[str] = None, *, tcp: Optional[tuple] = None, timeout_s: float = 20.0):
+        if tcp is not None:
+            self.sock = socket.create_connection(tcp, timeout=timeout_s)
+        else:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout_s)
+            self.sock.connect(path)
+        self.buf = bytearray()
+
+    def send(self, obj: Any) -> None:
+        self.sock.sendall(orjson.dumps(obj) + b"\n")
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self) -> dict:
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionResetError("closed by server")
+            self.buf += chunk
+        nl = self.buf.index(b"\n")
+        line = bytes(self.buf[:nl])
+        del self.buf[: nl + 1]
+        return orjson.loads(line)
+
+    def call(self, obj: Any) -> dict:
+        self.send(obj)
+        return self.recv()
+
+    def at_eof(self) -> bool:
+        """True once the server has closed the connection (all pending lines consumed)."""
+        while True:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                return True
+            self.buf += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
+    """Poll `predicate` until true or the deadline (for conditions with no event to wait on)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def rmtree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def sock_path(directory: str) -> str:
+    return os.path.join(directory, "tracedb.sock")
+
+
+class CuttingProxy:
+    """A Unix-socket proxy between a client and the server that can cut a connection on cue.
+
+    `cut_after(n)`: the proxy forwards `n` more response lines to the client, then drops the
+    next response line and closes both sides of that connection: the request was received and
+    staged by the server, its answer never reaches the client (a transient failure). Later
+    connections are forwarded untouched.
+    """
+
+    def __init__(self, upstream: str, path: str):
+        self.upstream = upstream
+        self.path = path
+        self._cut_after: Optional[int] = None
+        self.cuts = 0
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(16)
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut_after(self, n: int) -> None:
+        with self._lock:
+            self._cut_after = n
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                down, _ = self._listener.accept()
+            except OSError:
+                return
+            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            up.connect(self.upstream)
+            self.connections += 1
+            threading.Thread(target=self._pump, args=(down, up), daemon=True).start()
+            threading.Thread(target=self._pump_back, args=(up, down), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _pump_back(self, up: socket.socket, down: socket.socket) -> None:
+        buf = b""
+        try:
+            while True:
+                data = up.recv(65536)
+                if not data:
+                    break
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    with self._lock:
+                        n = self._cut_after
+                        if n is not None:
+                            if n == 0:
+                                self._cut_after = None
+                                self.cuts += 1
+                                raise ConnectionAbortedError("cut")
+                            self._cut_after = n - 1
+                    down.sendall(line + b"\n")
+        except OSError:
+            pass
+        finally:
+            for s in (up, down):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()

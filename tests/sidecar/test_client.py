@@ -1,0 +1,165 @@
+"""The client library: one API for a sidecar and for in-process recording; reconnects without
+duplicating events."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from tracedb import errors as E
+from tracedb.sidecar.client import (
+    Client,
+    RecorderUnavailableError,
+    SeqConflictError,
+    connect,
+    connect_async,
+    parse_address,
+    resolve_sidecar,
+)
+
+from .helpers import CuttingProxy, sock_path
+
+ENV = {"intent": "ProcessIntent", "payload": {"q": "capital of France"}}
+
+
+def record_one(client) -> str:
+    ex = client.start("ProcessIntent", ENV)
+    assert ex.event("INTENT_RECEIVED", {"intent": "ProcessIntent"}) == 1
+    assert ex.event("tool.requested", {"tool": "search", "args": {"q": "x"}}) == 2
+    assert ex.finish({"status": "success", "payload": {"answer": "Paris"}}) == 3
+    return ex.execution_id
+
+
+def check_recorded(record) -> None:
+    assert record.status == "completed"
+    assert record.header.replayable is True
+    assert [e.type for e in record.events] == ["INTENT_RECEIVED", "tool.requested", "FINAL_RESPONSE"]
+    assert record.finalResponse == {"status": "success", "payload": {"answer": "Paris"}}
+
+
+def test_sync_client_through_the_sidecar(store_server):
+    with connect("unix:" + sock_path(store_server.config.data_dir)) as client:
+        assert not client.embedded and client.ping()
+        eid = record_one(client)
+        check_recorded(client.get(eid))
+        with pytest.raises(E.ExecutionClosedError) as closed:
+            client.event(eid, "tool.requested", {})
+        assert closed.value.code == "execution_closed" and closed.value.status == "completed"
+        with pytest.raises(E.ExecutionNotFoundError):
+            client.get("exec-missing")
+        with pytest.raises(E.InvalidInputError):
+            client.event(eid, "tool.requested", {"not json": object()})
+        with pytest.raises(E.ExecutionExistsError):
+            client.start("Other", {"x": 1}, execution_id=eid)
+        again = client.start("ProcessIntent", ENV, execution_id=eid)  # a resent start
+        assert again.execution_id == eid and again.last_seq == 3
+        client.invalidate(eid, "operator says so")
+        assert client.get(eid).header.replayableReason == "manually_invalidated"
+
+
+def test_sync_client_in_process_without_a_sidecar(tdir, monkeypatch):
+    monkeypatch.delenv("TRACEDB_SIDECAR", raising=False)
+    assert resolve_sidecar(None, tdir) is None
+    with Client(data_dir=tdir) as client:
+        assert client.embedded
+        eid = record_one(client)
+        check_recorded(client.get(eid))
+        ex = client.start("ProcessIntent", ENV)
+        ex.event("AGENT_ATTEMPT_START", {"agent": "a"})
+        ex.abandon("agent crashed")
+        assert client.get(ex.execution_id).header.replayableReason == "execution_incomplete"
+
+
+def test_async_client_through_the_sidecar_and_in_process(store_server, tdir):
+    async def scenario(client):
+        ex = await client.start("ProcessIntent", ENV)
+        # Pipelined: all three are sent before the first answer comes back.
+        seqs = await asyncio.gather(
+            ex.event("INTENT_RECEIVED", {"intent": "ProcessIntent"}),
+            ex.event("tool.requested", {"tool": "search", "args": {"q": "x"}}),
+        )
+        assert seqs == [1, 2]
+        assert await ex.finish({"status": "success", "payload": {"answer": "Paris"}}) == 3
+        check_recorded(await client.get(ex.execution_id))
+        with pytest.raises(E.ExecutionClosedError):
+            await client.event(ex.execution_id, "tool.requested", {})
+
+    async def main():
+        remote = await connect_async("unix:" + sock_path(store_server.config.data_dir))
+        assert not remote.embedded
+        await scenario(remote)
+        await remote.close()
+        local = await connect_async(data_dir=os.path.join(tdir, "local"))
+        assert local.embedded
+        await scenario(local)
+        await local.close()
+
+    asyncio.run(main())
+
+
+def test_the_data_directory_socket_is_found(store_server, monkeypatch):
+    monkeypatch.delenv("TRACEDB_SIDECAR", raising=False)
+    d = store_server.config.data_dir
+    assert resolve_sidecar(None, d) == "unix:" + sock_path(d)
+    monkeypatch.setenv("TRACEDB_SIDECAR", "tcp://127.0.0.1:7411")
+    assert resolve_sidecar(None, d) == "tcp://127.0.0.1:7411"
+    assert parse_address("unix:///a/b.sock") == ("unix", "/a/b.sock")
+    assert parse_address("/a/b.sock") == ("unix", "/a/b.sock")
+    assert parse_address("tcp://127.0.0.1:9") == ("tcp", ("127.0.0.1", 9))
+    assert parse_address("localhost:9") == ("tcp", ("localhost", 9))
+
+
+def test_sync_client_reconnects_and_resends_without_duplicates(store_server, tdir):
+    proxy = CuttingProxy(sock_path(store_server.config.data_dir), os.path.join(tdir, "proxy.sock"))
+    with Client("unix:" + proxy.path, reconnect_timeout_s=10) as client:
+        ex = client.start("ProcessIntent", ENV)
+        assert ex.event("tool.requested", {"n": 1}) == 1
+        proxy.cut_after(0)  # the next answer is lost with its connection
+        assert ex.event("tool.responded", {"n": 2}) == 2
+        assert proxy.cuts == 1 and client._remote.reconnects == 1
+        proxy.cut_after(0)
+        assert ex.finish({"status": "success"}) == 3
+        rec = client.get(ex.execution_id)
+    assert [(e.seq, e.type, e.payload) for e in rec.events] == [
+        (1, "tool.requested", {"n": 1}),
+        (2, "tool.responded", {"n": 2}),
+        (3, "FINAL_RESPONSE", {"status": "success"}),
+    ]
+    proxy.close()
+
+
+def test_async_client_resends_a_pipeline_cut_in_the_middle(store_server, tdir):
+    proxy = CuttingProxy(sock_path(store_server.config.data_dir), os.path.join(tdir, "proxy.sock"))
+
+    async def main():
+        client = await connect_async("unix:" + proxy.path, reconnect_timeout_s=10)
+        ex = await client.start("ProcessIntent", ENV)
+        proxy.cut_after(20)
+        seqs = await asyncio.gather(*(ex.event("tool.responded", {"i": i}) for i in range(60)))
+        assert seqs == list(range(1, 61))
+        assert proxy.cuts == 1 and client._remote.reconnects >= 1
+        rec = await client.get(ex.execution_id)
+        await client.close()
+        return rec
+
+    rec = asyncio.run(main())
+    assert [e.payload for e in rec.events] == [{"i": i} for i in range(60)]
+    assert [e.seq for e in rec.events] == list(range(1, 61))
+    proxy.close()
+
+
+def test_a_resent_event_that_differs_is_a_conflict_not_a_duplicate(store_server):
+    with Client("unix:" + sock_path(store_server.config.data_dir)) as client:
+        ex = client.start("ProcessIntent", ENV)
+        ex.event("tool.requested", {"n": 1})
+        with pytest.raises(SeqConflictError):
+            client.event(ex.execution_id, "tool.requested", {"n": 999}, seq=1)
+        assert client.event(ex.execution_id, "tool.requested", {"n": 1}, seq=1) == 1
+
+
+def test_client_gives_up_after_the_reconnect_timeout(tdir):
+    with pytest.raises(RecorderUnavailableError) as e:
+        Client("unix:" + sock_path(tdir), reconnect_timeout_s=0.2)
+    assert e.value.code == "unavailable"

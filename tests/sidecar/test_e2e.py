@@ -1,0 +1,177 @@
+"""End to end through a real `tracedb serve` process: signals, crash recovery, metrics, the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import orjson
+import pytest
+
+import tracedb
+from tracedb.sidecar.client import Client
+
+from .conftest import ROOT
+from .helpers import LineClient
+
+ENV = {"intent": "ProcessIntent", "payload": {"n": 1}}
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("TRACEDB_SIDECAR", None)
+    return subprocess.run([sys.executable, "-m", "tracedb", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_sigterm_answers_pending_requests_and_exits_cleanly(serve_process, tdir):
+    srv = serve_process()
+    with Client("unix:" + srv.socket) as client:
+        ex = client.start("ProcessIntent", ENV, execution_id="exec-done")
+        ex.event("tool.requested", {"tool": "search"})
+        ex.finish({"status": "success"})
+        running = client.start("ProcessIntent", ENV, execution_id="exec-open")
+        running.event("AGENT_ATTEMPT_START", {"agent": "a"})
+    c = LineClient(srv.socket)
+    pipeline = b"".join(
+        orjson.dumps({"id": i, "op": "event", "execution_id": "exec-open", "type": "t.x", "payload": {"i": i}, "seq": i + 1}) + b"\n"
+        for i in range(1, 51)
+    )
+    c.send_raw(pipeline)
+    first = c.recv()  # the server has read the pipeline: now ask it to stop
+    code, err = srv.terminate()
+    got = [first]
+    while True:
+        try:
+            got.append(c.recv())
+        except ConnectionResetError:
+            break
+    assert code == 0, err
+    assert not os.path.exists(srv.socket)
+    # Every request was answered: acknowledged, or refused as the server shut down; none hang.
+    assert sorted(r["id"] for r in got) == list(range(1, 51))
+    acked = [r["id"] for r in got if r["ok"]]
+    assert all(r["error"]["code"] == "unavailable" for r in got if not r["ok"])
+    logs = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert {"listening", "stopped"} <= {entry["msg"] for entry in logs}
+    with tracedb.open(tdir) as store:
+        done = store.get("exec-done")
+        assert done.status == "completed" and done.header.replayable
+        open_ = store.get("exec-open")
+        # A clean stop closes what was still recording as incomplete, every acknowledged event kept.
+        assert open_.status == "incomplete" and open_.header.replayableReason == "execution_incomplete"
+        assert [e.payload for e in open_.events[1:]] == [{"i": i} for i in sorted(acked)]
+
+
+def test_sigkill_mid_execution_then_restart_recovers(serve_process, tdir):
+    srv = serve_process()
+    with Client("unix:" + srv.socket) as client:
+        done = client.start("ProcessIntent", ENV, execution_id="exec-complete")
+        done.event("INTENT_RECEIVED", {"intent": "ProcessIntent"})
+        done.finish({"status": "success", "payload": {"x": 1}})
+        mid = client.start("ProcessIntent", ENV, execution_id="exec-mid")
+        mid.event("INTENT_RECEIVED", {"intent": "ProcessIntent"})
+        mid.event("AGENT_ATTEMPT_START", {"agent": "processor-a"})
+    srv.kill()
+    srv2 = serve_process()
+    with Client("unix:" + srv2.socket) as client:
+        rec = client.get("exec-mid")
+        assert rec.status == "incomplete"
+        assert (rec.header.replayable, rec.header.replayableReason) == (False, "execution_incomplete")
+        assert [e.type for e in rec.events] == ["INTENT_RECEIVED", "AGENT_ATTEMPT_START"]
+        # A resend of an event recorded before the crash is still answered with its seq.
+        assert client.event("exec-mid", "AGENT_ATTEMPT_START", {"agent": "processor-a"}, seq=2) == 2
+        with pytest.raises(tracedb.ExecutionClosedError):
+            client.event("exec-mid", "AGENT_ATTEMPT_END", {"agent": "processor-a"})
+        ok = client.get("exec-complete")
+        assert ok.header.replayable and ok.finalResponse == {"status": "success", "payload": {"x": 1}}
+    code, err = srv2.terminate()
+    assert code == 0, err
+
+
+def test_metrics_and_health(serve_process):
+    port = _free_port()
+    srv = serve_process("--metrics-port", str(port))
+    with Client("unix:" + srv.socket) as client:
+        ex = client.start("ProcessIntent", ENV)
+        for i in range(5):
+            ex.event("tool.requested", {"i": i})
+        try:
+            client.event("exec-nope", "tool.requested", {})
+        except tracedb.ExecutionNotFoundError:
+            pass
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for name in (
+        "tracedb_events_acked_total", "tracedb_events_per_second", "tracedb_wal_fsync_seconds_bucket",
+        "tracedb_wal_group_records_bucket", "tracedb_wal_uncompacted_bytes", "tracedb_compaction_lag_seconds",
+        "tracedb_compaction_lag_records", "tracedb_open_executions", "tracedb_connections",
+    ):
+        assert name in text, name
+    assert 'tracedb_errors_total{code="unknown_execution"} 1.0' in text
+    assert "tracedb_open_executions 1.0" in text
+    assert "tracedb_events_acked_total 6.0" in text
+    health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read())
+    assert health["status"] == "ok" and health["open_executions"] == 1
+    with pytest.raises(urllib.error.HTTPError) as nf:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/nope", timeout=10)
+    assert nf.value.code == 404
+    code, err = srv.terminate()
+    assert code == 0, err
+
+
+def test_a_second_server_on_the_same_data_directory_exits_5(serve_process, tdir):
+    serve_process()
+    other_sock = os.path.join(tdir, "other.sock")
+    r = _cli("--data-dir", tdir, "serve", "--socket", other_sock)
+    assert r.returncode == 5
+    assert "error:" in r.stderr and "hint:" in r.stderr
+
+
+def test_refuses_a_public_address_without_allow_remote(tdir):
+    r = _cli("--data-dir", tdir, "serve", "--tcp", "0.0.0.0:7411")
+    assert r.returncode == 1
+    assert "non-loopback" in r.stderr and "hint:" in r.stderr
+
+
+def test_demo_records_completed_executions_and_one_crash(tdir):
+    r = _cli("--data-dir", tdir, "demo", "--start-server", "--executions", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    states = [(e["status"], e["replayable"], e["replayable_reason"]) for e in summary["executions"]]
+    assert states == [("completed", True, None)] * 2 + [("incomplete", False, "execution_incomplete")]
+    crashed = summary["executions"][-1]
+    assert crashed["last_event"] == "tool.requested"  # killed inside the tool call
+    with tracedb.open(tdir) as store:
+        rec = store.get(summary["executions"][0]["execution_id"])
+        types = [e.type for e in rec.events]
+        assert {"llm.requested", "llm.responded", "tool.requested", "tool.responded"} <= set(types)
+        assert types[-1] == "FINAL_RESPONSE"
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_help_ends_with_an_example(command):
+    r = _cli(command, "--help")
+    assert r.returncode == 0
+    body = r.stdout.split("Options:")[0]
+    assert "Example:" in body and "tracedb" in body.split("Example:")[1]
+
+
+def test_bench_entry_point_runs(tdir):
+    from tracedb.sidecar import bench
+
+    out = bench.run(clients=(2,), seconds=0.3, window=4, workdir=tdir, quiet=True)
+    r = out["sidecar"][2]
+    assert r["acked"] > 0 and r["errors"] == 0 and r["server_exit"] == 0
+    assert r["p50_ms"] <= r["p99_ms"] and r["rss_mb"] > 0

@@ -1,0 +1,35 @@
+"""The sidecar recorder: `tracedb serve`, its wire protocol (docs/protocol.md), the client.
+
+Agents record through a separate process, so an agent crash loses nothing acknowledged and a
+recorder crash is recovered from the WAL.
+
+    from tracedb.client import connect        # sync;  connect_async for asyncio
+    with connect() as rec:                    # the sidecar, or in-process with none running
+        ex = rec.start("ProcessIntent", envelope)
+        ex.event("tool.requested", {...})
+        ex.finish({"status": "success"})
+"""
+
+from .client import (
+    AsyncClient,
+    AsyncExecution,
+    Client,
+    Execution,
+    RecorderUnavailableError,
+    SeqConflictError,
+    SidecarError,
+    connect,
+    connect_async,
+)
+
+__all__ = [
+    "AsyncClient",
+    "AsyncExecution",
+    "Client",
+    "Execution",
+    "RecorderUnavailableError",
+    "SeqConflictError",
+    "SidecarError",
+    "connect",
+    "connect_async",
+]

@@ -1,0 +1,159 @@
+"""`tracedb serve` and `tracedb demo`: thin commands over tracedb.sidecar.
+
+`register(main)` is called by tracedb/cli.py, which owns the `tracedb` group, its global
+`--data-dir` / `--config` options and the error handling (message, hint, stable exit code).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import click
+
+from ..errors import ConfigError
+from . import protocol as P
+
+# [sidecar] keys of the configuration file (config/tracedb.toml), with their types.
+_FILE_KEYS = {
+    "socket": str,
+    "tcp": str,
+    "allow_remote": bool,
+    "token_file": str,
+    "metrics_port": int,
+    "max_frame_bytes": int,
+    "max_connections": int,
+    "max_inflight_requests": int,
+    "max_inflight_bytes": int,
+    "drain_timeout_s": float,
+    "log_level": str,
+}
+
+
+def _sidecar_file_settings(cfg) -> dict:
+    table = dict((getattr(cfg, "extra", None) or {}).get("sidecar") or {})
+    out = {}
+    for key, value in table.items():
+        kind = _FILE_KEYS.get(key)
+        if kind is None:
+            raise ConfigError(f"unknown key {key!r} in [sidecar]", hint="see config/tracedb.toml")
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ConfigError(f"[sidecar] {key} must be a {kind.__name__}, got {value!r}")
+        out[key] = value
+    return out
+
+
+def parse_tcp(text: str) -> tuple[str, int]:
+    """"HOST:PORT", ":PORT" or "PORT" (host 127.0.0.1); IPv6 as "[::1]:PORT"."""
+    text = text.strip()
+    if text.isdigit():
+        return "127.0.0.1", int(text)
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise click.BadParameter(f"{text!r}: write HOST:PORT, e.g. 127.0.0.1:{P.DEFAULT_TCP_PORT}")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def _read_token(token_file: Optional[str]) -> Optional[str]:
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise ConfigError(f"cannot read the token file {token_file}: {e.strerror}") from None
+        if not token:
+            raise ConfigError(f"the token file {token_file} is empty")
+        return token
+    return os.environ.get("TRACEDB_TOKEN") or None
+
+
+@click.command()
+@click.option("--socket", "socket_path", envvar="TRACEDB_SOCKET", type=click.Path(dir_okay=False),
+              help="Unix socket to listen on (env TRACEDB_SOCKET; default <data dir>/tracedb.sock).")
+@click.option("--tcp", help="Also listen on TCP, HOST:PORT (loopback unless --allow-remote).")
+@click.option("--allow-remote", is_flag=True, default=None,
+              help="Allow a non-loopback --tcp address; a bearer token is then required.")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="File holding the bearer token for TCP clients (or env TRACEDB_TOKEN).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535),
+              help="Serve /metrics and /health on http://127.0.0.1:PORT (off by default).")
+@click.option("--max-frame-bytes", type=click.IntRange(1, P.MAX_FRAME_BYTES_LIMIT),
+              help=f"Largest request line (default {P.DEFAULT_MAX_FRAME_BYTES}).")
+@click.option("--max-connections", type=click.IntRange(1),
+              help=f"Concurrent client connections (default {P.DEFAULT_MAX_CONNECTIONS}).")
+@click.option("--max-inflight", "max_inflight_requests", type=click.IntRange(1),
+              help=f"Requests in flight per connection before it is not read (default {P.DEFAULT_MAX_INFLIGHT_REQUESTS}).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Default info.")
+@click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True)
+@click.pass_context
+def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, max_frame_bytes,
+          max_connections, max_inflight_requests, log_level, log_format):
+    """Run the sidecar recorder: agents record through it over a Unix socket.
+
+    Recovers the data directory first (executions interrupted by a crash become incomplete),
+    then serves the wire protocol of docs/protocol.md, compacting into SQLite in the background.
+    SIGTERM or Ctrl-C: stops accepting, answers every pending request, exits 0.
+
+    \b
+    Example:
+      tracedb --data-dir ./.tracedb serve --metrics-port 9464
+    """
+    from .run import serve_forever
+    from .server import ServerConfig
+
+    cfg = ctx.find_root().obj["config"]
+    file = _sidecar_file_settings(cfg)
+    tcp = tcp or file.get("tcp")
+    host, port = parse_tcp(tcp) if tcp else (None, None)
+    scfg = ServerConfig(
+        socket_path=socket_path or file.get("socket") or os.path.join(cfg.data_dir, P.DEFAULT_SOCKET_NAME),
+        tcp_host=host,
+        tcp_port=port,
+        allow_remote=bool(allow_remote if allow_remote is not None else file.get("allow_remote", False)),
+        token=_read_token(token_file or file.get("token_file")),
+        metrics_port=metrics_port if metrics_port is not None else file.get("metrics_port"),
+        max_frame_bytes=max_frame_bytes or file.get("max_frame_bytes", P.DEFAULT_MAX_FRAME_BYTES),
+        max_connections=max_connections or file.get("max_connections", P.DEFAULT_MAX_CONNECTIONS),
+        max_inflight_requests=max_inflight_requests
+        or file.get("max_inflight_requests", P.DEFAULT_MAX_INFLIGHT_REQUESTS),
+        max_inflight_bytes=file.get("max_inflight_bytes", P.DEFAULT_MAX_INFLIGHT_BYTES),
+        drain_timeout_s=file.get("drain_timeout_s", 10.0),
+        data_dir=cfg.data_dir,
+    )
+    serve_forever(cfg, scfg, log_level=log_level or file.get("log_level", "info"), log_json=log_format == "json")
+
+
+@click.command()
+@click.option("--sidecar", envvar="TRACEDB_SIDECAR",
+              help="Recorder address (env TRACEDB_SIDECAR; default: the data directory's socket).")
+@click.option("--start-server", is_flag=True,
+              help="Start a `tracedb serve` for the demo's duration if none is running.")
+@click.option("--executions", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="Completed executions to record before the one that crashes.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_context
+def demo(ctx, sidecar, start_server, executions, as_json):
+    """Record demo agent executions through the sidecar; one crashes midway.
+
+    Each execution is a small agent run (tool and LLM calls) in its own process. The last one
+    is SIGKILLed in the middle of a tool call; the recorder then shows it incomplete
+    (execution_incomplete) with every event up to the crash, while the others are completed
+    and replayable.
+
+    \b
+    Example:
+      tracedb demo --start-server && tracedb inspect --list
+    """
+    from .demo import run_demo
+
+    cfg = ctx.find_root().obj["config"]
+    run_demo(cfg, sidecar=sidecar, start_server=start_server, executions=executions, as_json=as_json)
+
+
+def register(main: click.Group) -> None:
+    """Add `serve` and `demo` to the `tracedb` command group."""
+    main.add_command(serve)
+    main.add_command(demo)

@@ -1,0 +1,906 @@
+"""Recording client, sync and asyncio, with one API for a sidecar and for the embedded store.
+
+    from tracedb.client import connect
+    with connect() as rec:                      # a sidecar if one is configured, else in-process
+        ex = rec.start("ProcessIntent", {"intent": "ProcessIntent", "payload": {...}})
+        ex.event("tool.requested", {"tool": "search", "args": {...}})
+        ex.finish({"status": "success", "payload": {...}})
+
+Where the recording goes (`connect(sidecar=None, data_dir=None)`):
+1. `sidecar=` ("unix:/path/tracedb.sock", a socket path, or "tcp://127.0.0.1:7411"), else
+2. the environment variable TRACEDB_SIDECAR, else
+3. the default socket `<data dir>/tracedb.sock` when a server listens there, else
+4. in-process: the embedded store in the data directory (`tracedb.open`).
+
+Reconnecting without duplicates: every request is idempotent, so after a transient failure (the
+connection drops, the server restarts gracefully, answers `unavailable` or `overloaded`) the client
+reconnects and resends every request not yet answered, in order, until `reconnect_timeout_s`.
+- `start` always carries an execution id (chosen here, a UUID, when the caller gives none): a
+  resent start finds the execution and answers `created: false`.
+- `event` and `finish` carry the seq the client expects them to get: a resent one whose seq the
+  server already recorded is answered with that original seq (`duplicate: true`), never appended.
+- `invalidate` of an invalidated execution succeeds; `get` and `ping` only read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Awaitable, Optional
+from urllib.parse import urlparse
+
+import orjson
+
+from .. import errors as E
+from ..record import ExecutionRecord
+from . import protocol as P
+
+RETRYABLE = frozenset({P.UNAVAILABLE, P.OVERLOADED})
+_OPT = orjson.OPT_APPEND_NEWLINE
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+class SidecarError(E.TraceDBError):
+    """An error response of the sidecar without a more specific class; `code` is the wire code."""
+
+    def __init__(self, code: str, message: str, *, hint: Optional[str] = None):
+        super().__init__(message, hint=hint)
+        self.code = code
+
+
+class RecorderUnavailableError(E.RecordingFailedError):
+    """The recorder could not be reached (or kept refusing) within `reconnect_timeout_s`."""
+
+    code = "unavailable"
+
+
+class SeqConflictError(E.InvalidInputError):
+    """The event's expected seq does not fit the execution (another writer, or a skipped seq)."""
+
+    code = "seq_conflict"
+
+
+_WIRE_ERRORS = {
+    P.UNKNOWN_EXECUTION: E.ExecutionNotFoundError,
+    P.EXECUTION_CLOSED: E.ExecutionClosedError,
+    P.EXECUTION_EXISTS: E.ExecutionExistsError,
+    P.BAD_REQUEST: E.InvalidInputError,
+    P.SEQ_CONFLICT: SeqConflictError,
+    P.UNAVAILABLE: RecorderUnavailableError,
+}
+
+
+def error_from_wire(error: dict, execution_id: Optional[str] = None) -> E.TraceDBError:
+    """The TraceDBError for an error response: the store's own class where one exists."""
+    code = str(error.get("code") or P.INTERNAL)
+    message = str(error.get("message") or code)
+    cls = _WIRE_ERRORS.get(code)
+    if cls is None:
+        return SidecarError(code, message)
+    err = cls.__new__(cls)
+    E.TraceDBError.__init__(err, message)
+    err.execution_id = execution_id
+    if cls is E.ExecutionClosedError:
+        err.status = _status_in(message)
+    return err
+
+
+def _status_in(message: str) -> str:
+    for status in ("completed", "incomplete", "invalidated"):
+        if status in message:
+            return status
+    return "closed"
+
+
+# -- addresses -----------------------------------------------------------------------------------
+
+
+def parse_address(address: str) -> tuple[str, Any]:
+    """("unix", path) or ("tcp", (host, port)) from "unix:/p", "unix:///p", "/p", "tcp://h:p", "h:p"."""
+    if address.startswith("unix:"):
+        path = address[5:]
+        if path.startswith("//"):
+            path = urlparse(address).path
+        return "unix", path
+    if address.startswith("tcp://"):
+        u = urlparse(address)
+        return "tcp", (u.hostname or "127.0.0.1", u.port or P.DEFAULT_TCP_PORT)
+    if "/" in address or address.endswith(".sock"):
+        return "unix", address
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit():
+        return "tcp", (host, int(port))
+    raise E.ConfigError(
+        f"cannot read sidecar address {address!r}",
+        hint="write unix:/path/to/tracedb.sock or tcp://127.0.0.1:7411",
+    )
+
+
+def default_data_dir(data_dir: Optional[str]) -> str:
+    """The data directory the way the store resolves it (flag, TRACEDB_DATA_DIR, ./.tracedb)."""
+    if data_dir is not None:
+        return os.fspath(data_dir)
+    from ..config import load_config
+
+    return load_config().data_dir
+
+
+def resolve_sidecar(sidecar: Optional[str], data_dir: Optional[str]) -> Optional[str]:
+    """The sidecar address to use, or None for in-process recording (see the module doc)."""
+    if sidecar:
+        return sidecar
+    env = os.environ.get("TRACEDB_SIDECAR")
+    if env:
+        return env
+    path = os.path.join(default_data_dir(data_dir), P.DEFAULT_SOCKET_NAME)
+    if os.path.exists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(1.0)
+            probe.connect(path)
+            return "unix:" + path
+        except OSError:
+            return None  # a stale socket of a stopped server: record in-process
+        finally:
+            probe.close()
+    return None
+
+
+def new_execution_id() -> str:
+    """A fresh execution id, chosen by the client so that a resent start is recognised."""
+    return "exec-" + uuid.uuid4().hex
+
+
+def _request_start(rid, intent, envelope, execution_id, parent_execution_id, forked_at_seq) -> dict:
+    req = {"id": rid, "op": "start", "intent": intent, "envelope": envelope, "execution_id": execution_id}
+    if parent_execution_id is not None:
+        req["parent_execution_id"] = parent_execution_id
+        req["forked_at_seq"] = forked_at_seq
+    return req
+
+
+def _encode(req: dict, max_frame_bytes: int) -> bytes:
+    try:
+        frame = orjson.dumps(req, option=_OPT)
+    except (TypeError, orjson.JSONEncodeError) as e:
+        raise E.InvalidInputError(
+            f"cannot record a value that is not JSON: {e}",
+            hint="payloads must be JSON: dicts, lists, str, int (64-bit), float, bool, None",
+        ) from None
+    if len(frame) > max_frame_bytes:
+        raise SidecarError(
+            P.FRAME_TOO_LARGE,
+            f"request of {len(frame)} bytes exceeds the server's frame limit of {max_frame_bytes}",
+            hint="raise `tracedb serve --max-frame-bytes`, or record large blobs by reference",
+        )
+    return frame
+
+
+# -- sync ----------------------------------------------------------------------------------------
+
+
+class _SyncConn:
+    """One blocking connection: send a frame, read lines until the response with our id."""
+
+    def __init__(self, address: str, token: Optional[str], timeout_s: float):
+        kind, where = parse_address(address)
+        if kind == "unix":
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        else:
+            s = socket.socket(socket.AF_INET6 if ":" in where[0] else socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.settimeout(timeout_s)
+        try:
+            s.connect(where)
+        except BaseException:
+            s.close()
+            raise
+        self.sock = s
+        self.buf = bytearray()
+        self.max_frame_bytes = P.DEFAULT_MAX_FRAME_BYTES
+
+    def roundtrip(self, rid: Any, frame: bytes) -> dict:
+        """Send one request frame and return the response with id `rid`."""
+        self.sock.sendall(frame)
+        while True:
+            nl = self.buf.find(b"\n")
+            while nl < 0:
+                chunk = self.sock.recv(1 << 20)
+                if not chunk:
+                    raise ConnectionResetError("the server closed the connection")
+                self.buf += chunk
+                nl = self.buf.find(b"\n")
+            line = bytes(self.buf[:nl])
+            del self.buf[: nl + 1]
+            resp = orjson.loads(line)
+            if resp.get("id") == rid or resp.get("id") is None:
+                return resp
+            # A late answer to a request resent after a timeout: already handled.
+
+    def close(self) -> None:
+        """Close the socket."""
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _SyncSidecar:
+    """The sync transport to a sidecar: reconnects and resends on transient failures."""
+
+    def __init__(self, address: str, *, token=None, timeout_s=60.0, reconnect_timeout_s=30.0):
+        self.address = address
+        self.token = token if token is not None else os.environ.get("TRACEDB_TOKEN")
+        self.timeout_s = timeout_s
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self.conn: Optional[_SyncConn] = None
+        self.lock = threading.Lock()
+        self.next_id = 0
+        self.reconnects = 0
+        self.max_frame_bytes = P.DEFAULT_MAX_FRAME_BYTES
+        with self.lock:
+            self._connect(time.monotonic() + reconnect_timeout_s)
+
+    def _connect(self, deadline: float) -> None:
+        delay = 0.02
+        last: Optional[BaseException] = None
+        while True:
+            try:
+                conn = _SyncConn(self.address, self.token, self.timeout_s)
+                self.next_id += 1
+                hello = {"id": self.next_id, "op": "hello", "client": "tracedb-py"}
+                if self.token:
+                    hello["token"] = self.token
+                resp = conn.roundtrip(self.next_id, orjson.dumps(hello, option=_OPT))
+                if not resp.get("ok"):
+                    conn.close()
+                    err = resp.get("error") or {}
+                    if err.get("code") in RETRYABLE:
+                        raise ConnectionRefusedError(err.get("message"))
+                    raise error_from_wire(err)
+                conn.max_frame_bytes = self.max_frame_bytes = resp["limits"]["max_frame_bytes"]
+                self.conn = conn
+                return
+            except (OSError, ValueError) as e:
+                last = e
+            if time.monotonic() + delay > deadline:
+                raise RecorderUnavailableError(
+                    f"cannot reach the recorder at {self.address}: {last}",
+                    hint="is `tracedb serve` running? check the socket path / TRACEDB_SIDECAR",
+                ) from last
+            time.sleep(delay)  # backoff between reconnect attempts
+            delay = min(delay * 2, 1.0)
+
+    def request(self, req: dict, execution_id: Optional[str] = None) -> dict:
+        """Send one request and return its success fields; raise the mapped error otherwise."""
+        with self.lock:
+            self.next_id += 1
+            rid = req["id"] = self.next_id
+            frame = _encode(req, self.max_frame_bytes)
+            deadline = None
+            delay = 0.02
+            while True:
+                try:
+                    if self.conn is None:
+                        self._connect(deadline or time.monotonic() + self.reconnect_timeout_s)
+                        self.reconnects += 1
+                    resp = self.conn.roundtrip(rid, frame)
+                except (OSError, ValueError) as e:  # reset, EOF, timeout, garbage: reconnect, resend
+                    if self.conn is not None:
+                        self.conn.close()
+                        self.conn = None
+                    deadline = deadline or time.monotonic() + self.reconnect_timeout_s
+                    if time.monotonic() >= deadline:
+                        raise RecorderUnavailableError(f"recorder at {self.address} failed: {e}") from e
+                    continue
+                if resp.get("ok"):
+                    return resp
+                err = resp.get("error") or {}
+                if err.get("code") in RETRYABLE:
+                    deadline = deadline or time.monotonic() + self.reconnect_timeout_s
+                    if time.monotonic() + delay < deadline:
+                        time.sleep(delay)  # the server is draining or full: back off, retry
+                        delay = min(delay * 2, 1.0)
+                        continue
+                raise error_from_wire(err, execution_id)
+
+    def close(self) -> None:
+        """Close the connection (requests in progress in other threads fail)."""
+        with self.lock:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+
+
+class Execution:
+    """One execution being recorded (sync). Obtained from `Client.start`."""
+
+    def __init__(self, client: "Client", execution_id: str, envelope_hash: str, next_seq: int = 1):
+        self._client = client
+        self.execution_id = execution_id
+        self.envelope_hash = envelope_hash
+        self._next_seq = next_seq
+        self._lock = threading.Lock()
+
+    def event(self, type: str, payload: Any = None) -> int:
+        """Record one event; returns its seq once it is durable."""
+        with self._lock:
+            seq = self._next_seq
+            got = self._client._event(self.execution_id, type, payload, seq)
+            self._next_seq = got + 1
+            return got
+
+    def finish(self, response: dict) -> int:
+        """Record the final response (FINAL_RESPONSE); returns its seq once durable."""
+        with self._lock:
+            seq = self._next_seq
+            got = self._client._finish(self.execution_id, response, seq)
+            self._next_seq = got + 1
+            return got
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last event recorded through this handle (0 before the first)."""
+        return self._next_seq - 1
+
+    def invalidate(self, reason: str) -> None:
+        """Mark this execution invalidated (manually_invalidated)."""
+        self._client.invalidate(self.execution_id, reason)
+
+    def abandon(self, reason: str) -> None:
+        """Mark this execution incomplete now: its agent is gone and will record no more."""
+        self._client.abandon(self.execution_id, reason)
+
+    def get(self) -> ExecutionRecord:
+        """This execution's record so far."""
+        return self._client.get(self.execution_id)
+
+    def __repr__(self) -> str:
+        return f"<Execution {self.execution_id}>"
+
+
+class Client:
+    """Records executions through a sidecar or, with none configured, in-process (sync API).
+
+    Thread-safe: calls from several threads are serialised on one connection.
+    """
+
+    def __init__(
+        self,
+        sidecar: Optional[str] = None,
+        *,
+        data_dir: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout_s: float = 60.0,
+        reconnect_timeout_s: float = 30.0,
+        embedded: Optional[bool] = None,
+    ):
+        self.address = None if embedded else resolve_sidecar(sidecar, data_dir)
+        self._store = None
+        self._remote: Optional[_SyncSidecar] = None
+        if self.address is None:
+            import tracedb
+
+            self._store = tracedb.open(default_data_dir(data_dir))
+        else:
+            self._remote = _SyncSidecar(
+                self.address, token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s
+            )
+
+    @property
+    def embedded(self) -> bool:
+        """True when recording in-process (no sidecar)."""
+        return self._store is not None
+
+    def start(
+        self,
+        intent: str,
+        envelope: dict,
+        execution_id: Optional[str] = None,
+        *,
+        parent_execution_id: Optional[str] = None,
+        forked_at_seq: Optional[int] = None,
+    ) -> Execution:
+        """Start recording an execution; returns once the start is durable."""
+        if self._store is not None:
+            ex = self._store.start(
+                intent, envelope, execution_id,
+                parent_execution_id=parent_execution_id, forked_at_seq=forked_at_seq,
+            )
+            return Execution(self, ex.execution_id, ex.envelope_hash)
+        execution_id = execution_id or new_execution_id()
+        resp = self._remote.request(
+            _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq),
+            execution_id,
+        )
+        return Execution(self, resp["execution_id"], resp["envelope_hash"], resp.get("last_seq", 0) + 1)
+
+    def execution(self, execution_id: str, envelope_hash: str = "", next_seq: int = 1) -> Execution:
+        """A handle on an execution started elsewhere (e.g. by a previous client)."""
+        return Execution(self, execution_id, envelope_hash, next_seq)
+
+    def event(self, execution_id: str, type: str, payload: Any = None, *, seq: Optional[int] = None) -> int:
+        """Record one event of an execution by id; returns its seq once durable."""
+        return self._event(execution_id, type, payload, seq)
+
+    def _event(self, execution_id, type, payload, seq) -> int:
+        if self._store is not None:
+            return self._store.event(execution_id, type, payload)
+        req = {"id": None, "op": "event", "execution_id": execution_id, "type": type, "payload": payload}
+        if seq is not None:
+            req["seq"] = seq
+        return self._remote.request(req, execution_id)["seq"]
+
+    def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> int:
+        """Record an execution's final response by id; returns its seq once durable."""
+        return self._finish(execution_id, response, seq)
+
+    def _finish(self, execution_id, response, seq) -> int:
+        if self._store is not None:
+            return self._store.finish(execution_id, response)
+        req = {"id": None, "op": "finish", "execution_id": execution_id, "response": response}
+        if seq is not None:
+            req["seq"] = seq
+        return self._remote.request(req, execution_id)["seq"]
+
+    def invalidate(self, execution_id: str, reason: str) -> None:
+        """Mark an execution manually invalidated (not replayable)."""
+        if self._store is not None:
+            self._store.invalidate(execution_id, reason)
+            return
+        self._remote.request(
+            {"id": None, "op": "invalidate", "execution_id": execution_id, "reason": reason}, execution_id
+        )
+
+    def abandon(self, execution_id: str, reason: str) -> None:
+        """Mark a running execution incomplete (execution_incomplete) because its agent died:
+        what recovery does after a crash, now instead of after the idle timeout."""
+        if self._store is not None:
+            self._store.abandon(execution_id, reason)
+            return
+        self._remote.request(
+            {"id": None, "op": "abandon", "execution_id": execution_id, "reason": reason}, execution_id
+        )
+
+    def get(self, execution_id: str) -> ExecutionRecord:
+        """The execution's record (seed 000's shape)."""
+        if self._store is not None:
+            return self._store.get(execution_id)
+        resp = self._remote.request({"id": None, "op": "get", "execution_id": execution_id}, execution_id)
+        return ExecutionRecord.from_dict(resp["record"])
+
+    def ping(self) -> bool:
+        """True when the recorder answers."""
+        if self._store is not None:
+            return True
+        return bool(self._remote.request({"id": None, "op": "ping"}).get("ok"))
+
+    def close(self) -> None:
+        """Close the connection (or the embedded store)."""
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._remote is not None:
+            self._remote.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def connect(sidecar: Optional[str] = None, **kwargs) -> Client:
+    """A sync recording client; see the module doc for where it records."""
+    return Client(sidecar, **kwargs)
+
+
+# -- asyncio -------------------------------------------------------------------------------------
+
+
+class _Pending:
+    __slots__ = ("rid", "frame", "future", "execution_id", "deadline")
+
+    def __init__(self, rid, frame, future, execution_id):
+        self.rid = rid
+        self.frame = frame
+        self.future = future
+        self.execution_id = execution_id
+        self.deadline: Optional[float] = None
+
+
+class _AsyncSidecar:
+    """The asyncio transport: pipelined requests matched by id, resent in order after a reconnect."""
+
+    def __init__(self, address: str, *, token=None, reconnect_timeout_s=30.0, timeout_s=60.0):
+        self.address = address
+        self.token = token if token is not None else os.environ.get("TRACEDB_TOKEN")
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self.timeout_s = timeout_s
+        self.pending: dict[int, _Pending] = {}  # insertion order is send order
+        self.next_id = 0
+        self.reconnects = 0
+        self.max_frame_bytes = P.DEFAULT_MAX_FRAME_BYTES
+        self._writer: Optional[asyncio.StreamWriter] = None
+        self._reader_task: Optional[asyncio.Task] = None
+        self._connecting: Optional[asyncio.Task] = None
+        self._closed = False
+
+    async def connect(self) -> None:
+        """Connect (retrying until `reconnect_timeout_s`) and say hello."""
+        await self._reconnect(time.monotonic() + self.reconnect_timeout_s, initial=True)
+
+    async def _open(self):
+        kind, where = parse_address(self.address)
+        limit = 1 << 30  # responses (a `get` of a big record) may be long lines
+        if kind == "unix":
+            return await asyncio.open_unix_connection(where, limit=limit)
+        reader, writer = await asyncio.open_connection(where[0], where[1], limit=limit)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return reader, writer
+
+    async def _reconnect(self, deadline: float, initial: bool = False) -> None:
+        delay = 0.02
+        last: Optional[BaseException] = None
+        while not self._closed:
+            try:
+                reader, writer = await asyncio.wait_for(self._open(), timeout=self.timeout_s)
+                self.next_id += 1
+                hello = {"id": self.next_id, "op": "hello", "client": "tracedb-py-async"}
+                if self.token:
+                    hello["token"] = self.token
+                writer.write(orjson.dumps(hello, option=_OPT))
+                line = await asyncio.wait_for(reader.readline(), timeout=self.timeout_s)
+                if not line:
+                    raise ConnectionResetError("the server closed the connection")
+                resp = orjson.loads(line)
+                if not resp.get("ok"):
+                    writer.close()
+                    err = resp.get("error") or {}
+                    if err.get("code") in RETRYABLE:
+                        raise ConnectionRefusedError(err.get("message"))
+                    raise error_from_wire(err)
+                self.max_frame_bytes = resp["limits"]["max_frame_bytes"]
+                self._writer = writer
+                self._reader_task = asyncio.get_running_loop().create_task(self._read(reader, writer))
+                if not initial:
+                    self.reconnects += 1
+                # Resend, in order, everything not yet answered: the server recognises repeats.
+                for p in list(self.pending.values()):
+                    writer.write(p.frame)
+                return
+            except (OSError, ValueError, asyncio.TimeoutError) as e:
+                last = e
+            if time.monotonic() + delay > deadline:
+                err = RecorderUnavailableError(
+                    f"cannot reach the recorder at {self.address}: {last}",
+                    hint="is `tracedb serve` running? check the socket path / TRACEDB_SIDECAR",
+                )
+                self._fail_all(err)
+                raise err
+            await asyncio.sleep(delay)  # backoff between reconnect attempts
+            delay = min(delay * 2, 1.0)
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                resp = orjson.loads(line)
+                p = self.pending.get(resp.get("id"))
+                if p is None:
+                    continue  # an answer to a request answered before (resent twice)
+                if resp.get("ok"):
+                    del self.pending[p.rid]
+                    if not p.future.done():
+                        p.future.set_result(resp)
+                    continue
+                err = resp.get("error") or {}
+                if err.get("code") in RETRYABLE:
+                    now = time.monotonic()
+                    p.deadline = p.deadline or now + self.reconnect_timeout_s
+                    if now < p.deadline:
+                        # Left pending: resent after a pause, or with the rest after a reconnect.
+                        asyncio.get_running_loop().call_later(0.05, self._resend, p)
+                        continue
+                del self.pending[p.rid]
+                if not p.future.done():
+                    p.future.set_exception(error_from_wire(err, p.execution_id))
+        except (OSError, ValueError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            if self._writer is writer:
+                self._writer = None
+                if not self._closed and self.pending:
+                    self._start_reconnect()
+
+    def _resend(self, p: _Pending) -> None:
+        if self.pending.get(p.rid) is p and self._writer is not None:
+            self._writer.write(p.frame)
+
+    def _start_reconnect(self) -> None:
+        if self._connecting is None or self._connecting.done():
+            deadline = time.monotonic() + self.reconnect_timeout_s
+            task = asyncio.get_running_loop().create_task(self._reconnect(deadline))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._connecting = task
+
+    def _fail_all(self, err: BaseException) -> None:
+        pending, self.pending = self.pending, {}
+        for p in pending.values():
+            if not p.future.done():
+                p.future.set_exception(err)
+
+    def submit(self, req: dict, execution_id: Optional[str] = None) -> asyncio.Future:
+        """Send one request now (in call order); the future resolves to its success fields."""
+        if self._closed:
+            raise RecorderUnavailableError("the client is closed")
+        self.next_id += 1
+        rid = req["id"] = self.next_id
+        frame = _encode(req, self.max_frame_bytes)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[rid] = _Pending(rid, frame, fut, execution_id)
+        if self._writer is not None:
+            self._writer.write(frame)
+        else:
+            self._start_reconnect()  # sent with the rest once connected
+        return fut
+
+    async def request(self, req: dict, execution_id: Optional[str] = None) -> dict:
+        """Send one request and await its success fields (or the mapped error)."""
+        return await self.submit(req, execution_id)
+
+    async def close(self) -> None:
+        """Close the connection; requests still unanswered fail with RecorderUnavailableError."""
+        self._closed = True
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if self._writer is not None:
+            w, self._writer = self._writer, None
+            w.close()
+            try:
+                await w.wait_closed()
+            except OSError:
+                pass
+        if self._reader_task is not None:
+            try:
+                await self._reader_task
+            except Exception:  # noqa: BLE001 - closing
+                pass
+        self._fail_all(RecorderUnavailableError("the client was closed with requests unanswered"))
+
+
+class AsyncExecution:
+    """One execution being recorded (asyncio). Obtained from `AsyncClient.start`.
+
+    `event` and `finish` send their request at call time, in call order, and return an awaitable
+    of the seq: calls may be pipelined (`asyncio.gather(ex.event(...), ex.event(...))`).
+    """
+
+    def __init__(self, client: "AsyncClient", execution_id: str, envelope_hash: str, next_seq: int = 1):
+        self._client = client
+        self.execution_id = execution_id
+        self.envelope_hash = envelope_hash
+        self._next_seq = next_seq
+
+    def event(self, type: str, payload: Any = None) -> Awaitable[int]:
+        """Record one event (sent now); await it for its seq, which comes once it is durable."""
+        return self._client._event(self.execution_id, type, payload, self._take(), self)
+
+    def finish(self, response: dict) -> Awaitable[int]:
+        """Record the final response (FINAL_RESPONSE, sent now); await it for its seq."""
+        return self._client._finish(self.execution_id, response, self._take(), self)
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last event sent through this handle (0 before the first)."""
+        return self._next_seq - 1
+
+    async def invalidate(self, reason: str) -> None:
+        """Mark this execution invalidated (manually_invalidated)."""
+        await self._client.invalidate(self.execution_id, reason)
+
+    async def abandon(self, reason: str) -> None:
+        """Mark this execution incomplete now: its agent is gone and will record no more."""
+        await self._client.abandon(self.execution_id, reason)
+
+    async def get(self) -> ExecutionRecord:
+        """This execution's record so far."""
+        return await self._client.get(self.execution_id)
+
+    def _take(self) -> Optional[int]:
+        if self._client.embedded:
+            return None
+        seq = self._next_seq
+        self._next_seq += 1
+        return seq
+
+    def _rewind(self, seq: int) -> None:
+        # The seq was not used: later calls reuse it. Requests already sent behind the failed
+        # one fail with seq_conflict and rewind to the same point.
+        self._next_seq = min(self._next_seq, seq)
+
+    def __repr__(self) -> str:
+        return f"<AsyncExecution {self.execution_id}>"
+
+
+class _SeqAwaitable:
+    """The awaitable of a sent event: resolves to its seq; on failure rewinds the execution's
+    seq counter to the seq it was sent with."""
+
+    __slots__ = ("_fut", "_seq", "_execution")
+
+    def __init__(self, fut: asyncio.Future, seq: Optional[int], execution: Optional[AsyncExecution]):
+        self._fut = fut
+        self._seq = seq
+        self._execution = execution
+
+    def __await__(self):
+        try:
+            resp = yield from self._fut.__await__()
+        except E.TraceDBError:
+            if self._execution is not None and self._seq is not None:
+                self._execution._rewind(self._seq)
+            raise
+        return resp["seq"]
+
+
+class AsyncClient:
+    """The asyncio twin of `Client`: the same names, awaited. Create with `await connect_async()`."""
+
+    def __init__(self):
+        self.address: Optional[str] = None
+        self._store = None
+        self._remote: Optional[_AsyncSidecar] = None
+
+    @classmethod
+    async def create(
+        cls,
+        sidecar: Optional[str] = None,
+        *,
+        data_dir: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout_s: float = 60.0,
+        reconnect_timeout_s: float = 30.0,
+        embedded: Optional[bool] = None,
+    ) -> "AsyncClient":
+        """Connect (or open the embedded store)."""
+        self = cls()
+        self.address = None if embedded else resolve_sidecar(sidecar, data_dir)
+        if self.address is None:
+            import tracedb
+
+            self._store = await tracedb.open_async(default_data_dir(data_dir))
+        else:
+            self._remote = _AsyncSidecar(
+                self.address, token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s
+            )
+            await self._remote.connect()
+        return self
+
+    @property
+    def embedded(self) -> bool:
+        """True when recording in-process (no sidecar)."""
+        return self._store is not None
+
+    async def start(
+        self,
+        intent: str,
+        envelope: dict,
+        execution_id: Optional[str] = None,
+        *,
+        parent_execution_id: Optional[str] = None,
+        forked_at_seq: Optional[int] = None,
+    ) -> AsyncExecution:
+        """Start recording an execution; returns once the start is durable."""
+        if self._store is not None:
+            ex = await self._store.start(
+                intent, envelope, execution_id,
+                parent_execution_id=parent_execution_id, forked_at_seq=forked_at_seq,
+            )
+            return AsyncExecution(self, ex.execution_id, ex.envelope_hash)
+        execution_id = execution_id or new_execution_id()
+        resp = await self._remote.request(
+            _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq),
+            execution_id,
+        )
+        return AsyncExecution(self, resp["execution_id"], resp["envelope_hash"], resp.get("last_seq", 0) + 1)
+
+    def execution(self, execution_id: str, envelope_hash: str = "", next_seq: int = 1) -> AsyncExecution:
+        """A handle on an execution started elsewhere."""
+        return AsyncExecution(self, execution_id, envelope_hash, next_seq)
+
+    async def event(self, execution_id: str, type: str, payload: Any = None, *, seq: Optional[int] = None) -> int:
+        """Record one event of an execution by id; returns its seq once durable."""
+        return await self._event(execution_id, type, payload, seq)
+
+    def _event(self, execution_id, type, payload, seq, execution=None):
+        if self._store is not None:
+            # A task starts in creation order: call order is kept in-process too.
+            return asyncio.ensure_future(self._store.event(execution_id, type, payload))
+        req = {"id": None, "op": "event", "execution_id": execution_id, "type": type, "payload": payload}
+        if seq is not None:
+            req["seq"] = seq
+        return self._submit_seq(req, execution_id, seq, execution)
+
+    def _submit_seq(self, req: dict, execution_id: str, seq: Optional[int], execution) -> "_SeqAwaitable":
+        try:
+            fut = self._remote.submit(req, execution_id)
+        except E.TraceDBError:
+            if execution is not None and seq is not None:
+                execution._rewind(seq)  # never sent: its seq is free again
+            raise
+        return _SeqAwaitable(fut, seq, execution)
+
+    async def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> int:
+        """Record an execution's final response by id; returns its seq once durable."""
+        return await self._finish(execution_id, response, seq)
+
+    def _finish(self, execution_id, response, seq, execution=None):
+        if self._store is not None:
+            return asyncio.ensure_future(self._store.finish(execution_id, response))
+        req = {"id": None, "op": "finish", "execution_id": execution_id, "response": response}
+        if seq is not None:
+            req["seq"] = seq
+        return self._submit_seq(req, execution_id, seq, execution)
+
+    async def invalidate(self, execution_id: str, reason: str) -> None:
+        """Mark an execution manually invalidated (not replayable)."""
+        if self._store is not None:
+            await self._store.invalidate(execution_id, reason)
+            return
+        await self._remote.request(
+            {"id": None, "op": "invalidate", "execution_id": execution_id, "reason": reason}, execution_id
+        )
+
+    async def abandon(self, execution_id: str, reason: str) -> None:
+        """Mark a running execution incomplete because its agent died (see Client.abandon)."""
+        if self._store is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._store.store.abandon, execution_id, reason)
+            return
+        await self._remote.request(
+            {"id": None, "op": "abandon", "execution_id": execution_id, "reason": reason}, execution_id
+        )
+
+    async def get(self, execution_id: str) -> ExecutionRecord:
+        """The execution's record (seed 000's shape)."""
+        if self._store is not None:
+            return await self._store.get(execution_id)
+        resp = await self._remote.request({"id": None, "op": "get", "execution_id": execution_id}, execution_id)
+        return ExecutionRecord.from_dict(resp["record"])
+
+    async def ping(self) -> bool:
+        """True when the recorder answers."""
+        if self._store is not None:
+            return True
+        return bool((await self._remote.request({"id": None, "op": "ping"})).get("ok"))
+
+    async def close(self) -> None:
+        """Close the connection (or the embedded store)."""
+        if self._store is not None:
+            await self._store.close()
+            self._store = None
+        if self._remote is not None:
+            await self._remote.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+async def connect_async(sidecar: Optional[str] = None, **kwargs) -> AsyncClient:
+    """An asyncio recording client; see the module doc for where it records."""
+    return await AsyncClient.create(sidecar, **kwargs)

@@ -1,0 +1,301 @@
+"""Observability of the sidecar: Prometheus metrics, /health, structured (JSON) logs.
+
+Opt-in (`tracedb serve --metrics-port N`): a small HTTP endpoint on 127.0.0.1 serving `/metrics`
+in the Prometheus text format (prometheus-client) and `/health` as JSON.
+
+The hot path only bumps plain integers (`server.Counters`); a custom collector turns them into
+metric families at scrape time. Histograms are observed once per WAL group and once per response
+batch, never per event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import sys
+import time
+from typing import Optional
+
+import orjson
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+log = logging.getLogger("tracedb.sidecar")
+
+_FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+_ACK_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class RateMeter:
+    """Events per second over a sliding window, from a monotonically growing count."""
+
+    def __init__(self, window_s: float = 10.0, clock=time.monotonic):
+        self.window_s = window_s
+        self.clock = clock
+        self._samples: collections.deque = collections.deque()
+
+    def sample(self, count: int) -> None:
+        """Record the count now (called about once a second)."""
+        now = self.clock()
+        self._samples.append((now, count))
+        while len(self._samples) > 2 and now - self._samples[0][0] > self.window_s:
+            self._samples.popleft()
+
+    def rate(self) -> float:
+        """Per-second rate over the samples in the window (0 until two samples exist)."""
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, c0), (t1, c1) = self._samples[0], self._samples[-1]
+        return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+class SidecarMetrics:
+    """The server's metrics on their own registry (tests run several servers in one process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.server = None  # set by attach()
+        self.backend = None
+        self.events_rate = RateMeter()
+        self.fsync_seconds = Histogram(
+            "tracedb_wal_fsync_seconds",
+            "Latency of one WAL group's write + fdatasync.",
+            buckets=_FSYNC_BUCKETS,
+            registry=self.registry,
+        )
+        self.group_records = Histogram(
+            "tracedb_wal_group_records",
+            "Records made durable by one fdatasync (group commit size).",
+            buckets=_GROUP_BUCKETS,
+            registry=self.registry,
+        )
+        self.group_bytes = Histogram(
+            "tracedb_wal_group_bytes",
+            "Bytes written by one WAL group.",
+            buckets=tuple(b * 256 for b in _GROUP_BUCKETS),
+            registry=self.registry,
+        )
+        self.ack_seconds = Histogram(
+            "tracedb_ack_batch_seconds",
+            "From reading a batch of requests to writing their responses (one observation per batch).",
+            buckets=_ACK_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_Collector(self))
+
+    def attach(self, server) -> None:
+        """Bind to a server (and its backend): observe WAL groups, read counters at scrape time."""
+        self.server = server
+        self.backend = server.backend
+        server.metrics = self
+        try:
+            self.backend.set_group_observer(self.observe_group)
+        except Exception:  # noqa: BLE001 - a backend without WAL hooks still serves
+            log.warning("backend does not report WAL groups; fsync metrics stay empty")
+
+    def observe_group(self, records: int, nbytes: int, fsync_s: float) -> None:
+        """Called from the WAL's flusher thread after each group commit (thread-safe)."""
+        self.fsync_seconds.observe(fsync_s)
+        self.group_records.observe(records)
+        self.group_bytes.observe(nbytes)
+
+    def observe_ack(self, seconds: float, n: int) -> None:
+        """One response batch of `n` requests, `seconds` after it was read."""
+        self.ack_seconds.observe(seconds)
+
+    def sample(self) -> None:
+        """Once a second: feed the events/s meter."""
+        if self.server is not None:
+            self.events_rate.sample(self.server.counters.events_acked)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)
+
+    def health(self) -> tuple[int, dict]:
+        """(HTTP status, JSON body) of /health: 200 when the recorder can write, else 503."""
+        srv = self.server
+        stats = self.backend.stats() if self.backend is not None else None
+        failed = getattr(stats, "failed", None)
+        status = "failed" if failed else ("draining" if srv is not None and srv.draining else "ok")
+        body = {
+            "status": status,
+            "uptime_s": round(time.time() - srv.started_at, 3) if srv else 0,
+            "events_per_s": round(self.events_rate.rate(), 1),
+            "events_acked": srv.counters.events_acked if srv else 0,
+            "connections": len(srv.connections) if srv else 0,
+        }
+        if stats is not None:
+            body.update(
+                {
+                    "open_executions": stats.open_executions,
+                    "durable_lsn": stats.durable_lsn,
+                    "applied_lsn": stats.applied_lsn,
+                    "wal_bytes_uncompacted": stats.uncompacted_bytes,
+                    "compaction_lag_records": stats.compaction_lag_records,
+                    "compaction_lag_s": round(stats.compaction_lag_s, 3),
+                }
+            )
+            if failed:
+                body["error"] = failed
+        return (200 if status == "ok" else 503), body
+
+
+class _Collector:
+    """Turns the server's plain counters and the backend's stats into metric families."""
+
+    def __init__(self, metrics: SidecarMetrics):
+        self.metrics = metrics
+
+    def describe(self):
+        """Nothing up front: the families depend on the server (prometheus_client allows it)."""
+        return []
+
+    def collect(self):
+        """Metric families from the server's counters and the backend's stats, at scrape time."""
+        m = self.metrics
+        srv = m.server
+        if srv is None:
+            return
+        c = srv.counters
+        yield CounterMetricFamily(
+            "tracedb_events_acked", "Events acknowledged (durable) since start.", value=c.events_acked
+        )
+        g = GaugeMetricFamily("tracedb_events_per_second", "Acknowledged events/s over the last 10 s.")
+        g.add_metric([], m.events_rate.rate())
+        yield g
+        req = CounterMetricFamily("tracedb_requests", "Requests received, by op.", labels=["op"])
+        for op, n in c.requests.items():
+            req.add_metric([op], n)
+        yield req
+        err = CounterMetricFamily("tracedb_errors", "Error responses, by code.", labels=["code"])
+        for code, n in c.errors.items():
+            err.add_metric([code], n)
+        yield err
+        yield GaugeMetricFamily("tracedb_connections", "Open client connections.", value=len(srv.connections))
+        yield CounterMetricFamily(
+            "tracedb_connections_opened", "Client connections accepted since start.", value=c.connections_total
+        )
+        inflight = sum(conn.inflight for conn in srv.connections)
+        yield GaugeMetricFamily("tracedb_inflight_requests", "Requests staged, not yet answered.", value=inflight)
+        yield CounterMetricFamily("tracedb_received_bytes", "Bytes read from clients.", value=c.bytes_in)
+        yield CounterMetricFamily("tracedb_sent_bytes", "Bytes written to clients.", value=c.bytes_out)
+        if m.backend is None:
+            return
+        s = m.backend.stats()
+        yield GaugeMetricFamily("tracedb_open_executions", "Executions recording (status running).", value=s.open_executions)
+        yield GaugeMetricFamily("tracedb_wal_durable_lsn", "Last LSN covered by fdatasync.", value=s.durable_lsn)
+        yield GaugeMetricFamily("tracedb_wal_applied_lsn", "LSN below which the WAL is compacted.", value=s.applied_lsn)
+        yield GaugeMetricFamily("tracedb_wal_bytes", "Bytes of WAL segment files on disk.", value=s.wal_bytes)
+        yield GaugeMetricFamily(
+            "tracedb_wal_uncompacted_bytes", "WAL bytes not yet compacted into the database.", value=s.uncompacted_bytes
+        )
+        yield GaugeMetricFamily(
+            "tracedb_compaction_lag_records", "Durable WAL records not yet compacted.", value=s.compaction_lag_records
+        )
+        yield GaugeMetricFamily(
+            "tracedb_compaction_lag_seconds",
+            "Age of the oldest durable record not yet compacted (0 when caught up).",
+            value=s.compaction_lag_s,
+        )
+        yield GaugeMetricFamily("tracedb_recorder_failed", "1 when the WAL refuses writes.", value=1 if s.failed else 0)
+
+
+class MetricsHttpServer:
+    """A minimal HTTP/1.0 endpoint on the server's event loop: GET /metrics, GET /health."""
+
+    def __init__(self, metrics: SidecarMetrics, host: str = "127.0.0.1", port: int = 0):
+        self.metrics = metrics
+        self.host = host
+        self.port = port
+        self._server: Optional[asyncio.AbstractServer] = None
+        self._sampler: Optional[asyncio.Task] = None
+
+    async def start(self) -> int:
+        """Listen; returns the bound port (useful with port 0)."""
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._sampler = asyncio.get_running_loop().create_task(self._sample())
+        log.info("metrics listening", extra={"metrics": f"http://{self.host}:{self.port}/metrics"})
+        return self.port
+
+    async def _sample(self) -> None:
+        while True:
+            self.metrics.sample()
+            await asyncio.sleep(1.0)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), timeout=5.0)
+            # Drain the headers; nothing in them matters here.
+            while True:
+                h = await asyncio.wait_for(reader.readline(), timeout=5.0)
+                if h in (b"\r\n", b"\n", b""):
+                    break
+            parts = line.decode("latin-1").split()
+            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
+            if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
+                status, ctype, body = 405, "text/plain", b"only GET\n"
+            elif path == "/metrics":
+                status, ctype, body = 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.render()
+            elif path == "/health":
+                status, payload = self.metrics.health()
+                ctype, body = "application/json", orjson.dumps(payload) + b"\n"
+            else:
+                status, ctype, body = 404, "text/plain", b"try /metrics or /health\n"
+            reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}[status]
+            head = (
+                f"HTTP/1.0 {status} {reason}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            writer.write(head + (body if parts and parts[0] != "HEAD" else b""))
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        """Stop listening and sampling."""
+        if self._sampler is not None:
+            self._sampler.cancel()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+# -- structured logs -----------------------------------------------------------------------------
+
+_STD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, and every `extra=` field."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON."""
+        out = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for k, v in record.__dict__.items():
+            if k not in _STD_ATTRS and not k.startswith("_"):
+                out[k] = v
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(out, default=str).decode()
+
+
+def configure_logging(level: str = "info", *, json_format: bool = True, stream=None) -> None:
+    """Send tracedb's logs to stderr, one JSON object per line (or plain text)."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if json_format else logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root = logging.getLogger("tracedb")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False

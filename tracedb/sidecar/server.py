@@ -1,0 +1,821 @@
+"""`tracedb serve`: the sidecar recorder, an asyncio server speaking docs/protocol.md.
+
+Shape of the hot path: one `data_received` call hands over everything the socket had; the frames in
+it are parsed and staged synchronously, in order (the backend assigns seqs and frames WAL records
+without awaiting), then the backend commits them to the WAL as one batch. When the batch's future
+resolves (after fdatasync), every response of the batch is written with one `transport.write`.
+No task, coroutine or callback is created per event, which is what makes the per-event CPU cost
+small enough for a single Python thread to acknowledge ~100k events/s.
+
+Backpressure: a connection stops being read while it has too many requests (or bytes) in flight,
+or while its peer does not read its responses; a slow client therefore holds a bounded amount of
+memory and slows nobody else down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hmac
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import orjson
+
+import wal
+
+from ..errors import TraceDBError
+from . import protocol as P
+from .backend import IN_BATCH, Backend, Deferred, Staged
+
+log = logging.getLogger("tracedb.sidecar")
+
+_loads = orjson.loads
+_dumps = orjson.dumps
+_JSONDecodeError = orjson.JSONDecodeError
+_NL = orjson.OPT_APPEND_NEWLINE
+_TOO_LARGE = P.FrameSplitter.TOO_LARGE
+
+
+@dataclass
+class ServerConfig:
+    """Where the server listens and its limits (defaults in docs/protocol.md)."""
+
+    socket_path: Optional[str] = None
+    tcp_host: Optional[str] = None
+    tcp_port: Optional[int] = None
+    allow_remote: bool = False
+    token: Optional[str] = None
+    metrics_port: Optional[int] = None
+    max_frame_bytes: int = P.DEFAULT_MAX_FRAME_BYTES
+    max_connections: int = P.DEFAULT_MAX_CONNECTIONS
+    max_inflight_requests: int = P.DEFAULT_MAX_INFLIGHT_REQUESTS
+    max_inflight_bytes: int = P.DEFAULT_MAX_INFLIGHT_BYTES
+    drain_timeout_s: float = 10.0
+    # Set by the CLI: shown by `hello` and /health.
+    data_dir: Optional[str] = None
+    extra: dict = field(default_factory=dict)
+
+
+class ServerConfigError(TraceDBError):
+    """The server was asked to listen somewhere it must not (or cannot)."""
+
+    code = "config"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_config(config: ServerConfig) -> None:
+    """Refuse unsafe or impossible listening setups before anything is opened."""
+    if config.socket_path is None and config.tcp_port is None:
+        raise ServerConfigError("nothing to listen on", hint="give --socket or --tcp")
+    if not 1 <= config.max_frame_bytes <= P.MAX_FRAME_BYTES_LIMIT:
+        raise ServerConfigError(
+            f"max frame size must be between 1 and {P.MAX_FRAME_BYTES_LIMIT} bytes",
+            hint="the WAL takes records up to 64 MiB",
+        )
+    if config.tcp_port is not None:
+        host = config.tcp_host or "127.0.0.1"
+        if not _is_loopback(host):
+            if not config.allow_remote:
+                raise ServerConfigError(
+                    f"refusing to listen on non-loopback address {host}",
+                    hint="pass --allow-remote together with a token (TRACEDB_TOKEN or --token-file)",
+                )
+            if not config.token:
+                raise ServerConfigError(
+                    f"listening on {host} needs a bearer token",
+                    hint="set TRACEDB_TOKEN or pass --token-file",
+                )
+    if config.socket_path is not None and len(os.fsencode(config.socket_path)) > 100:
+        raise ServerConfigError(
+            f"socket path is too long for a Unix socket: {config.socket_path}",
+            hint="choose a shorter --socket path",
+        )
+
+
+class Counters:
+    """Plain integer counters of the hot path; the metrics collector reads them at scrape time.
+
+    (A prometheus_client Counter takes a lock per increment: too dear per event.)
+    """
+
+    __slots__ = (
+        "events_acked",
+        "requests",
+        "errors",
+        "connections_total",
+        "connections_refused",
+        "bytes_in",
+        "bytes_out",
+        "batches",
+    )
+
+    def __init__(self) -> None:
+        self.events_acked = 0
+        self.requests: dict[str, int] = {op: 0 for op in P.OPS}
+        self.errors: dict[str, int] = {code: 0 for code in P.ERROR_CODES}
+        self.connections_total = 0
+        self.connections_refused = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.batches = 0
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: framing, staging, batched responses, backpressure."""
+
+    def __init__(self, server: "SidecarServer", *, needs_token: bool, peer: str):
+        self.server = server
+        self.backend = server.backend
+        self.counters = server.counters
+        self.needs_token = needs_token
+        self.authenticated = not needs_token
+        self.peer = peer
+        self.transport: Optional[asyncio.Transport] = None
+        self.splitter = P.FrameSplitter(server.config.max_frame_bytes)
+        self.inflight = 0
+        self.inflight_bytes = 0
+        self.max_inflight = server.config.max_inflight_requests
+        self.max_inflight_bytes = server.config.max_inflight_bytes
+        self.read_paused = False
+        self.write_paused = False
+        self.closing = False  # no more requests are staged (shutdown, bad token, peer gone)
+        self.eof = False  # the peer has sent everything it will send
+        self.lost = False
+        self.tasks: set[asyncio.Task] = set()
+        self.deferred: Optional[asyncio.Task] = None  # a Deferred request holding back the rest
+        self.backlog: list = []  # frames read while `deferred` runs
+        loop = asyncio.get_running_loop()
+        self.settled = loop.create_future()  # every staged request answered, transport closing
+        self.gone = loop.create_future()  # the transport is closed (responses flushed)
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        """Accept the connection, or answer `overloaded` (or `unavailable` while draining) and close."""
+        self.transport = transport
+        srv = self.server
+        self.counters.connections_total += 1
+        if len(srv.connections) >= srv.config.max_connections or srv.draining:
+            self.counters.connections_refused += 1
+            why = "the server is shutting down" if srv.draining else (
+                f"too many connections (limit {srv.config.max_connections})"
+            )
+            code = P.UNAVAILABLE if srv.draining else P.OVERLOADED
+            self.counters.errors[code] += 1
+            transport.write(P.encode_error(None, code, why))
+            transport.close()
+            self.lost = True
+            self._mark_settled()
+            self.gone.set_result(None)
+            return
+        srv.connections.add(self)
+        log.debug("connection opened", extra={"peer": self.peer})
+
+    def connection_lost(self, exc) -> None:
+        """The peer is gone; what it had sent is still recorded (its answers are dropped)."""
+        self.lost = True
+        self.closing = True
+        self.server.connections.discard(self)
+        if not self.gone.done():
+            self.gone.set_result(None)
+        # Requests already staged stay staged: they become durable and are recorded, but their
+        # responses have nowhere to go. A client that reconnects and resends gets the originals.
+        self._maybe_settled()
+        if exc is not None:
+            log.debug("connection lost", extra={"peer": self.peer, "error": str(exc)})
+
+    def pause_writing(self) -> None:
+        """The peer does not read its responses: stop reading its requests until it does."""
+        self.write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        """The peer caught up with its responses: read again (unless too much is in flight)."""
+        self.write_paused = False
+        self._update_reading()
+
+    def eof_received(self):
+        """Half-close: the client sent everything; answer all of it, then close."""
+        self.eof = True
+        self._maybe_settled()
+        return True  # keep the transport open for the responses
+
+    def data_received(self, data: bytes) -> None:
+        """Cut the bytes into frames and process them (or queue them behind a Deferred)."""
+        self.counters.bytes_in += len(data)
+        frames = self.splitter.feed(data)
+        if frames:
+            if self.deferred is not None:
+                # A request of this connection is still being resolved: keep the order.
+                self.backlog.extend(frames)
+                self._update_reading()
+            else:
+                self.process(frames)
+
+    # -- the hot path ----------------------------------------------------------------------
+    def process(self, frames: list, carry: Optional[tuple] = None) -> None:
+        """Parse, validate and stage the frames of one read; commit them as one WAL batch.
+
+        Errors are answered at once; staged writes when their batch is durable. `carry` is the
+        (rid, Staged or exception) of a Deferred that held these frames back.
+        """
+        t0 = time.perf_counter()
+        backend = self.backend
+        counters = self.counters
+        req_counts = counters.requests
+        immediate: list[bytes] = []
+        entries: list = []  # (rid, Staged) waiting for durability
+        nbytes = 0
+        closing = self.closing
+        if carry is not None:
+            self._carry(carry, immediate, entries)
+        i = 0
+        n = len(frames)
+        while i < n:
+            frame = frames[i]
+            i += 1
+            rid = None
+            try:
+                if frame is _TOO_LARGE:
+                    raise P.ProtocolError(
+                        P.FRAME_TOO_LARGE,
+                        f"frame exceeds the limit of {self.splitter.max_frame_bytes} bytes; "
+                        "it was discarded up to its newline",
+                    )
+                try:
+                    req = _loads(frame)
+                except _JSONDecodeError as e:
+                    raise P.ProtocolError(P.BAD_JSON, f"frame is not valid UTF-8 JSON: {e}") from None
+                if type(req) is not dict:
+                    raise P.ProtocolError(P.BAD_REQUEST, "a request is a JSON object")
+                rid = req.get("id")
+                if rid is not None and type(rid) is not int:
+                    if type(rid) is not str or len(rid) > P.MAX_ID_CHARS:
+                        rid = None  # an id that cannot be echoed: answer with null
+                        P.check_id(req)
+                if closing:
+                    if not self.authenticated:
+                        break  # closing for a bad token: read no further
+                    raise P.ProtocolError(P.UNAVAILABLE, "the server is shutting down; retry later")
+                op = req.get("op")
+                if op == "event":
+                    req_counts["event"] += 1
+                    if not self.authenticated:
+                        raise self._unauthorized()
+                    eid = req.get("execution_id")
+                    typ = req.get("type")
+                    seq = req.get("seq")
+                    if (
+                        type(eid) is not str
+                        or type(typ) is not str
+                        or "payload" not in req
+                        or (seq is not None and (type(seq) is not int or seq < 1))
+                    ):
+                        self._explain_event(req)
+                    staged = backend.stage_event(eid, typ, req["payload"], seq)
+                else:
+                    staged = self._other(op, req)
+                    if staged is None:
+                        continue  # answered by a task (get)
+                if type(staged) is int:  # the fast path: staged in the batch, this is its seq
+                    entries.append((rid, staged))
+                    nbytes += len(frame)
+                    continue
+                if type(staged) is Deferred:
+                    # Stage nothing more from this connection until it is resolved.
+                    self._defer(rid, staged, frames[i:])
+                    break
+                if staged.durable is None:
+                    immediate.append(_ok(rid, staged.fields))
+                else:
+                    entries.append((rid, staged))
+                    nbytes += len(frame)
+            except P.ProtocolError as e:
+                counters.errors[e.code] += 1
+                immediate.append(P.encode_error(rid, e.code, e.message))
+                if e.code == P.UNAUTHORIZED and self.needs_token and not self.authenticated:
+                    self.closing = closing = True
+            except Exception as e:  # noqa: BLE001 - a bad request never takes the connection down
+                code, message = _error_of(e)
+                counters.errors[code] += 1
+                immediate.append(P.encode_error(rid, code, message))
+        committed = None
+        try:
+            committed = backend.commit()
+        except Exception as e:  # noqa: BLE001 - the WAL refused the batch: fail its requests
+            committed = asyncio.get_running_loop().create_future()
+            committed.set_exception(e)
+        if entries:
+            # Futures resolve in commit order: the last one of the batch covers all the others.
+            last = committed
+            if last is None:
+                last = entries[-1][1].durable
+                if last is IN_BATCH or type(last) is int:  # pragma: no cover - a backend bug
+                    raise RuntimeError("a write was staged in the batch but commit() returned nothing")
+            self.inflight += len(entries)
+            self.inflight_bytes += nbytes
+            last.add_done_callback(
+                lambda _f, entries=entries, committed=committed, nbytes=nbytes, t0=t0: self._settle(
+                    entries, committed, nbytes, t0
+                )
+            )
+            if self.inflight >= self.max_inflight or self.inflight_bytes >= self.max_inflight_bytes:
+                self._update_reading()
+        if immediate:
+            self._write(b"".join(immediate))
+        if self.closing or self.eof:
+            self._maybe_settled()
+
+    def _carry(self, carry: tuple, immediate: list, entries: list) -> None:
+        rid, result = carry
+        if isinstance(result, BaseException):
+            code, message = _error_of(result)
+            self.counters.errors[code] = self.counters.errors.get(code, 0) + 1
+            immediate.append(P.encode_error(rid, code, message))
+        elif type(result) is int:
+            entries.append((rid, result))
+        elif result.durable is None:
+            immediate.append(_ok(rid, result.fields))
+        else:
+            entries.append((rid, result))
+
+    def _defer(self, rid: Any, deferred: Deferred, rest: list) -> None:
+        self.backlog = list(rest)
+        self.inflight += 1
+        task = asyncio.get_running_loop().create_task(self._resolve(rid, deferred.awaitable))
+        self.deferred = task
+        self.tasks.add(task)
+        task.add_done_callback(self._deferred_done)
+
+    def _deferred_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        self._maybe_settled()
+
+    async def _resolve(self, rid: Any, awaitable) -> None:
+        try:
+            result = await awaitable
+        except Exception as e:  # noqa: BLE001 - answered as an error response
+            result = e
+        self.inflight -= 1
+        self.deferred = None
+        frames, self.backlog = self.backlog, []
+        self.process(frames, carry=(rid, result))
+        self._update_reading()
+
+    def _settle(self, entries: list, committed, nbytes: int, t0: float) -> None:
+        """The batch's future resolved: answer every request of the batch in one write."""
+        out: list[bytes] = []
+        late: list = []
+        acked = 0
+        errors = self.counters.errors
+        batch_ok = committed is not None and committed.done() and not committed.cancelled() and committed.exception() is None
+        for entry in entries:
+            rid, staged = entry
+            if type(staged) is int:  # an event of the batch: its answer is the seq
+                if batch_ok:
+                    out.append(_ok_seq(rid, staged))
+                    acked += 1
+                    continue
+                fut = committed
+            else:
+                fut = staged.durable
+                if fut is IN_BATCH:
+                    fut = committed
+            if not fut.done():
+                late.append(entry)  # should not happen (commit order); answered when it resolves
+                continue
+            exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+            if exc is None:
+                out.append(_ok_seq(rid, staged) if type(staged) is int else _ok(rid, staged.fields))
+                acked += 1
+            else:
+                code, message = _error_of(exc)
+                errors[code] = errors.get(code, 0) + 1
+                out.append(P.encode_error(rid, code, message))
+        self.counters.events_acked += acked
+        self.counters.batches += 1
+        done = len(entries) - len(late)
+        self.inflight -= done
+        if late:
+            share = nbytes * done // len(entries)
+            self.inflight_bytes -= share
+            nbytes -= share
+            futs = [
+                committed if type(e[1]) is int or e[1].durable is IN_BATCH else e[1].durable for e in late
+            ]
+            gathered = asyncio.gather(*futs, return_exceptions=True)
+            gathered.add_done_callback(
+                lambda _f, late=late, nbytes=nbytes, t0=t0: self._settle(late, committed, nbytes, t0)
+            )
+        else:
+            self.inflight_bytes -= nbytes
+        if out:
+            self._write(b"".join(out))
+            self.server.observe_ack(time.perf_counter() - t0, len(out))
+        self._update_reading()
+        self._maybe_settled()
+
+    # -- the other operations --------------------------------------------------------------
+    def _other(self, op: Any, req: dict) -> Optional[Staged]:
+        counts = self.counters.requests
+        if op == "ping":
+            counts["ping"] += 1
+            return Staged({"pong": True})
+        if op == "hello":
+            counts["hello"] += 1
+            return self._hello(req)
+        if not self.authenticated:
+            if op in counts:
+                counts[op] += 1
+            raise self._unauthorized()
+        backend = self.backend
+        if op == "start":
+            counts["start"] += 1
+            intent = P.req_str(req, "intent", P.MAX_INTENT_CHARS)
+            envelope = P.req_object(req, "envelope")
+            eid = P.req_execution_id(req, required=False)
+            parent = P.req_execution_id(req, "parent_execution_id", required=False)
+            forked_at = P.req_seq(req, "forked_at_seq")
+            return backend.stage_start(intent, envelope, eid, parent, forked_at)
+        if op == "finish":
+            counts["finish"] += 1
+            eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
+            response = P.req_object(req, "response")
+            return backend.stage_finish(eid, response, P.req_seq(req))
+        if op == "invalidate":
+            counts["invalidate"] += 1
+            eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
+            reason = P.req_str(req, "reason", P.MAX_REASON_CHARS)
+            return backend.stage_invalidate(eid, reason)
+        if op == "abandon":
+            counts["abandon"] += 1
+            eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
+            reason = P.req_str(req, "reason", P.MAX_REASON_CHARS)
+            return backend.stage_abandon(eid, reason)
+        if op == "get":
+            counts["get"] += 1
+            eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
+            self._spawn(self._get(req.get("id"), eid))
+            return None
+        if op is None:
+            raise P.ProtocolError(P.BAD_REQUEST, "`op` is required")
+        raise P.ProtocolError(
+            P.BAD_REQUEST, f"unknown op {str(op)[:40]!r}; known: {', '.join(P.OPS)}"
+        )
+
+    def _hello(self, req: dict) -> Staged:
+        if self.needs_token:
+            token = req.get("token")
+            expected = self.server.config.token or ""
+            # Constant time: the comparison must not tell how many leading bytes were right.
+            if type(token) is not str or not hmac.compare_digest(
+                token.encode("utf-8", "surrogatepass"), expected.encode()
+            ):
+                raise self._unauthorized("wrong or missing token")
+            self.authenticated = True
+        cfg = self.server.config
+        return Staged(
+            {
+                "protocol": P.PROTOCOL_VERSION,
+                "server": "tracedb",
+                "version": self.server.version,
+                "limits": {
+                    "max_frame_bytes": cfg.max_frame_bytes,
+                    "max_inflight_requests": cfg.max_inflight_requests,
+                    "max_inflight_bytes": cfg.max_inflight_bytes,
+                    "max_connections": cfg.max_connections,
+                },
+            }
+        )
+
+    def _unauthorized(self, why: str = "send `hello` with the bearer token first") -> P.ProtocolError:
+        return P.ProtocolError(P.UNAUTHORIZED, why)
+
+    @staticmethod
+    def _explain_event(req: dict) -> None:
+        """The event fast path's checks failed: raise the precise bad_request."""
+        P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
+        P.req_str(req, "type", P.MAX_TYPE_CHARS)
+        if "payload" not in req:
+            raise P.ProtocolError(P.BAD_REQUEST, "`payload` is required (null is allowed)")
+        P.req_seq(req)
+        raise P.ProtocolError(P.BAD_REQUEST, "malformed event")
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        self.inflight += 1
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        self.inflight -= 1
+        self._update_reading()
+        self._maybe_settled()
+
+    async def _get(self, rid: Any, execution_id: str) -> None:
+        try:
+            # Read-your-writes: whatever this connection staged before the get is durable first.
+            barrier = self.backend.barrier()
+            if barrier is not None and barrier is not IN_BATCH:
+                await barrier
+            record = await self.backend.get(execution_id)
+            line = _ok(rid, {"record": record})
+        except Exception as e:  # noqa: BLE001 - every failure becomes an error response
+            code, message = _error_of(e)
+            self.counters.errors[code] = self.counters.errors.get(code, 0) + 1
+            line = P.encode_error(rid, code, message)
+        self._write(line)
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _write(self, data: bytes) -> None:
+        if self.lost or self.transport is None or self.transport.is_closing():
+            return
+        self.counters.bytes_out += len(data)
+        self.transport.write(data)
+
+    def _update_reading(self) -> None:
+        if self.lost or self.transport is None:
+            return
+        want_pause = (
+            self.write_paused
+            or self.inflight + len(self.backlog) >= self.max_inflight
+            or self.inflight_bytes >= self.max_inflight_bytes
+        )
+        if want_pause and not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+        elif (
+            not want_pause
+            and self.read_paused
+            and self.inflight + len(self.backlog) <= self.max_inflight // 2
+            and self.inflight_bytes <= self.max_inflight_bytes // 2
+        ):
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def _maybe_settled(self) -> None:
+        if (
+            (self.closing or self.eof)
+            and self.inflight == 0
+            and not self.tasks
+            and self.deferred is None
+            and not self.backlog
+        ):
+            if not self.lost and self.transport is not None and not self.transport.is_closing():
+                self.transport.close()  # flushes what is buffered, then closes
+            self._mark_settled()
+
+    def _mark_settled(self) -> None:
+        if not self.settled.done():
+            self.settled.set_result(None)
+
+    def begin_drain(self) -> None:
+        """Shutdown: stage nothing more; close once every staged request is answered."""
+        self.closing = True
+        self._maybe_settled()
+
+    def abort(self) -> None:
+        """Drop the connection now (a peer that would not take its responses in time)."""
+        if self.transport is not None:
+            self.transport.abort()
+        self.lost = True
+        self._mark_settled()
+        if not self.gone.done():
+            self.gone.set_result(None)
+
+
+def _ok_seq(rid: Any, seq: int) -> bytes:
+    """The answer to an event: {"id": rid, "ok": true, "seq": seq} (formatted directly: hot path)."""
+    if type(rid) is int:
+        return b'{"id":%d,"ok":true,"seq":%d}\n' % (rid, seq)
+    return b'{"id":%s,"ok":true,"seq":%d}\n' % (_dumps(rid), seq)
+
+
+def _ok(rid: Any, fields: dict) -> bytes:
+    out = {"id": rid, "ok": True}
+    out.update(fields)
+    return _dumps(out, option=_NL)
+
+
+# Store error codes that are not wire codes, and what a client should make of them.
+_STORE_CODES = {
+    "closed": P.UNAVAILABLE,  # the store is closing (shutdown)
+    "in_use": P.UNAVAILABLE,
+    "usage": P.INTERNAL,
+}
+
+
+def _error_of(exc: BaseException) -> tuple[str, str]:
+    """The wire (code, message) of an exception raised while handling a request."""
+    if isinstance(exc, P.ProtocolError):
+        return exc.code, exc.message
+    if isinstance(exc, TraceDBError):
+        code = exc.code if exc.code in P.ERROR_CODES else _STORE_CODES.get(exc.code, P.BAD_REQUEST)
+        return code, str(exc)
+    if isinstance(exc, wal.PayloadTooLargeError):
+        return P.FRAME_TOO_LARGE, str(exc)
+    if isinstance(exc, wal.WalError):
+        return P.UNAVAILABLE, f"the recorder cannot write: {exc}"
+    if isinstance(exc, asyncio.CancelledError):
+        return P.UNAVAILABLE, "the request was cancelled (server shutting down)"
+    log.error("internal error: %s: %s", type(exc).__name__, exc, exc_info=exc)
+    return P.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+
+
+class SidecarServer:
+    """Listeners, connections and shutdown around one Backend."""
+
+    def __init__(self, backend: Backend, config: ServerConfig, *, metrics=None, version: str = "0"):
+        check_config(config)
+        self.backend = backend
+        self.config = config
+        self.metrics = metrics
+        self.version = version
+        self.counters = Counters()
+        self.connections: set[Connection] = set()
+        self.draining = False
+        self.started_at = time.time()
+        self._servers: list[asyncio.AbstractServer] = []
+        self._socket_inode: Optional[tuple[int, int]] = None
+        self._stopped: Optional[asyncio.Event] = None
+        self.tcp_address: Optional[tuple[str, int]] = None
+
+    # -- starting --------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Bind the Unix socket (0600, in a 0700 directory) and the optional TCP listener."""
+        loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        cfg = self.config
+        if cfg.socket_path is not None:
+            path = cfg.socket_path
+            _prepare_socket_dir(os.path.dirname(os.path.abspath(path)))
+            _remove_stale_socket(path)
+            old = os.umask(0o177)  # the socket is created 0600: no window where others may connect
+            try:
+                srv = await loop.create_unix_server(
+                    lambda: Connection(self, needs_token=False, peer="unix"),
+                    path=path,
+                    backlog=1024,
+                )
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+            st = os.stat(path)
+            self._socket_inode = (st.st_dev, st.st_ino)
+            self._servers.append(srv)
+        if cfg.tcp_port is not None:
+            host = cfg.tcp_host or "127.0.0.1"
+            needs_token = bool(cfg.token)
+
+            def factory():
+                return Connection(self, needs_token=needs_token, peer="tcp")
+
+            srv = await loop.create_server(factory, host=host, port=cfg.tcp_port, backlog=1024)
+            sock = srv.sockets[0]
+            self.tcp_address = sock.getsockname()[:2]
+            for s in srv.sockets:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._servers.append(srv)
+        log.info(
+            "listening",
+            extra={
+                "socket": cfg.socket_path,
+                "tcp": f"{self.tcp_address[0]}:{self.tcp_address[1]}" if self.tcp_address else None,
+                "max_frame_bytes": cfg.max_frame_bytes,
+                "max_connections": cfg.max_connections,
+            },
+        )
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT start a graceful shutdown."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig)
+
+    def request_stop(self, sig=None) -> None:
+        """Ask `serve_until_stopped` to shut down."""
+        if sig is not None:
+            log.info("signal received, shutting down", extra={"signal": signal.Signals(sig).name})
+        if self._stopped is not None:
+            self._stopped.set()
+
+    async def serve_until_stopped(self) -> None:
+        """Serve until `request_stop` (or a signal), then shut down gracefully."""
+        assert self._stopped is not None, "call start() first"
+        await self._stopped.wait()
+        await self.shutdown()
+
+    # -- stopping --------------------------------------------------------------------------
+    async def shutdown(self) -> None:
+        """Stop accepting, answer every staged request, close connections, close the backend."""
+        if self.draining:
+            return
+        self.draining = True
+        for srv in self._servers:
+            srv.close()
+        conns = list(self.connections)
+        for c in conns:
+            c.begin_drain()
+        if conns:
+            # Every staged request gets its answer (durable, or failed), then each transport
+            # flushes and closes; a peer that does not read its responses in time is dropped.
+            deadline = time.monotonic() + self.config.drain_timeout_s
+            await asyncio.wait([c.settled for c in conns], timeout=self.config.drain_timeout_s)
+            left = max(0.1, deadline - time.monotonic())
+            await asyncio.wait([c.gone for c in conns], timeout=left)
+            for c in conns:
+                if not c.gone.done():
+                    log.warning("connection did not drain in time; aborting it", extra={"peer": c.peer})
+                    c.abort()
+        for srv in self._servers:
+            try:
+                await asyncio.wait_for(srv.wait_closed(), timeout=1.0)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - best effort
+                pass
+        self._remove_socket()
+        try:
+            await self.backend.close()
+        finally:
+            log.info(
+                "stopped",
+                extra={"events_acked": self.counters.events_acked, "uptime_s": round(time.time() - self.started_at, 3)},
+            )
+
+    def _remove_socket(self) -> None:
+        path = self.config.socket_path
+        if path is None or self._socket_inode is None:
+            return
+        try:
+            st = os.stat(path)
+            # Only our own socket: another server may have replaced it meanwhile.
+            if (st.st_dev, st.st_ino) == self._socket_inode:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    # -- observations ----------------------------------------------------------------------
+    def observe_ack(self, seconds: float, n: int) -> None:
+        """One batch answered: its latency from read to response (for the ack histogram)."""
+        if self.metrics is not None:
+            self.metrics.observe_ack(seconds, n)
+
+
+def _prepare_socket_dir(directory: str) -> None:
+    """Create the socket's directory 0700; refuse one that others can write to."""
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)
+        return
+    st = os.stat(directory)
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        # Our own directory (the data directory by default): keep other users out of it.
+        os.chmod(directory, stat.S_IMODE(st.st_mode) & 0o700)
+    elif stat.S_IMODE(st.st_mode) & 0o002 and not st.st_mode & stat.S_ISVTX:
+        raise ServerConfigError(
+            f"the socket directory {directory} is writable by everyone",
+            hint="put the socket in a private directory (the default is the data directory)",
+        )
+
+
+def _remove_stale_socket(path: str) -> None:
+    """Remove a socket file left by a killed server; refuse if a server still answers on it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ServerConfigError(
+            f"{path} exists and is not a socket", hint="choose another --socket path"
+        )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError as e:
+        if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            os.unlink(path)
+            return
+        raise
+    else:
+        raise ServerConfigError(
+            f"another server is listening on {path}",
+            hint="stop it first, or give this one another --socket",
+        )
+    finally:
+        probe.close()
