@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Optional
@@ -19,6 +20,21 @@ APPLIED_FILE = "APPLIED"
 _U64 = struct.Struct("<Q")
 _MAX = fmt.MAX_PAYLOAD_BYTES
 _NO_LIMIT = 1 << 64
+_CHUNK_BYTES = 8 << 20  # a segment is read in pieces: a preallocated one is mostly zeros
+_ZERO_HEAD = bytes(fmt.RECORD_HEADER_SIZE)
+_NONZERO = re.compile(rb"[^\x00]")
+
+
+def _zeros_from(path: str, offset: int) -> bool:
+    """True if every byte of the file from `offset` on is zero (preallocated, never written)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            chunk = f.read(_CHUNK_BYTES)
+            if not chunk:
+                return True
+            if _NONZERO.search(chunk) is not None:
+                return False
 
 
 class RecoveryMode(str, enum.Enum):
@@ -118,6 +134,16 @@ def _find_valid_after(buf, off: int, end: int, seed: int, min_lsn: int) -> Optio
     """The first 8-byte-aligned offset after `off` holding a valid record with LSN >= min_lsn."""
     pos = off + fmt.ALIGN - (off % fmt.ALIGN)
     while pos + fmt.RECORD_HEADER_SIZE <= end:
+        m = _NONZERO.search(buf, pos)
+        if m is None:
+            return None
+        # A record header is never all zeros (type 0 is invalid): jump over zero runs, to the
+        # first aligned offset whose header reaches the next non-zero byte.
+        first = m.start() - fmt.RECORD_HEADER_SIZE + 1
+        if first > pos:
+            pos = first + (-first % fmt.ALIGN)
+            if pos + fmt.RECORD_HEADER_SIZE > end:
+                return None
         got = _check_record(buf, pos, end, seed, None)
         if not isinstance(got, str) and got[0] >= min_lsn:
             return pos
@@ -172,6 +198,7 @@ class WalReader:
         self._seed = 0
         self._offset = 0
         self._expected = 0
+        self._need = 0
         self._stopped = False
 
     # -- segment bookkeeping -------------------------------------------------------------
@@ -263,11 +290,15 @@ class WalReader:
                 return
             seg = self._seg
             with open(seg.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
                 f.seek(self._offset)
-                data = f.read()
+                data = f.read(max(_CHUNK_BYTES, self._need))
+            self._need = 0
             base = self._offset
             buf = memoryview(data)
             end = len(data)
+            at_eof = base + end >= size
+            zero_end = False
             off = 0
             seed = self._seed
             expected = self._expected
@@ -308,14 +339,44 @@ class WalReader:
                                 yield Record(lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)
                             off = rec_end
                             continue
+                if not at_eof:
+                    # A record cut by the end of this piece of the file: read on from it.
+                    if end - off < 20:
+                        self._need = 2 * _CHUNK_BYTES
+                        break
+                    n = fmt.REC_HEAD.unpack_from(buf, off)[1]
+                    if n <= _MAX and off + 28 + n > end:
+                        self._need = n + 28
+                        break
+                if buf[off : off + 20] == _ZERO_HEAD and (
+                    _NONZERO.search(buf, off) is None
+                    and (at_eof or _zeros_from(seg.path, base + end))
+                ):
+                    zero_end = True  # preallocated space: the end of the written data
+                    break
                 got = check(buf, off, end, seed, expected)
                 if got.__class__ is str:
+                    if not at_eof:
+                        # Classify damage against the whole rest of the file.
+                        with open(seg.path, "rb") as f:
+                            f.seek(base)
+                            data = f.read()
+                        buf = memoryview(data)
+                        end = len(data)
+                        at_eof = True
+                        got = check(buf, off, end, seed, expected)
+                        if got.__class__ is not str:
+                            continue
                     damage = got
                     break
                 lsn, rtype, n, rec_end = got
                 if rtype == fmt.TYPE_SEAL:
-                    if rec_end != end:
-                        damage = f"end of segment after its SEAL record, found {end - rec_end} more bytes"
+                    # Zeros after the SEAL: preallocated space the writer had not yet cut when
+                    # it stopped, possible only before it created the next segment.
+                    if base + rec_end != size and not (
+                        self._is_last(seg) and _zeros_from(seg.path, base + rec_end)
+                    ):
+                        damage = f"end of segment after its SEAL record, found {size - base - rec_end} more bytes"
                         break
                     sealed = True
                     off = rec_end
@@ -332,6 +393,8 @@ class WalReader:
                 off = rec_end
             self._offset = base + off
             self._expected = expected
+            if self._need:
+                continue
             if damage is not None:
                 if not self._handle_damage(seg, buf, base, off, end, seed, expected, damage):
                     return
@@ -348,10 +411,12 @@ class WalReader:
                 continue
             if to_lsn is not None and expected > to_lsn:
                 return
+            if not at_eof and not zero_end:
+                continue  # the next piece of this segment
             if not self._is_last(seg):
                 # Only the last segment may be unsealed. The writer seals a segment before it
                 # creates the next one, so a segment that grew since it was read is re-read.
-                if os.path.getsize(seg.path) > base + end:
+                if os.path.getsize(seg.path) > size:
                     continue
                 if not self._handle_damage(
                     seg, buf, base, off, end, seed, expected,

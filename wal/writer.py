@@ -34,6 +34,8 @@ from .reader import APPLIED_FILE, RecoveryMode, list_segments, read_applied_lsn,
 
 DEFAULT_SEGMENT_SIZE_BYTES = 64 << 20
 LOCK_FILE = "LOCK"
+SPARE_FILE = "preallocated.tmp"
+_ZERO_CHUNK = bytes(1 << 20)
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,23 @@ class Wal:
         segment_size_bytes: int = DEFAULT_SEGMENT_SIZE_BYTES,
         fs=None,
         on_group: Optional[Callable[[int, float], None]] = None,
+        preallocate: bool = False,
+        preallocate_after_bytes: Optional[int] = None,
     ):
         self.directory = os.path.abspath(directory)
         self.segment_size_bytes = segment_size_bytes
+        self.preallocate = preallocate
+        # A spare is made only once this much was written since open: a short-lived writer
+        # (a script, a test) never pays for zero-filling a whole segment.
+        self._prealloc_after = (
+            segment_size_bytes // 64 if preallocate_after_bytes is None else preallocate_after_bytes
+        )
+        self._spare_requested = False
+        self._prealloc = False  # the open segment was zero-filled ahead of its writes
+        self._spare_ready = False
+        self._spare_wanted = threading.Event()
+        self._spare_event = threading.Event()  # set when a spare is ready or preparing stopped
+        self._preparer: Optional[threading.Thread] = None
         self.fs = fs or OsFileSystem()
         self._on_group = on_group
         self._lock = threading.Lock()
@@ -141,6 +157,10 @@ class Wal:
             raise
         self._thread = threading.Thread(target=self._flusher, name="wal-flusher", daemon=True)
         self._thread.start()
+        if preallocate:
+            self._preparer = threading.Thread(target=self._prepare_spares, name="wal-prealloc", daemon=True)
+            self._preparer.start()
+            self._maybe_request_spare()
 
     # -- opening -------------------------------------------------------------------------
     def _acquire_lock(self) -> None:
@@ -176,17 +196,21 @@ class Wal:
             raise WalCorruptionError(last.path, 0, "a valid segment header", d.found if d else "?")
         next_lsn = reader._expected
         size = os.path.getsize(last.path)
-        truncated = size - end
         torn = reader.damages[0].offset if reader.damages else None
-        fd = self.fs.open(last.path, os.O_WRONLY | os.O_APPEND)
+        # Past `end` there is a torn tail (cut it), or only the zeros of a preallocated segment
+        # (the reader checked): those are kept and written over, unless the segment is sealed.
+        truncated = size - end if (torn is not None or reader.sealed_last) else 0
+        fd = self.fs.open(last.path, os.O_WRONLY)
         try:
             if truncated:
                 self.fs.ftruncate(fd, end)
             # Bytes a killed process left in the page cache are durable only once synced.
             self.fs.fdatasync(fd)
+            os.lseek(fd, end, os.SEEK_SET)
         except BaseException:
             self.fs.close(fd)
             raise
+        self._prealloc = size - truncated > end
         self._next_lsn = next_lsn
         self._segment_number = last.number
         self._seed = reader._seed
@@ -207,7 +231,9 @@ class Wal:
         salt = secrets.randbits(32)
         name = fmt.segment_name(number, first_lsn)
         write_file_atomic(self.fs, self.directory, name, fmt.encode_segment_header(salt, number, first_lsn))
-        self._fd = self.fs.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_APPEND)
+        self._fd = self.fs.open(os.path.join(self.directory, name), os.O_WRONLY)
+        os.lseek(self._fd, fmt.SEGMENT_HEADER_SIZE, os.SEEK_SET)
+        self._prealloc = False
         self._segment_number = number
         self._seed = fmt.salt_seed(salt)
         self._encode_seed = self._seed
@@ -330,7 +356,12 @@ class Wal:
                 self._group = bytearray()
                 self._waiters = []
                 rotate_to = None
-                if self._segment_bytes + len(group) >= self.segment_size_bytes:
+                if self._segment_bytes + len(group) >= self.segment_size_bytes or (
+                    # A plain segment (the first after open) is left early for a zero-filled
+                    # spare, once one is ready: fdatasync over preallocated blocks skips the
+                    # file-size journal commit that an append costs.
+                    self._spare_ready and not self._prealloc
+                ):
                     # Appends framed from now on belong to the next segment: give them its salt.
                     salt = secrets.randbits(32)
                     rotate_to = (salt, self._segment_number + 1, last_lsn + 1)
@@ -340,10 +371,8 @@ class Wal:
                 write_all(self.fs, self._fd, group)
                 self.fs.fdatasync(self._fd)
                 dt = time.perf_counter() - t0
-                if rotate_to is not None:
-                    self._rotate(rotate_to, last_lsn)
             except BaseException as e:  # noqa: BLE001 - every failure fails closed
-                self._fail("write/fdatasync" if rotate_to is None else "write/fdatasync/rotate", e, waiters)
+                self._fail("write/fdatasync", e, waiters)
                 return
             with self._lock:
                 self._durable_lsn = last_lsn
@@ -354,27 +383,107 @@ class Wal:
                     self._segment_bytes += len(group)
                 self._synced.notify_all()
             self._last_group = len(waiters)
+            if not self._spare_requested and self.preallocate:
+                self._maybe_request_spare()
             self._ack(waiters, None)
             if self._on_group is not None:
                 try:
                     self._on_group(len(group), dt)
                 except Exception:  # noqa: BLE001 - metrics must never break the log
                     pass
+            if rotate_to is not None:
+                # The group is durable and acknowledged; a failed rotation fails closed only
+                # the appends queued behind it (already framed for the next segment).
+                try:
+                    self._rotate(rotate_to, last_lsn)
+                except BaseException as e:  # noqa: BLE001
+                    self._fail("segment rotation", e, [])
+                    return
 
     def _rotate(self, rotate_to, last_lsn: int) -> None:
         salt, number, first_lsn = rotate_to
         data_records = last_lsn - self._segment_first + 1
         write_all(self.fs, self._fd, fmt.encode_seal(self._seed, last_lsn, data_records))
         self.fs.fdatasync(self._fd)
+        if self._prealloc:
+            # A sealed segment ends with its SEAL record: drop the unused preallocated zeros.
+            self.fs.ftruncate(self._fd, os.lseek(self._fd, 0, os.SEEK_CUR))
+            self.fs.fdatasync(self._fd)
         self.fs.close(self._fd)
         self._fd = None
         name = fmt.segment_name(number, first_lsn)
-        write_file_atomic(self.fs, self.directory, name, fmt.encode_segment_header(salt, number, first_lsn))
-        self._fd = self.fs.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_APPEND)
+        header = fmt.encode_segment_header(salt, number, first_lsn)
+        with self._lock:
+            use_spare = self._spare_ready
+            self._spare_ready = False
+            self._spare_event.clear()
+        if use_spare:
+            spare = os.path.join(self.directory, SPARE_FILE)
+            fd = self.fs.open(spare, os.O_WRONLY)
+            try:
+                write_all(self.fs, fd, header)
+                self.fs.fdatasync(fd)
+                self.fs.rename(spare, os.path.join(self.directory, name))
+                self.fs.fsync_dir(self.directory)
+            except BaseException:
+                self.fs.close(fd)
+                raise
+            self._fd = fd
+            self._prealloc = True
+            self._spare_wanted.set()
+        else:
+            write_file_atomic(self.fs, self.directory, name, header)
+            self._fd = self.fs.open(os.path.join(self.directory, name), os.O_WRONLY)
+            os.lseek(self._fd, fmt.SEGMENT_HEADER_SIZE, os.SEEK_SET)
+            self._prealloc = False
         self._segment_number = number
         self._seed = fmt.salt_seed(salt)
         self._segment_bytes = fmt.SEGMENT_HEADER_SIZE
         self._segment_first = first_lsn
+
+    def _maybe_request_spare(self) -> None:
+        if self._bytes >= self._prealloc_after:
+            self._spare_requested = True
+            self._spare_wanted.set()
+
+    def _prepare_spares(self) -> None:
+        """Keep one zero-filled, fsynced spare segment file ready for the next rotation.
+
+        The spare is only an optimisation: if making it fails (a full disk), rotation creates
+        plain segments and the flusher reports the disk's state on its own writes.
+        """
+        path = os.path.join(self.directory, SPARE_FILE)
+        # Room for the group that crosses the size bound; a longer one just extends the file.
+        size = self.segment_size_bytes + self.segment_size_bytes // 8
+        try:
+            self._prepare_loop(path, size)
+        finally:
+            self._spare_event.set()
+
+    def _prepare_loop(self, path: str, size: int) -> None:
+        while True:
+            self._spare_wanted.wait()
+            self._spare_wanted.clear()
+            if self._closed or self._failed is not None:
+                return
+            try:
+                fd = self.fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    left = size
+                    while left > 0 and not self._closed:
+                        chunk = _ZERO_CHUNK if left >= len(_ZERO_CHUNK) else _ZERO_CHUNK[:left]
+                        write_all(self.fs, fd, chunk)
+                        left -= len(chunk)
+                    self.fs.fsync(fd)
+                finally:
+                    self.fs.close(fd)
+            except OSError:
+                return
+            if self._closed:
+                return
+            with self._lock:
+                self._spare_ready = True
+            self._spare_event.set()
 
     def _ack(self, waiters, exc) -> None:
         by_loop: dict = {}
@@ -455,6 +564,9 @@ class Wal:
             self._work.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join()
+        if self._preparer is not None:
+            self._spare_wanted.set()
+            self._preparer.join()
         with self._lock:
             self._synced.notify_all()
         if self._fd is not None:

@@ -67,10 +67,14 @@ def lose_unsynced(durable: bytes, current: bytes, mode: str, rng: random.Random)
         return durable
     base = _common_prefix(durable, current)
     unsynced = len(current) - base
+    # Past the point where the new bytes stop, the disk still holds the durable ones: a file
+    # whose size was synced (a preallocated segment written over) never comes back shorter.
     if mode == "prefix":
-        return current[: base + rng.randint(0, unsynced)]
+        cut = base + rng.randint(0, unsynced)
+        return current[:cut] + durable[cut:]
     if mode == "garble":
-        return current[:base] + rng.randbytes(unsynced)
+        out = current[:base] + rng.randbytes(unsynced)
+        return out + durable[len(out):]
     raise ValueError(mode)
 
 

@@ -146,7 +146,8 @@ def test_async_wal_has_the_same_names_awaited(wal_dir):
 
     deleted, stats = asyncio.run(main())
     assert deleted >= 1 and stats.appends == 13
-    assert len(wal.list_segments(wal_dir)) == 1
+    # What mark_applied kept: the open segment, and the one a last rotation may have added.
+    assert len(wal.list_segments(wal_dir)) <= 2
 
 
 # -- the lock ------------------------------------------------------------------------------
@@ -525,3 +526,41 @@ def test_appended_garbage_after_the_last_record_is_reported_as_a_torn_tail(wal_d
     append_bytes(path, os.urandom(100))
     result = wal.scan(wal_dir)
     assert result.records == 2 and result.torn_tail is not None and len(result.damages) == 1
+
+
+def test_preallocated_segments_are_zero_filled_ahead_sealed_at_their_seal_and_reopen_cleanly(tmp_path):
+    d = str(tmp_path / "wal")
+    size = 4096
+    payloads = [b"p%04d" % i + b"x" * 100 for i in range(200)]
+    with wal.Wal(d, segment_size_bytes=size, preallocate=True, preallocate_after_bytes=0) as w:
+        assert w._spare_event.wait(30), "the first spare was never made"
+        lsns = [w.append(p) for p in payloads[:100]]
+        spare = os.path.join(d, "preallocated.tmp")
+        segs = wal.list_segments(d)
+        # The plain first segment was left early for the zero-filled one.
+        assert len(segs) >= 3
+        for s in segs[:-1]:
+            # Sealed segments end exactly with their SEAL record: no zeros left behind.
+            spans = record_spans(s.path)
+            assert spans[-1].rtype == fmt.TYPE_SEAL and spans[-1].end == os.path.getsize(s.path)
+        last = segs[-1]
+        assert os.path.getsize(last.path) >= size  # written over preallocated zeros
+        assert w._spare_event.wait(30) and os.path.getsize(spare) >= size
+    assert lsns == list(range(1, 101))
+    assert wal.scan(d).damages == []
+    assert [r.payload for r in wal.read_records(d)] == payloads[:100]
+    with wal.Wal(d, segment_size_bytes=size) as w:
+        assert w.open_result.truncated_bytes == 0 and w.open_result.last_lsn == 100
+        assert w.append_many(payloads[100:]) == list(range(101, 201))
+    assert not os.path.exists(os.path.join(d, "preallocated.tmp")), "a stale spare is removed on open"
+    assert [r.payload for r in wal.read_records(d, mode="absolute")] == payloads
+    assert wal.scan(d, mode="absolute").damages == []
+
+
+def test_a_short_lived_writer_never_zero_fills_a_spare(tmp_path):
+    d = str(tmp_path / "wal")
+    with wal.Wal(d, segment_size_bytes=64 << 20, preallocate=True) as w:
+        for i in range(10):
+            w.append(b"small %d" % i)
+        assert not w._spare_event.is_set()
+    assert not os.path.exists(os.path.join(d, "preallocated.tmp"))

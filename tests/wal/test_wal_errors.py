@@ -173,21 +173,22 @@ def test_async_appends_pending_on_a_failed_fdatasync_all_fail_and_none_hangs(wal
         assert w.append(b"after") == recs[-1].lsn + 1
 
 
-def test_a_failed_segment_rotation_fails_the_group_and_the_log_reopens(wal_dir):
-    # The SEAL's fdatasync is the second one: the first group fills the tiny segment.
+def test_a_failed_segment_rotation_keeps_the_durable_group_acknowledged_and_fails_closed(wal_dir):
+    # The SEAL's fdatasync is the second one: the first group fills the tiny segment. That
+    # group's own fdatasync succeeded, so its append is acknowledged; the rotation after it
+    # fails, and the log refuses every later append.
     fs = FaultFS(wal_dir, fail={"fdatasync": (2, errno.EIO)})
     w = wal.Wal(wal_dir, fs=fs, segment_size_bytes=64)
     try:
+        assert w.append(b"x" * 40) == 1
         with pytest.raises(wal.WalFailedError) as e:
-            w.append(b"x" * 40)
-        assert "rotate" in e.value.op and e.value.errno == errno.EIO
-        with pytest.raises(wal.WalFailedError):
             w.append(b"refused")
+        assert "rotation" in e.value.op and e.value.errno == errno.EIO
     finally:
         w.close()
     assert fs.calls["fdatasync"] == 2
     with wal.Wal(wal_dir, segment_size_bytes=64) as w:
         recs = read_all(wal_dir)
-        assert [r.payload for r in recs] in ([], [b"x" * 40])
-        assert w.append(b"y") == len(recs) + 1
-    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == list(range(1, len(recs) + 2))
+        assert [r.payload for r in recs] == [b"x" * 40]
+        assert w.append(b"y") == 2
+    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == [1, 2]

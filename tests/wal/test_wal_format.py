@@ -209,15 +209,44 @@ def test_a_record_of_type_zero_is_damage(wal_dir):
     assert damages[0].expected == "record type 1 or 2, found 0"
 
 
-def test_zero_filled_space_at_the_end_of_the_last_segment_is_a_torn_tail(wal_dir):
+def test_zero_filled_space_at_the_end_of_the_last_segment_is_preallocated_space(wal_dir):
+    # Zeros to the end of the file are where the writer has not written yet (FORMAT.md,
+    # "Preallocation"): the end of the data, not damage; the writer keeps and writes over them.
     write_log(wal_dir, [b"one", b"two"])
     (path,) = segment_paths(wal_dir)
     append_bytes(path, bytes(4096))
+    size = os.path.getsize(path)
     assert [r.payload for r in read_all(wal_dir)] == [b"one", b"two"]
+    assert wal.scan(wal_dir).damages == []
     with wal.Wal(wal_dir) as w:
-        assert w.open_result.truncated_bytes == 4096
+        assert w.open_result.truncated_bytes == 0
+        assert w.append(b"three") == 3
+    assert os.path.getsize(path) == size
+    assert [r.payload for r in read_all(wal_dir)] == [b"one", b"two", b"three"]
+
+
+def test_garbage_before_preallocated_zeros_is_a_torn_tail_and_is_cut(wal_dir):
+    write_log(wal_dir, [b"one", b"two"])
+    (path,) = segment_paths(wal_dir)
+    end = os.path.getsize(path)
+    append_bytes(path, b"\x07" * 13 + bytes(4096))
+    damage = wal.scan(wal_dir, mode="point_in_time").torn_tail
+    assert damage is not None and damage.offset == end
+    with wal.Wal(wal_dir) as w:
+        assert w.open_result.truncated_bytes == 13 + 4096
         assert w.append(b"three") == 3
     assert [r.payload for r in read_all(wal_dir)] == [b"one", b"two", b"three"]
+
+
+def test_a_valid_record_after_zeros_is_corruption(wal_dir):
+    # Zeros followed by a record are not preallocated space: durable bytes were lost.
+    write_log(wal_dir, [b"one", b"two", b"three"])
+    (path,) = segment_paths(wal_dir)
+    second = record_spans(path)[1]
+    put(path, second.offset, bytes(second.end - second.offset))
+    with pytest.raises(wal.WalCorruptionError) as e:
+        read_all(wal_dir)
+    assert e.value.offset == second.offset
 
 
 @pytest.mark.parametrize("by", [1, 8, 30])
