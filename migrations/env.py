@@ -3,7 +3,8 @@
 tracedb runs Alembic programmatically (`tracedb.db.migrate`): the caller hands over an open
 connection in `config.attributes["connection"]`, already inside the transaction that serialises
 concurrent migrators, so the migration and its version row commit together. Run from the alembic
-command line, `sqlalchemy.url` (or TRACEDB_DATABASE_URL) names the database instead.
+command line, `sqlalchemy.url` (or TRACEDB_DB_URL, or TRACEDB_DATABASE_URL) names the database
+instead.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 import os
 
 from alembic import context
-from sqlalchemy import create_engine
-
+from tracedb.db import create_engine
 from tracedb.models import metadata
 
 config = context.config
@@ -35,10 +35,15 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    url = config.get_main_option("sqlalchemy.url") or os.environ.get("TRACEDB_DATABASE_URL")
+    url = (
+        config.get_main_option("sqlalchemy.url")
+        or os.environ.get("TRACEDB_DB_URL")
+        or os.environ.get("TRACEDB_DATABASE_URL")
+    )
     if not url:
-        raise RuntimeError("set sqlalchemy.url or TRACEDB_DATABASE_URL, or use `tracedb migrate`")
-    engine = create_engine(url)
+        raise RuntimeError("set sqlalchemy.url or TRACEDB_DB_URL, or use `tracedb migrate`")
+    # tracedb's engine: SQLite's pragmas, PostgreSQL's session settings, psycopg 3 by default.
+    engine = create_engine(url, write=True)
     with engine.begin() as conn:
         _run(conn)
 

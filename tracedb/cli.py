@@ -26,7 +26,7 @@ from .config import Config, load_config, parse_duration_s
 from .errors import TraceDBError
 
 # Other command groups register themselves here if their module exists (see the end of the file).
-OPTIONAL_COMMAND_MODULES = ("tracedb.replay.cli", "tracedb.sidecar.cli")
+OPTIONAL_COMMAND_MODULES = ("tracedb.replay.cli", "tracedb.sidecar.cli", "tracedb.interop.cli")
 
 
 class TraceDBGroup(click.Group):
@@ -137,6 +137,15 @@ def _note_unrecovered(cfg: Config, engine) -> None:
 
     from .models import compaction_checkpoint, traces
 
+    recorder_id = cfg.recorder_id
+    if not recorder_id:
+        try:
+            with open(os.path.join(cfg.data_dir, "RECORDER_ID"), encoding="ascii") as f:
+                recorder_id = f.read().strip()
+        except OSError:
+            recorder_id = ""
+    if engine.dialect.name != "sqlite" and not recorder_id:
+        return  # a shared database: only this data directory's recorder is ours to speak of
     lock = os.path.join(cfg.wal_dir, "LOCK")
     try:
         fd = os.open(lock, os.O_RDONLY)
@@ -150,11 +159,15 @@ def _note_unrecovered(cfg: Config, engine) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+    running_q = sa.select(sa.func.count()).select_from(traces).where(traces.c.status == "running")
+    applied_q = sa.select(sa.func.max(compaction_checkpoint.c.applied_lsn))
+    if recorder_id:
+        # Many recorders may share the database: count only this data directory's.
+        running_q = running_q.where(traces.c.recorder_id == recorder_id)
+        applied_q = applied_q.where(compaction_checkpoint.c.recorder_id == recorder_id)
     with engine.connect() as conn:
-        running = conn.execute(
-            sa.select(sa.func.count()).select_from(traces).where(traces.c.status == "running")
-        ).scalar()
-        applied = conn.execute(sa.select(sa.func.max(compaction_checkpoint.c.applied_lsn))).scalar() or 0
+        running = conn.execute(running_q).scalar()
+        applied = conn.execute(applied_q).scalar() or 0
     try:
         last = wal.scan(cfg.wal_dir, mode="point_in_time").last_lsn
     except Exception:  # noqa: BLE001 - only a note; `tracedb recover` reports real problems
@@ -190,16 +203,26 @@ def _open_store(cfg: Config, progress=None):
     default=None,
     help="TOML configuration file (env TRACEDB_CONFIG); see config/tracedb.toml.",
 )
+@click.option(
+    "--db",
+    "db_url",
+    envvar="TRACEDB_DB_URL",
+    default=None,
+    metavar="URL",
+    help="Database URL, SQLAlchemy form (postgresql+psycopg://user@host/db) for a fleet's shared "
+    "database (env TRACEDB_DB_URL; default: the SQLite file in the data directory).",
+)
 @click.pass_context
-def main(ctx: click.Context, data_dir: Optional[str], config_path: Optional[str]) -> None:
+def main(ctx: click.Context, data_dir: Optional[str], config_path: Optional[str], db_url: Optional[str]) -> None:
     """Record, inspect and maintain AI agent execution traces.
 
     \b
     Example:
       tracedb --data-dir /var/lib/tracedb inspect --list
+      tracedb --db postgresql+psycopg://tracedb@db.internal/traces inspect --list
     """
     try:
-        cfg = load_config(config_path, overrides={"data_dir": data_dir})
+        cfg = load_config(config_path, overrides={"data_dir": data_dir, "db_url": db_url})
     except TraceDBError as e:
         _fail(e.message, e.hint, e.exit_code)
     if data_dir is not None and cfg.db_path and os.path.dirname(cfg.db_path) != data_dir:
@@ -516,8 +539,9 @@ def migrate(ctx):
     from . import db
 
     cfg = config_of(ctx)
-    os.makedirs(os.path.dirname(os.path.abspath(cfg.sqlite_path)), exist_ok=True)
-    engine = db.create_engine(cfg.sqlite_path, busy_timeout_ms=cfg.busy_timeout_ms, write=True)
+    if not db.is_url(cfg.database):
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.database)), exist_ok=True)
+    engine = db.create_engine(cfg.database, busy_timeout_ms=cfg.busy_timeout_ms, write=True)
     try:
         before = db.migrate(engine)
         after = db.current_revision(engine)

@@ -18,6 +18,19 @@ The WAL records are orjson documents written by `tracedb.store`:
 An operator may invalidate a trace directly in the database while a recorder runs (`tracedb
 invalidate`); every status change below is therefore guarded so that it never overwrites
 `invalidated`, and a later finish never makes a trace flagged `recording_failure` replayable again.
+
+Many recorders may compact into one PostgreSQL database at once. Each has its own checkpoint row
+(keyed by recorder_id) and writes only traces it started, so their transactions touch disjoint
+rows. A recorder never adds steps to, or marks incomplete, a trace another recorder owns (an
+execution id both used): those UPDATEs are guarded by recorder_id, a shortfall in their row count
+sends the batch down the record-by-record path, and the foreign records are skipped and counted.
+Invalidation and recording_failure may cross recorders (any recorder may be asked to invalidate
+any execution the database holds).
+
+A server connection can drop at any moment, also while COMMIT is in flight, when nobody can tell
+whether the batch committed. After any failure the compactor therefore reads its checkpoint back
+from the database before it applies anything else, and resumes from there; on a server database
+it reconnects and retries once by itself.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ from sqlalchemy.engine import Engine
 
 import wal
 
+from . import db
 from .errors import IntegrityError
 from .models import compaction_checkpoint, trace_steps, traces
 from .record import (
@@ -86,6 +100,8 @@ class CompactResult:
     applied_lsn: int = 0
     segments_deleted: int = 0
     seconds: float = 0.0
+    # Times the database connection was lost and compaction resumed on a new one.
+    reconnects: int = 0
 
     @property
     def events_per_s(self) -> float:
@@ -126,6 +142,46 @@ class _Raw:
         else:
             params = [dict(zip(self.names, [r[i] for i in self.order])) for r in rows]
         return conn.exec_driver_sql(self.sql, params).rowcount
+
+
+class _PgCopy:
+    """Steps into PostgreSQL with COPY instead of executemany: several times faster, and the
+    same transaction, so the checkpoint still commits with the rows. Driver errors are raised
+    as SQLAlchemy's (IntegrityError, OperationalError, ...) so that the compactor handles them
+    exactly as it handles executemany's."""
+
+    def __init__(self, table: sa.Table, keys: tuple[str, ...]):
+        self.sql = f"COPY {table.name} ({', '.join(keys)}) FROM STDIN"
+
+    def execute(self, conn, rows: list[tuple]) -> int:
+        if not rows:
+            return 0
+        import psycopg
+
+        raw = conn.connection.driver_connection
+        try:
+            with raw.cursor() as cur, cur.copy(self.sql) as copy:
+                for r in rows:
+                    copy.write_row(r)
+        except psycopg.Error as e:
+            raise sa.exc.DBAPIError.instance(self.sql, None, e, psycopg.Error) from e
+        return len(rows)
+
+
+def _pg_text(value):
+    # PostgreSQL text cannot hold NUL; SQLite can. A NUL in an intent or a reason would make the
+    # batch fail on every retry and stop the recorder's compaction for good, so it is replaced.
+    if value is not None and "\x00" in value:
+        return value.replace("\x00", "\ufffd")
+    return value
+
+
+def _same(value):
+    return value
+
+
+class _RowsNotOwned(IntegrityError):
+    """A guarded UPDATE missed rows: the trace is gone (pruned) or another recorder owns it."""
 
 
 def _transition(row: dict, op: str, d: dict) -> None:
@@ -187,7 +243,15 @@ class Compactor:
         self._data_version: Optional[int] = None
         self._batches_total = 0
         self._fault = os.environ.get(FAULT_ENV) or None
-        self._insert_steps = _Raw(engine, trace_steps.insert(), _STEP_COLS, column_keys=list(_STEP_COLS))
+        self._server = engine.dialect.name != "sqlite"
+        self._text = _pg_text if engine.dialect.name == "postgresql" else _same
+        # Set after any failure: the in-memory applied LSN may be behind the database (a COMMIT
+        # whose answer was lost); read it back before applying anything.
+        self._resync = False
+        if engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg":
+            self._insert_steps = _PgCopy(trace_steps, _STEP_COLS)
+        else:
+            self._insert_steps = _Raw(engine, trace_steps.insert(), _STEP_COLS, column_keys=list(_STEP_COLS))
         self._insert_traces = _Raw(engine, traces.insert(), _TRACE_COLS, column_keys=list(_TRACE_COLS))
         self._updates: dict = {}
         cp = compaction_checkpoint
@@ -204,10 +268,13 @@ class Compactor:
             self._conn = self.engine.connect()
         return self._conn
 
-    def close(self) -> None:
-        """Release the compactor's database connection."""
+    def close(self, *, broken: bool = False) -> None:
+        """Release the compactor's database connection (`broken`: discard it, the server side
+        is gone, instead of handing it back to the pool)."""
         if self._conn is not None:
             try:
+                if broken:
+                    self._conn.invalidate()
                 self._conn.close()
             finally:
                 self._conn = None
@@ -244,9 +311,16 @@ class Compactor:
         t0 = time.perf_counter()
         total = max(0, to_lsn - self.applied_lsn)
         done = records = steps = created = updated = batches = skipped = deleted = 0
+        reconnects = 0
+        failed_in_a_row = 0  # connection losses since the last batch that committed
         gen = None
         while self.applied_lsn < to_lsn:
             try:
+                if self._resync:
+                    if self._resync_checkpoint() and on_batch is not None:
+                        on_batch(self.applied_lsn)
+                    if self.applied_lsn >= to_lsn:
+                        break
                 if self._reader is None:
                     self._reader = wal.WalReader(self.wal_dir, from_lsn=self.applied_lsn + 1)
                 if gen is None:
@@ -258,12 +332,33 @@ class Compactor:
                 if not recs:
                     break
                 counts = self._apply(recs)
-            except BaseException:
+            except BaseException as e:
                 # The reader may have moved past records that were not applied: start again
-                # from the checkpoint next time.
+                # from the checkpoint next time, read back from the database.
+                if gen is not None:
+                    gen.close()
+                    gen = None
                 self._reader = None
-                self.close()
+                self._resync = True
+                lost = isinstance(e, Exception) and db.is_disconnect(e)
+                self.close(broken=lost)
+                transient = isinstance(e, sa.exc.DBAPIError) and db.sqlstate(e) in db.RETRY_SQLSTATES
+                if self._server and (lost or transient):
+                    # Once per failure: a second one before any batch commits means the server
+                    # is really gone (or the lock really held): report it; the caller retries.
+                    if failed_in_a_row == 0:
+                        failed_in_a_row += 1
+                        reconnects += lost
+                        log.warning(
+                            "compaction %s on %s (%s); resuming from the checkpoint",
+                            "lost its connection" if lost else "must run a batch again",
+                            db.describe(self.engine.url), db.first_line(e),
+                        )
+                        continue
+                    if lost:
+                        raise db.unavailable(self.engine, e) from e
                 raise
+            failed_in_a_row = 0
             n, s, c, u, k = counts
             records += n
             steps += s
@@ -282,8 +377,33 @@ class Compactor:
             gen.close()
         return CompactResult(
             records, steps, created, updated, batches, skipped, self.applied_lsn, deleted,
-            time.perf_counter() - t0,
+            time.perf_counter() - t0, reconnects,
         )
+
+    def _resync_checkpoint(self) -> bool:
+        """Adopt the applied LSN the database holds; True if it was ahead of this compactor."""
+        cp = compaction_checkpoint
+        with self._connection().begin():
+            stored = self._connection().execute(
+                sa.select(cp.c.applied_lsn).where(cp.c.recorder_id == self.recorder_id)
+            ).scalar()
+        self._resync = False
+        if stored is None or stored < self.applied_lsn:
+            raise IntegrityError(
+                f"the compaction checkpoint of recorder {self.recorder_id!r} is "
+                f"{'gone' if stored is None else f'at LSN {stored}'}, behind the {self.applied_lsn} "
+                "this compactor applied",
+                hint="something else rewrote compaction_checkpoint; restore the database, or give "
+                "this data directory a new recorder_id and let it compact its whole WAL again",
+            )
+        if stored > self.applied_lsn:
+            log.warning(
+                "the batch up to LSN %d committed although its connection failed; resuming after it",
+                stored,
+            )
+            self.applied_lsn = stored
+            return True
+        return False
 
     def _maybe_mark_applied(self, mark_applied: Callable[[int], int]) -> int:
         # mark_applied writes and fsyncs the APPLIED file: call it only when a sealed segment
@@ -370,10 +490,14 @@ class Compactor:
         try:
             self._write(new, upd, steps, recs[-1].lsn)
             skipped = 0
-        except sa.exc.IntegrityError as e:
-            # A step whose trace was pruned meanwhile (it had been invalidated from the CLI), or
-            # a row that already exists: keep the compactor moving, apply what fits, say so.
-            log.warning("compaction batch up to LSN %d hit %s; applying it record by record", recs[-1].lsn, e.orig)
+        except (sa.exc.IntegrityError, _RowsNotOwned) as e:
+            # A step whose trace was pruned meanwhile (it had been invalidated from the CLI), a
+            # row that already exists, or an execution id another recorder owns: keep the
+            # compactor moving, apply what fits, say so.
+            log.warning(
+                "compaction batch up to LSN %d hit %s; applying it record by record",
+                recs[-1].lsn, getattr(e, "orig", None) or e,
+            )
             skipped = self._write_filtered(new, upd, steps, recs[-1].lsn)
         return len(recs), len(steps), len(new), len(upd), skipped
 
@@ -397,21 +521,24 @@ class Compactor:
                     "its own recorder_id",
                 )
             self._pause("before_commit")
-        self.applied_lsn = last_lsn
+        # Before the in-memory LSN moves: a fault injected here is a COMMIT whose answer was lost.
         self._pause("after_commit")
+        self.applied_lsn = last_lsn
 
     def _write_filtered(self, new: dict, upd: dict, steps: list, last_lsn: int) -> int:
         conn = self._connection()
         ids = list({*new, *upd, *(s[0] for s in steps)})
-        existing: set = set()
+        owner: dict = {}
         have_steps: set = set()
         with conn.begin():
             for i in range(0, len(ids), 500):
                 chunk = ids[i : i + 500]
-                existing.update(
+                owner.update(
                     conn.execute(
-                        sa.select(traces.c.execution_id).where(traces.c.execution_id.in_(chunk))
-                    ).scalars()
+                        sa.select(traces.c.execution_id, traces.c.recorder_id).where(
+                            traces.c.execution_id.in_(chunk)
+                        )
+                    ).all()
                 )
                 have_steps.update(
                     (r[0], r[1])
@@ -421,12 +548,20 @@ class Compactor:
                         )
                     )
                 )
+        existing = {eid for eid, rid in owner.items() if rid == self.recorder_id}
         skipped = 0
         kept_new = {}
         for eid, row in new.items():
-            if eid in existing:
+            if eid in owner:
                 skipped += 1
-                log.warning("WAL LSN %d starts execution %r, which already exists: skipped", row["_lsn"], eid)
+                if eid in existing:
+                    log.warning("WAL LSN %d starts execution %r, which already exists: skipped", row["_lsn"], eid)
+                else:
+                    log.error(
+                        "WAL LSN %d starts execution %r, which recorder %r recorded already: this "
+                        "recorder's records of it are skipped (execution ids must be unique across "
+                        "a fleet)", row["_lsn"], eid, owner[eid],
+                    )
             else:
                 kept_new[eid] = row
         kept_steps = []
@@ -435,15 +570,18 @@ class Compactor:
                 kept_steps.append(s)
             else:
                 skipped += 1
-        kept_upd = {eid: row for eid, row in upd.items() if eid in existing}
+        kept_upd = {
+            eid: row for eid, row in upd.items()
+            if eid in existing or (eid in owner and not _owner_only(row))
+        }
         self._write(kept_new, kept_upd, kept_steps, last_lsn)
         return skipped
 
-    @staticmethod
-    def _trace_tuple(r: dict) -> tuple:
+    def _trace_tuple(self, r: dict) -> tuple:
+        text = self._text
         return (
-            r["execution_id"], r["recorder_id"], r["intent"], r["status"], r["replayable"],
-            r["replayable_reason"], r["status_note"], _dumps(r["envelope"]), r["envelope_hash"],
+            r["execution_id"], r["recorder_id"], text(r["intent"]), r["status"], r["replayable"],
+            r["replayable_reason"], text(r["status_note"]), _dumps(r["envelope"]), r["envelope_hash"],
             _dumps_or_none(r["router_decision"]), _dumps_or_none(r["final_response"]),
             r["last_seq"], r["created_at_ns"], r["updated_at_ns"], r["parent_execution_id"],
             r["forked_at_seq"], r["pinned"],
@@ -451,36 +589,56 @@ class Compactor:
 
     def _run_updates(self, conn, upd: dict) -> None:
         groups: dict[tuple, list] = {}
-        for eid, delta in upd.items():
+        # In execution-id order: every writer locks trace rows in the same order, so two
+        # compactors (or a compactor and prune) cannot deadlock on them.
+        for eid in sorted(upd):
+            delta = upd[eid]
             keys = tuple(sorted(delta))
             row = [delta[k] for k in keys]
             row.append(eid)
-            groups.setdefault(keys, []).append(row)
-        for keys, rows in groups.items():
-            raw = self._updates.get(keys)
+            owned = _owner_only(delta)
+            if owned:
+                row.append(self.recorder_id)
+            groups.setdefault((keys, owned), []).append(row)
+        for (keys, owned), rows in groups.items():
+            raw = self._updates.get((keys, owned))
             if raw is None:
-                raw = self._updates[keys] = _Raw(
-                    self.engine, _update_statement(keys), tuple("b_" + k for k in keys) + ("b_id",)
-                )
+                names = tuple("b_" + k for k in keys) + ("b_id",) + (("b_recorder",) if owned else ())
+                raw = self._updates[(keys, owned)] = _Raw(self.engine, _update_statement(keys, owned), names)
             for i, k in enumerate(keys):
                 if k in _JSON_COLS:
                     for r in rows:
                         r[i] = _dumps_or_none(r[i])
-            raw.execute(conn, [tuple(r) for r in rows])
+                elif k == "status_note":
+                    for r in rows:
+                        r[i] = self._text(r[i])
+            n = raw.execute(conn, [tuple(r) for r in rows])
+            if owned and n != len(rows):
+                raise _RowsNotOwned(
+                    f"{len(rows) - n} of {len(rows)} traces to update are gone or owned by another recorder"
+                )
 
 
 _JSON_COLS = frozenset({"router_decision", "final_response", "envelope"})
 
 
-def _update_statement(keys: tuple) -> sa.Update:
-    """UPDATE traces for one set of changed columns, with the lifecycle guards (module doc)."""
+def _owner_only(delta: dict) -> bool:
+    """True for a change only the recorder that owns the trace may make: new steps (they move
+    last_seq) or marking it incomplete. Invalidation and recording_failure may come from any."""
+    return "last_seq" in delta or delta.get("status") == STATUS_INCOMPLETE
+
+
+def _update_statement(keys: tuple, owned: bool = False) -> sa.Update:
+    """UPDATE traces for one set of changed columns, with the lifecycle guards (module doc);
+    `owned` adds `recorder_id = :b_recorder` (see `_owner_only`)."""
     c = traces.c
     # Constants inline, so that every bound parameter is one of the row's values.
     invalidated = c.status == sa.literal_column(f"'{STATUS_INVALIDATED}'")
     values: dict = {}
     for k in keys:
-        # JSON arrives serialised already: bind it as text.
-        p = sa.bindparam("b_" + k, type_=sa.Text() if k in _JSON_COLS else traces.c[k].type)
+        # JSON arrives serialised already (the DBAPI gets it as is, see _Raw); binding it with the
+        # column's type makes PostgreSQL cast the text to json instead of refusing varchar.
+        p = sa.bindparam("b_" + k, type_=traces.c[k].type)
         if k == "status":
             values[k] = sa.case((invalidated, c.status), else_=p)
         elif k == "status_note":
@@ -492,4 +650,7 @@ def _update_statement(keys: tuple) -> sa.Update:
             values[k] = sa.case((invalidated, c[k]), (keep, c[k]), else_=p)
         else:
             values[k] = p
-    return sa.update(traces).where(c.execution_id == sa.bindparam("b_id")).values(values)
+    stmt = sa.update(traces).where(c.execution_id == sa.bindparam("b_id"))
+    if owned:
+        stmt = stmt.where(c.recorder_id == sa.bindparam("b_recorder"))
+    return stmt.values(values)

@@ -27,11 +27,16 @@ class Config:
     data_dir: str = DEFAULT_DATA_DIR
     # The SQLite file; empty means <data_dir>/traces.db.
     db_path: str = ""
+    # A database URL in SQLAlchemy form (postgresql+psycopg://user@host/db) for a fleet's shared
+    # database; empty means the SQLite file above. The WAL stays in data_dir either way.
+    db_url: str = ""
     enabled: bool = True
     # Identifies this data directory's WAL in a shared database; empty means generated once and
     # kept in <data_dir>/RECORDER_ID.
     recorder_id: str = ""
     wal_segment_size_bytes: int = 64 << 20
+    # Keep a zero-filled spare segment ready (wal/FORMAT.md, "Preallocation"): cheaper fsyncs.
+    wal_preallocate: bool = True
     compact_interval_ms: int = 200
     compact_batch_records: int = 5000
     idle_timeout_s: float = 3600.0
@@ -42,9 +47,21 @@ class Config:
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
+    def database(self) -> str:
+        """Where the projection lives: `db_url` when set, else the SQLite file.
+
+        `tracedb.db.create_engine` takes either; `tracedb.db.describe` prints it without a password.
+        """
+        return self.db_url or self.db_path or os.path.join(self.data_dir, DB_FILE)
+
+    @property
     def sqlite_path(self) -> str:
-        """The SQLite projection's file."""
-        return self.db_path or os.path.join(self.data_dir, DB_FILE)
+        """The projection's database: the SQLite file, or `db_url` when one is set.
+
+        The same as `database`; the older name is kept because callers test it for "://" to
+        tell a local SQLite file from a server.
+        """
+        return self.database
 
     @property
     def wal_dir(self) -> str:
@@ -60,10 +77,12 @@ class Config:
 _FILE_KEYS = {
     ("store", "data_dir"): "data_dir",
     ("store", "db_path"): "db_path",
+    ("store", "db_url"): "db_url",
     ("store", "enabled"): "enabled",
     ("store", "recorder_id"): "recorder_id",
     ("store", "busy_timeout_ms"): "busy_timeout_ms",
     ("wal", "segment_size_bytes"): "wal_segment_size_bytes",
+    ("wal", "preallocate"): "wal_preallocate",
     ("compaction", "interval_ms"): "compact_interval_ms",
     ("compaction", "batch_records"): "compact_batch_records",
     ("recovery", "idle_timeout_s"): "idle_timeout_s",
@@ -185,6 +204,12 @@ def _validate(cfg: Config) -> None:
     for name in ("compact_interval_ms", "idle_timeout_s", "retention_days", "busy_timeout_ms"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name} must not be negative, got {getattr(cfg, name)}")
+    if cfg.db_url and "://" not in cfg.db_url:
+        raise ConfigError(
+            f"db_url {cfg.db_url!r} is not a database URL",
+            hint="write it in SQLAlchemy form, e.g. postgresql+psycopg://user@host:5432/dbname; "
+            "for a SQLite file set db_path (or leave both empty for <data_dir>/traces.db)",
+        )
 
 
 def as_config(config: Any, data_dir: Optional[str]) -> Config:

@@ -13,6 +13,20 @@ SQLite settings, and why:
   with `PRAGMA incremental_vacuum` instead of a full VACUUM that rewrites the file.
 - Writers begin with `BEGIN IMMEDIATE`: a deferred transaction that reads, then writes, can fail
   with SQLITE_BUSY without waiting when another process committed in between.
+
+PostgreSQL (a fleet's shared database, `db_url`), the same concerns and their equivalents:
+- foreign keys are always enforced; MVCC already lets readers and writers proceed together.
+- `synchronous_commit = on` for every tracedb session: a recorder deletes its WAL segments once
+  a commit returns, so an asynchronous commit lost in a server crash would lose those records for
+  good. "on" overrides a server-wide "off"; it cannot fix a server running with fsync = off.
+- `lock_timeout` = busy_timeout_ms: a writer waits that long for a row lock (prune from cron,
+  `tracedb invalidate`), then fails and retries, instead of hanging forever.
+- auto_vacuum / incremental_vacuum / wal_checkpoint: the server's autovacuum and checkpointer own
+  space and WAL; prune runs a plain VACUUM (never VACUUM FULL, which locks out the recorders).
+- BEGIN IMMEDIATE: not needed; rows are locked as they are written (READ COMMITTED). The one
+  read-then-write that must be serialised, creating the schema, takes an advisory lock.
+- `pool_pre_ping`: a pooled connection dropped by the server (restart, idle timeout, an operator's
+  pg_terminate_backend) is replaced at checkout instead of failing the next read.
 """
 
 from __future__ import annotations
@@ -26,7 +40,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from . import models
-from .errors import StoreNotFoundError
+from .errors import ConfigError, DatabaseUnavailableError, StoreNotFoundError
 
 HEAD_REVISION = "0001"
 
@@ -40,17 +54,134 @@ def is_url(target: str) -> bool:
     return "://" in target
 
 
+def describe(target) -> str:
+    """The database for messages and logs: a URL without its password, or the SQLite file."""
+    if isinstance(target, sa.engine.URL):
+        return target.render_as_string(hide_password=True)
+    if not is_url(str(target)):
+        return str(target)
+    try:
+        return sa.engine.make_url(str(target)).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<a database URL that does not parse>"
+
+
+def first_line(error: BaseException) -> str:
+    """The driver's message of a database error, first line only (the rest is SQL and context)."""
+    orig = getattr(error, "orig", None) or error
+    text = str(orig).strip()
+    return text.splitlines()[0] if text else type(orig).__name__
+
+
+def sqlstate(error: BaseException) -> Optional[str]:
+    """The SQLSTATE of a database error (PostgreSQL's five characters), None if it has none."""
+    return getattr(getattr(error, "orig", None), "sqlstate", None)
+
+
+# SQLSTATEs of a transaction that may simply run again: serialization_failure,
+# deadlock_detected, lock_not_available (lock_timeout).
+RETRY_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+
+
+def is_disconnect(error: BaseException) -> bool:
+    """True when a database error means the connection itself is gone (server restarted,
+    backend terminated, network cut): the work can be retried on a new connection."""
+    if isinstance(error, sa.exc.ResourceClosedError):
+        return True
+    if not isinstance(error, sa.exc.DBAPIError):
+        return False
+    if error.connection_invalidated:
+        return True
+    state = sqlstate(error)
+    if isinstance(error, sa.exc.OperationalError):
+        # No SQLSTATE: the driver lost the socket. 08xxx: connection exception. 57P01-57P03:
+        # the server is shutting the session down (pg_terminate_backend, restart).
+        return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+    # Commands on a closed psycopg connection surface as InterfaceError.
+    return isinstance(error, sa.exc.InterfaceError)
+
+
+def _parse_url(target: str) -> sa.engine.URL:
+    try:
+        url = sa.engine.make_url(target)
+    except sa.exc.ArgumentError as e:
+        raise ConfigError(
+            f"{describe(target)} is not a database URL: {e}",
+            hint="write it in SQLAlchemy form, e.g. postgresql+psycopg://user@host:5432/dbname",
+        ) from None
+    if url.drivername in ("postgresql", "postgres"):
+        # SQLAlchemy's default PostgreSQL driver is psycopg2; tracedb depends on psycopg 3.
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
 def create_engine(target: str, *, busy_timeout_ms: int = 5000, write: bool = False) -> Engine:
-    """An engine for the SQLite file `target` (or an SQLAlchemy URL).
+    """An engine for the SQLite file `target`, or for a database URL (SQLite or PostgreSQL).
 
     `write=True` makes every transaction of the engine start with BEGIN IMMEDIATE on SQLite.
     """
     if is_url(target):
-        return sa.create_engine(
-            target, json_serializer=_json_serializer, json_deserializer=orjson.loads
+        url = _parse_url(target)
+        backend = url.get_backend_name()
+        if backend == "sqlite":
+            if not url.database or url.database == ":memory:":
+                raise ConfigError(
+                    f"{target} names no SQLite file",
+                    hint="give a file (sqlite:///path/traces.db), or leave db_url empty for "
+                    "<data_dir>/traces.db",
+                )
+            return _create_sqlite_engine(url.database, busy_timeout_ms, write)
+        if backend != "postgresql":
+            raise ConfigError(
+                f"{describe(url)}: tracedb stores traces in SQLite or PostgreSQL, not {backend}",
+                hint="use a postgresql+psycopg:// URL, or leave db_url empty for SQLite",
+            )
+        return _create_pg_engine(url, busy_timeout_ms)
+    return _create_sqlite_engine(target, busy_timeout_ms, write)
+
+
+def _create_pg_engine(url: sa.engine.URL, busy_timeout_ms: int) -> Engine:
+    connect_args: dict = {}
+    if "connect_timeout" not in url.query:
+        # A server that does not answer fails the command in seconds, with the hint below.
+        connect_args["connect_timeout"] = 10
+    try:
+        engine = sa.create_engine(
+            url,
+            json_serializer=_json_serializer,
+            json_deserializer=orjson.loads,
+            pool_pre_ping=True,
+            # Many recorders share one server (max_connections is 100 by default): keep few
+            # idle connections per engine; bursts still get up to 10 more.
+            pool_size=2,
+            max_overflow=10,
+            connect_args=connect_args,
         )
+    except ModuleNotFoundError as e:
+        raise ConfigError(
+            f"the PostgreSQL driver for {describe(url)} is not installed ({e.name})",
+            hint="pip install 'tracedb[postgres]' (psycopg 3)",
+        ) from None
+    set_name = "application_name" not in url.query
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        # Session settings, committed at once: a SET inside a transaction that SQLAlchemy later
+        # rolls back would be undone. See the module doc for why each one.
+        with dbapi_conn.cursor() as cur:
+            cur.execute("SET synchronous_commit TO on")
+            cur.execute(f"SET lock_timeout TO {int(busy_timeout_ms)}")
+            if set_name:
+                # Lets operators (and tests) find tracedb's sessions in pg_stat_activity.
+                cur.execute("SET application_name TO 'tracedb'")
+        dbapi_conn.commit()
+
+    return engine
+
+
+def _create_sqlite_engine(path: str, busy_timeout_ms: int, write: bool) -> Engine:
     engine = sa.create_engine(
-        "sqlite:///" + os.path.abspath(target),
+        "sqlite:///" + os.path.abspath(path),
         json_serializer=_json_serializer,
         json_deserializer=orjson.loads,
         connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000.0},
@@ -77,6 +208,11 @@ def create_engine(target: str, *, busy_timeout_ms: int = 5000, write: bool = Fal
     return engine
 
 
+def unavailable(engine: Engine, error: BaseException) -> DatabaseUnavailableError:
+    """The error to raise when a server database fails at the connection level."""
+    return DatabaseUnavailableError(describe(engine.url), first_line(error))
+
+
 def _alembic_config(connection):
     from alembic.config import Config as AlembicConfig
 
@@ -92,24 +228,49 @@ def current_revision(engine: Engine) -> Optional[str]:
     """The schema revision the database is at, None for an empty database."""
     from alembic.runtime.migration import MigrationContext
 
-    with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    except sa.exc.OperationalError as e:
+        if engine.dialect.name == "sqlite":
+            raise
+        raise unavailable(engine, e) from e
 
 
 def migrate(engine: Engine, revision: str = "head") -> Optional[str]:
     """Upgrade the schema to `revision` (head by default); return the revision it was at before.
 
     The check and the upgrade run in one write transaction, so two processes opening a new data
-    directory at the same time cannot both create the tables.
+    directory at the same time cannot both create the tables. On PostgreSQL, where a transaction
+    takes no lock by beginning, an advisory lock keyed by the schema does that: many recorders
+    starting at once against a new database create its tables exactly once.
     """
     from alembic import command
     from alembic.runtime.migration import MigrationContext
 
     if revision == "head" and current_revision(engine) == HEAD_REVISION:
         return HEAD_REVISION
-    with engine.begin() as conn:
-        before = MigrationContext.configure(conn).get_current_revision()
-        command.upgrade(_alembic_config(conn), revision)
+    try:
+        with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql(
+                    "SELECT pg_advisory_xact_lock(hashtext('tracedb.migrate.' || "
+                    "coalesce(current_schema(), '')))"
+                )
+            before = MigrationContext.configure(conn).get_current_revision()
+            command.upgrade(_alembic_config(conn), revision)
+    except sa.exc.OperationalError as e:
+        if engine.dialect.name == "sqlite":
+            raise
+        raise unavailable(engine, e) from e
+    except sa.exc.ProgrammingError as e:
+        if engine.dialect.name == "sqlite" or getattr(e.orig, "sqlstate", None) != "42501":
+            raise
+        raise DatabaseUnavailableError(
+            describe(engine.url), first_line(e),
+            hint="this database user may not create tracedb's tables: run `tracedb --db URL "
+            "migrate` once as a user who may (or GRANT CREATE ON SCHEMA to this one)",
+        ) from e
     return before
 
 
@@ -137,14 +298,93 @@ def ensure_checkpoint(engine: Engine, recorder_id: str, now_ns: int) -> int:
 
 
 def integrity_check(engine: Engine) -> list[str]:
-    """Problems the database itself reports (SQLite: integrity_check, foreign_key_check)."""
+    """Problems the database itself reports, and broken invariants of the projection.
+
+    SQLite: integrity_check and foreign_key_check. PostgreSQL, which has no whole-database check:
+    the schema revision, the primary keys, the foreign key from steps to traces (present,
+    validated, ON DELETE CASCADE) and index validity, read from the catalog. Both: no recorder
+    has rows beyond its checkpoint (rows and checkpoint commit together, so any such row was
+    written outside the compactor), and every recorder with rows has a checkpoint.
+    """
     problems: list[str] = []
-    if engine.dialect.name != "sqlite":
-        return problems
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as conn:
+            rows = [r[0] for r in conn.exec_driver_sql("PRAGMA integrity_check").fetchall()]
+            if rows != ["ok"]:
+                problems.extend(f"sqlite integrity_check: {r}" for r in rows)
+            for r in conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall():
+                problems.append(f"sqlite foreign_key_check: row {r[1]} of {r[0]} references missing {r[2]}")
+    elif engine.dialect.name == "postgresql":
+        problems.extend(_pg_catalog_check(engine))
+    problems.extend(_checkpoint_check(engine))
+    return problems
+
+
+def _checkpoint_check(engine: Engine) -> list[str]:
+    t, s, cp = models.traces, models.trace_steps, models.compaction_checkpoint
+    problems: list[str] = []
     with engine.connect() as conn:
-        rows = [r[0] for r in conn.exec_driver_sql("PRAGMA integrity_check").fetchall()]
-        if rows != ["ok"]:
-            problems.extend(f"sqlite integrity_check: {r}" for r in rows)
-        for r in conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall():
-            problems.append(f"sqlite foreign_key_check: row {r[1]} of {r[0]} references missing {r[2]}")
+        applied = dict(conn.execute(sa.select(cp.c.recorder_id, cp.c.applied_lsn)).all())
+        newest = conn.execute(
+            sa.select(t.c.recorder_id, sa.func.max(s.c.lsn))
+            .select_from(s.join(t, s.c.execution_id == t.c.execution_id))
+            .group_by(t.c.recorder_id)
+        ).all()
+        owners = conn.execute(sa.select(t.c.recorder_id).distinct()).scalars().all()
+    for rid, lsn in newest:
+        if rid in applied and lsn is not None and lsn > applied[rid]:
+            problems.append(
+                f"recorder {rid!r}: steps from WAL LSN {lsn} but its checkpoint is at {applied[rid]}"
+            )
+    for rid in owners:
+        if rid not in applied:
+            problems.append(f"recorder {rid!r} has traces but no compaction checkpoint")
+    return problems
+
+
+def _pg_catalog_check(engine: Engine) -> list[str]:
+    problems: list[str] = []
+    with engine.connect() as conn:
+        rev = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all()
+        if rev != [HEAD_REVISION]:
+            problems.append(f"postgresql: schema revision {rev} where {HEAD_REVISION!r} was expected")
+        pkeys = dict(
+            conn.exec_driver_sql(
+                "SELECT c.relname, pg_get_constraintdef(k.oid) FROM pg_constraint k "
+                "JOIN pg_class c ON c.oid = k.conrelid "
+                "WHERE k.contype = 'p' AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) "
+                "AND c.relname IN ('traces', 'trace_steps', 'compaction_checkpoint')"
+            ).all()
+        )
+        expected = {
+            "traces": "PRIMARY KEY (execution_id)",
+            "trace_steps": "PRIMARY KEY (execution_id, seq)",
+            "compaction_checkpoint": "PRIMARY KEY (recorder_id)",
+        }
+        for table, definition in expected.items():
+            if pkeys.get(table) != definition:
+                problems.append(f"postgresql: {table} has {pkeys.get(table) or 'no primary key'}, not {definition}")
+        fk = conn.exec_driver_sql(
+            "SELECT k.convalidated, k.confdeltype, k.confrelid::regclass::text FROM pg_constraint k "
+            "WHERE k.conname = 'fk_trace_steps_trace' AND k.contype = 'f' "
+            "AND k.connamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
+        ).first()
+        if fk is None:
+            problems.append("postgresql: the foreign key fk_trace_steps_trace (trace_steps -> traces) is missing")
+        else:
+            validated, on_delete, target = fk
+            if not validated:
+                problems.append("postgresql: fk_trace_steps_trace is NOT VALID: steps may reference missing traces")
+            if on_delete != "c":
+                problems.append("postgresql: fk_trace_steps_trace does not cascade deletes to the steps")
+            if target.split(".")[-1] != "traces":
+                problems.append(f"postgresql: fk_trace_steps_trace references {target}, not traces")
+        for (name,) in conn.exec_driver_sql(
+            "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+            "JOIN pg_class c ON c.oid = x.indrelid "
+            "WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) "
+            "AND c.relname IN ('traces', 'trace_steps', 'compaction_checkpoint') "
+            "AND NOT (x.indisvalid AND x.indisready)"
+        ).all():
+            problems.append(f"postgresql: index {name} is invalid (an interrupted build?); REINDEX it")
     return problems

@@ -205,6 +205,27 @@ class StoreNotFoundError(TraceDBError):
         self.path = path
 
 
+class DatabaseUnavailableError(TraceDBError):
+    """The database server cannot be reached (or the connection to it broke).
+
+    `target` is the database URL without its password. Nothing acknowledged is lost: the WAL
+    keeps every record until it is compacted, and compaction resumes from its checkpoint.
+    """
+
+    code = "db_unavailable"
+
+    def __init__(self, target: str, detail: str, *, hint: Optional[str] = None):
+        super().__init__(
+            f"cannot use the database {target}: {detail}",
+            hint=hint
+            or "check that the server is running and reachable at that host and port, that the "
+            "user, password (in the URL or PGPASSWORD) and database name are right, and that "
+            "pg_hba.conf lets this host in; set the URL with --db, TRACEDB_DB_URL or [store] db_url",
+        )
+        self.target = target
+        self.detail = detail
+
+
 class StoreClosedError(TraceDBError):
     """A call on a store that was closed."""
 

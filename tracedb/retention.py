@@ -4,10 +4,16 @@ Works on the database alone, never the WAL, so it is safe to run from cron next 
 recorder: each batch is one short BEGIN IMMEDIATE transaction (the compactor waits at most that
 long, thanks to busy_timeout), and only terminal traces are deleted, never one being recorded.
 A trace is kept when it is pinned, or when it is the parent of a fork that is kept.
+
+On PostgreSQL, where many recorders write at once, a batch that loses a deadlock or times out on
+a row lock is retried; space is given back by a plain VACUUM of the two tables (reusable at once,
+trailing empty pages returned to the file system), never VACUUM FULL, which would lock every
+recorder out for as long as it rewrites the tables.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -15,9 +21,14 @@ from typing import Callable, Optional
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from . import db
 from .errors import ExecutionNotFoundError, InvalidInputError
 from .models import TERMINAL_STATUSES, trace_steps, traces
 from .record import REASON_MANUALLY_INVALIDATED, STATUS_INVALIDATED
+
+log = logging.getLogger(__name__)
+
+_BATCH_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -120,18 +131,15 @@ def prune(
             return PruneResult(len(deletable), steps, pinned, kept_parents, 0, 0, True)
     total = len(deletable)
     files = _db_files(engine)
-    before = _size(files)
+    before = _size(files) if engine.dialect.name == "sqlite" else _pg_size(engine)
     deleted = steps = batches = 0
     query = _candidates(cutoff).order_by(traces.c.created_at_ns).limit(batch_traces)
     while True:
-        with engine.begin() as conn:
-            ids = conn.execute(query).scalars().all()
-            if not ids:
-                break
-            steps += conn.execute(
-                trace_steps.delete().where(trace_steps.c.execution_id.in_(ids))
-            ).rowcount
-            deleted += conn.execute(traces.delete().where(traces.c.execution_id.in_(ids))).rowcount
+        n_traces, n_steps = _delete_batch(engine, query)
+        if not n_traces:
+            break
+        deleted += n_traces
+        steps += n_steps
         batches += 1
         if progress is not None:
             progress(deleted, max(total, deleted))
@@ -139,8 +147,52 @@ def prune(
     if engine.dialect.name == "sqlite" and deleted:
         _reclaim(engine)
         freed = max(0, before - _size(files))
+    elif engine.dialect.name == "postgresql" and deleted:
+        _vacuum_pg(engine)
+        freed = max(0, before - _pg_size(engine))
     _, pinned_after, parents_after = _plan_counts(engine, cutoff)
     return PruneResult(deleted, steps, pinned_after, parents_after, batches, freed, False)
+
+
+def _delete_batch(engine: Engine, query) -> tuple[int, int]:
+    """Delete one batch of candidates in one transaction; (traces, steps) deleted."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            with engine.begin() as conn:
+                # Sorted: rows are locked in execution-id order, as the compactor does.
+                ids = sorted(conn.execute(query).scalars().all())
+                if not ids:
+                    return 0, 0
+                n_steps = conn.execute(
+                    trace_steps.delete().where(trace_steps.c.execution_id.in_(ids))
+                ).rowcount
+                n_traces = conn.execute(traces.delete().where(traces.c.execution_id.in_(ids))).rowcount
+                return n_traces, n_steps
+        except sa.exc.DBAPIError as e:
+            state = db.sqlstate(e)
+            if state not in db.RETRY_SQLSTATES or attempt >= _BATCH_ATTEMPTS:
+                raise
+            log.warning("prune batch hit %s (SQLSTATE %s); running it again", type(e.orig).__name__, state)
+
+
+def _pg_size(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT pg_total_relation_size('traces') + pg_total_relation_size('trace_steps')"
+            ).scalar()
+        )
+
+
+def _vacuum_pg(engine: Engine) -> None:
+    """A plain VACUUM: makes the deleted rows' space reusable and truncates empty trailing pages.
+    It takes no lock that blocks the recorders' reads or writes."""
+    with engine.connect() as conn:
+        # VACUUM cannot run inside a transaction block.
+        auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+        auto.exec_driver_sql("VACUUM (ANALYZE) trace_steps, traces")
 
 
 VACUUM_PAGES_PER_STEP = 2048
@@ -185,7 +237,11 @@ def invalidate_in_db(engine: Engine, execution_id: str, reason: str, now_ns: int
     """
     t = traces.c
     with engine.begin() as conn:
-        status = conn.execute(sa.select(t.status).where(t.execution_id == execution_id)).scalar()
+        # FOR UPDATE (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises): two operators
+        # invalidating at once cannot both see "not invalidated yet".
+        status = conn.execute(
+            sa.select(t.status).where(t.execution_id == execution_id).with_for_update()
+        ).scalar()
         if status is None:
             raise ExecutionNotFoundError(
                 execution_id,

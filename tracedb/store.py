@@ -88,7 +88,7 @@ _ENVELOPE_OPTS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACL
 class _State:
     """An execution this store is recording (or closed, until its last record is compacted)."""
 
-    __slots__ = ("execution_id", "status", "next_seq", "last_activity_ns", "last_lsn", "lock")
+    __slots__ = ("execution_id", "status", "next_seq", "last_activity_ns", "last_lsn", "lock", "start_fut")
 
     def __init__(self, execution_id: str, now_ns: int):
         self.execution_id = execution_id
@@ -97,6 +97,23 @@ class _State:
         self.last_activity_ns = now_ns
         self.last_lsn = 0
         self.lock = threading.Lock()
+        self.start_fut = None  # the queued start record of an asyncio start, until durable
+
+
+async def _when_durable(fut: "asyncio.Future", on_lsn, on_failure=None) -> int:
+    """Wait for a queued WAL record; `on_lsn(lsn)` runs when it is durable, even if the waiting
+    task is cancelled meanwhile (the wait is shielded: cancelling the caller never cancels the
+    record, which the WAL writes anyway). `on_failure()` runs if the WAL failed instead."""
+
+    def done(f: "asyncio.Future") -> None:
+        if not f.cancelled() and f.exception() is None:
+            on_lsn(f.result()[0])
+        elif on_failure is not None:
+            on_failure()
+
+    fut.add_done_callback(done)
+    (lsn,) = await asyncio.shield(fut)
+    return lsn
 
 
 def _in_running_loop() -> bool:
@@ -184,7 +201,11 @@ class Store:
         self._disabled_seqs: dict[str, int] = {}
         os.makedirs(self.data_dir, exist_ok=True)
         try:
-            self._wal = wal.open_wal(config.wal_dir, segment_size_bytes=config.wal_segment_size_bytes)
+            self._wal = wal.open_wal(
+                config.wal_dir,
+                segment_size_bytes=config.wal_segment_size_bytes,
+                preallocate=config.wal_preallocate,
+            )
         except wal.WalLockedError as e:
             raise StoreInUseError(
                 f"data directory {self.data_dir} is in use by a running recorder ({e.holder})",
@@ -213,14 +234,14 @@ class Store:
         wal_applied = self._wal.applied_lsn  # everything below it may be deleted from the WAL
         if applied + 1 < wal_applied:
             raise IntegrityError(
-                f"{cfg.sqlite_path} has applied the WAL up to LSN {applied}, but the WAL already "
+                f"{db.describe(cfg.sqlite_path)} has applied the WAL up to LSN {applied}, but the WAL already "
                 f"dropped records below {wal_applied}: this database is not the one that WAL was "
                 "compacted into",
                 hint="restore the matching traces.db, or move the data directory aside and start anew",
             )
         if applied > self._wal.durable_lsn:
             raise IntegrityError(
-                f"{cfg.sqlite_path} has applied LSN {applied}, beyond the end of the WAL "
+                f"{db.describe(cfg.sqlite_path)} has applied LSN {applied}, beyond the end of the WAL "
                 f"({self._wal.durable_lsn}): the WAL directory was replaced",
                 hint="restore the matching wal/ directory, or give this WAL a new recorder_id",
             )
@@ -331,7 +352,7 @@ class Store:
             self._wake.set()
 
     # -- validation, shared by the sync and async paths ---------------------------------
-    def _prepare_start(self, intent, envelope, execution_id, parent_execution_id, forked_at_seq):
+    def _prepare_start(self, intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns=None):
         if not isinstance(intent, str) or not intent:
             raise InvalidInputError(f"intent must be a non-empty string, got {intent!r}")
         if not isinstance(envelope, Mapping):
@@ -355,9 +376,14 @@ class Store:
         except (TypeError, ValueError) as e:
             raise InvalidInputError(f"envelope cannot be hashed: {e}") from None
         now = self.clock()
+        if created_at_ns is not None and (
+            not isinstance(created_at_ns, int) or isinstance(created_at_ns, bool) or created_at_ns <= 0
+        ):
+            raise InvalidInputError(f"created_at_ns must be a positive int, got {created_at_ns!r}")
         doc = {
             "op": OP_START, "id": execution_id, "intent": intent, "envelope": envelope,
-            "hash": envelope_hash, "t": now,
+            # An imported execution keeps its original creation time (retention counts from it).
+            "hash": envelope_hash, "t": now if created_at_ns is None else created_at_ns,
         }
         if parent_execution_id is not None:
             doc["parent"] = parent_execution_id
@@ -433,11 +459,16 @@ class Store:
         *,
         parent_execution_id: Optional[str] = None,
         forked_at_seq: Optional[int] = None,
+        created_at_ns: Optional[int] = None,
     ) -> "Execution":
-        """Start an execution; returns once its start record is durable in the WAL."""
+        """Start an execution; returns once its start record is durable in the WAL.
+
+        `created_at_ns` (ns since the epoch) is for importing executions recorded elsewhere:
+        their original creation time; None is now.
+        """
         self._check_sync("start")
         eid, explicit, ehash, data, now = self._prepare_start(
-            intent, envelope, execution_id, parent_execution_id, forked_at_seq
+            intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns
         )
         if not self.config.enabled:
             self._disabled_seqs[eid] = 1
@@ -951,7 +982,8 @@ class Store:
                         state.last_lsn = lsns[i]
 
             fut.add_done_callback(_set_lsns)
-        self._note_append()
+        if not self._wake.is_set():  # Event.set() takes a lock even when already set
+            self._note_append()
         return fut
 
     def status_of(self, execution_id: str) -> Optional[str]:
@@ -1081,16 +1113,30 @@ class AsyncStore:
                 await self._run(s._check_new_in_db, eid, explicit, parent_execution_id)
             with state.lock:
                 fut = s._enqueue([data], asyncio.get_running_loop())
-            (state.last_lsn,) = await fut
-            state.status = STATUS_RUNNING
-        finally:
+        except BaseException:
             s._unreserve(state)
+            raise
+
+        def started(lsn: int) -> None:
+            state.last_lsn = lsn
+            state.status = STATUS_RUNNING
+
+        # Once queued, the start is the WAL's: a cancelled caller must not drop the reservation
+        # of an execution whose start record is about to be durable.
+        state.start_fut = fut
+        await _when_durable(fut, started, lambda: s._unreserve(state))
         s._note_append()
         return AsyncExecution(self, eid, ehash)
 
     async def _state(self, execution_id) -> _State:
         s = self.store
         state = s._states.get(execution_id) if isinstance(execution_id, str) else None
+        if state is not None and state.status == _STARTING and state.start_fut is not None:
+            # Its start was queued by a caller that did not wait for it: wait here instead.
+            try:
+                await asyncio.shield(state.start_fut)
+            except Exception:  # noqa: BLE001 - the WAL failed; the lookup below says so
+                pass
         if state is not None and state.status != _STARTING:
             return state
         return await self._run(s._state_for, execution_id)
@@ -1115,8 +1161,11 @@ class AsyncStore:
             seq = state.next_seq
             state.next_seq = seq + 1
             state.last_activity_ns = now
-        (lsn,) = await fut
-        state.last_lsn = max(state.last_lsn, lsn)
+
+        def applied(lsn: int) -> None:
+            state.last_lsn = max(state.last_lsn, lsn)
+
+        await _when_durable(fut, applied)
         s._note_append()
         return seq
 
@@ -1139,7 +1188,11 @@ class AsyncStore:
             state.status = STATUS_COMPLETED
             # Not forgotten before its finish record is applied (see _forget_applied).
             state.last_lsn = _PENDING_LSN
-        (state.last_lsn,) = await fut
+
+        def finished(lsn: int) -> None:
+            state.last_lsn = lsn
+
+        await _when_durable(fut, finished)
         s._note_append()
         return seq
 
@@ -1162,9 +1215,12 @@ class AsyncStore:
         else:
             fut = s._status_change(execution_id, op, text, key, _enqueue_loop=loop)
         if fut is not None:
-            (lsn,) = await fut
-            if state is not None and state.last_lsn == _PENDING_LSN:
-                state.last_lsn = lsn
+
+            def changed(lsn: int) -> None:
+                if state is not None and state.last_lsn == _PENDING_LSN:
+                    state.last_lsn = lsn
+
+            await _when_durable(fut, changed)
 
     async def get(self, execution_id: str) -> ExecutionRecord:
         """The execution's whole record."""

@@ -53,6 +53,9 @@ class Record(NamedTuple):
     offset: int
 
 
+_new_record = tuple.__new__  # Record(...) without NamedTuple's Python-level __new__: hot path
+
+
 class SegmentInfo(NamedTuple):
     path: str
     name: str
@@ -336,7 +339,7 @@ class WalReader:
                             self._expected = expected
                             if lsn >= from_lsn:
                                 self.records_read += 1
-                                yield Record(lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)
+                                yield _new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off))
                             off = rec_end
                             continue
                 if not at_eof:
@@ -389,7 +392,7 @@ class WalReader:
                 self._expected = expected
                 if lsn >= from_lsn:
                     self.records_read += 1
-                    yield Record(lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)
+                    yield _new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off))
                 off = rec_end
             self._offset = base + off
             self._expected = expected

@@ -297,6 +297,43 @@ def test_asyncio_twin_records_the_same_way(data_dir, clock):
     asyncio.run(scenario())
 
 
+def test_a_cancelled_async_start_or_finish_keeps_the_durable_record_tracked(data_dir, clock):
+    # asyncio.wait_for and friends cancel the caller; the record was already queued in the WAL
+    # and becomes durable regardless, so the store must keep tracking the execution: its id
+    # is never accepted twice, and a clean close marks it incomplete instead of leaving it running.
+    async def cancel_once_queued(astore, coro):
+        w = astore.store._wal
+        before = w.stats().appends
+        task = asyncio.ensure_future(coro)
+        while w.stats().appends == before:  # until its record is queued (no sleeping: yields)
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def scenario():
+        astore = await tracedb.open_async(data_dir, config={"compact_interval_ms": 0}, clock=clock)
+        try:
+            await cancel_once_queued(astore, astore.start("I", {"v": 1}, "exec-cancelled"))
+            with pytest.raises(tracedb.ExecutionExistsError):
+                await astore.start("I", {"v": 2}, "exec-cancelled")
+            assert await astore.event("exec-cancelled", "tool.requested", {"n": 1}) == 1
+            done = await astore.start("I", {"v": 3}, "exec-finished")
+            await cancel_once_queued(astore, done.finish({"status": "success"}))
+            # A later record is durable only after every earlier one: then the finish is too.
+            await astore.start("I", {}, "exec-later")
+            assert (await astore.get("exec-finished")).status == "completed"
+        finally:
+            await astore.close()
+
+    asyncio.run(scenario())
+    with tracedb.open(data_dir, clock=clock) as store:
+        rec = store.get("exec-cancelled")
+        assert rec.envelope == {"v": 1} and rec.status == "incomplete"
+        assert [e.seq for e in rec.events] == [1]
+        assert store.get("exec-finished").finalResponse == {"status": "success"}
+
+
 def test_disabled_tracing_records_nothing(data_dir, clock):
     with tracedb.open(data_dir, config={"enabled": False, "compact_interval_ms": 0}, clock=clock) as store:
         ex = store.start("X", {})

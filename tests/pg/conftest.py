@@ -1,0 +1,235 @@
+"""PostgreSQL fixtures: the server at TRACEDB_TEST_PG_URL, one fresh schema per test.
+
+Every test gets a URL whose connections use only its own schema (`options=-csearch_path=...`),
+created before the test and dropped after it; nothing outside that schema is touched. Without
+TRACEDB_TEST_PG_URL, or with no server answering there, the tests skip and say why.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+import tracedb
+from tracedb import db
+
+PG_ENV = "TRACEDB_TEST_PG_URL"
+
+
+def schema_url(server_url: str, schema: str) -> str:
+    """`server_url` with every connection's search_path set to `schema` alone, and named after
+    it (application_name) so that the test's leftover sessions can be found and ended."""
+    url = sa.engine.make_url(server_url).update_query_dict(
+        {"options": f"-csearch_path={schema}", "application_name": schema}
+    )
+    return url.render_as_string(hide_password=False)
+
+
+def _admin_connect(server_url: str):
+    import psycopg
+
+    url = sa.engine.make_url(server_url)
+    return psycopg.connect(
+        host=url.host or "127.0.0.1", port=url.port or 5432, user=url.username,
+        password=url.password, dbname=url.database, connect_timeout=3, autocommit=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    """The server URL, or a skip saying why there is none."""
+    url = os.environ.get(PG_ENV)
+    if not url:
+        pytest.skip(
+            f"{PG_ENV} is not set, so there is no PostgreSQL server to test against "
+            "(scripts/test sets it to postgresql+psycopg://postgres@127.0.0.1:5432/test)"
+        )
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg (PostgreSQL driver) is not installed: pip install 'tracedb[postgres]'")
+    try:
+        conn = _admin_connect(url)
+    except Exception as e:  # noqa: BLE001 - any failure means: no server to test against
+        pytest.skip(f"no PostgreSQL server answers at {db.describe(url)}: {db.first_line(e)}")
+    conn.close()
+    return url
+
+
+@pytest.fixture
+def pg_admin(pg_server):
+    """An autocommit psycopg connection to the server, outside any test schema."""
+    conn = _admin_connect(pg_server)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def pg_schema(pg_server, pg_admin):
+    """A fresh schema name, dropped (with everything in it) after the test."""
+    schema = "tracedb_test_" + uuid.uuid4().hex[:12]
+    pg_admin.execute(f'CREATE SCHEMA "{schema}"')
+    yield schema
+    # Sessions a test left open would hold locks on the schema's tables: end them first.
+    pg_admin.execute(
+        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+        "WHERE pid <> pg_backend_pid() AND application_name = %s",
+        (schema,),
+    )
+    pg_admin.execute("SET lock_timeout = '10s'")
+    pg_admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def pg_url(pg_server, pg_schema) -> str:
+    """A URL for this test's own schema."""
+    return schema_url(pg_server, pg_schema)
+
+
+@pytest.fixture
+def pg_engine(pg_url):
+    engine = db.create_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def open_pg_store(pg_url, tmp_path):
+    """open_pg_store(name="a", **settings) -> Store with its own data dir, compacting into this
+    test's schema; background work off unless asked for; closed at teardown."""
+    opened = []
+
+    def _open(name: str = "a", clock=None, **settings):
+        settings.setdefault("compact_interval_ms", 0)
+        settings.setdefault("idle_timeout_s", 0)
+        settings["db_url"] = pg_url
+        store = tracedb.open(str(tmp_path / name), config=settings, clock=clock)
+        opened.append(store)
+        return store
+
+    yield _open
+    for s in opened:
+        s.close()
+
+
+def counts(engine) -> tuple[int, int]:
+    from tracedb.models import trace_steps, traces
+
+    with engine.connect() as conn:
+        return (
+            conn.execute(sa.select(sa.func.count()).select_from(traces)).scalar(),
+            conn.execute(sa.select(sa.func.count()).select_from(trace_steps)).scalar(),
+        )
+
+
+# -- seed 002's execution and a recorder process, as in tests/store ---------------------------
+
+SEED_002_EVENTS = [
+    (1, "INTENT_RECEIVED", {"intent": "ProcessIntent"}),
+    (2, "AGENT_ATTEMPT_START", {"agent": "processor-a"}),
+    (3, "AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
+    (4, "FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
+    (5, "AGENT_ATTEMPT_START", {"agent": "processor-b"}),
+    (6, "AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
+    (7, "ROUTER_DECISION", {"agent": "processor-b"}),
+    (8, "FINAL_RESPONSE", {"status": "success"}),
+]
+ENVELOPE = {
+    "intent": "ProcessIntent",
+    "payload": {"document": "invoice-17"},
+    "routingMetadata": {"hop": 3},
+}
+
+
+class FakeClock:
+    """Nanoseconds since the epoch that move only when a test says so."""
+
+    def __init__(self, start_ns: int = 1_705_314_600_000_000_000):  # 2024-01-15T10:30:00Z
+        self.ns = start_ns
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance(self, seconds: float) -> None:
+        self.ns += int(seconds * 1e9)
+
+
+def record_seed_002(store, execution_id="exec-a1b2c3d4", envelope=None):
+    """Record seed 002's example execution; returns the Execution."""
+    ex = store.start("ProcessIntent", envelope or ENVELOPE, execution_id)
+    for seq, type_, payload in SEED_002_EVENTS[:-1]:
+        assert ex.event(type_, payload) == seq
+    assert ex.finish(SEED_002_EVENTS[-1][2]) == 8
+    return ex
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pg_child.py")
+
+
+class Child:
+    """A recorder process (tests/pg/pg_child.py) compacting into `db_url`; the test reads its
+    stdout line by line (blocking reads, no sleeps) and can SIGKILL it."""
+
+    def __init__(self, data_dir: str, db_url: str, *args: str):
+        import subprocess
+        import sys
+
+        env = dict(os.environ)
+        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        env["TRACEDB_DB_URL"] = db_url
+        self.proc = subprocess.Popen(
+            [sys.executable, CHILD, data_dir, *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        )
+
+    def wait_for(self, word: str) -> str:
+        """The first stdout line starting with `word` (earlier lines are skipped)."""
+        seen = []
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"child exited before {word!r}: {seen} {self.proc.stderr.read()}")
+            seen.append(line.strip())
+            if line.startswith(word):
+                return line.strip()
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def finish(self) -> None:
+        """Wait for a clean exit; AssertionError with its stderr otherwise."""
+        code = self.proc.wait()
+        err = self.proc.stderr.read()
+        self._close_pipes()
+        assert code == 0, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # SIGKILL
+        self.proc.wait()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if f and not f.closed:
+                f.close()
+
+
+@pytest.fixture
+def children():
+    """children(data_dir, db_url, *args) -> Child; any left running are killed at teardown."""
+    started = []
+
+    def _start(*args):
+        c = Child(*args)
+        started.append(c)
+        return c
+
+    yield _start
+    for c in started:
+        c.kill()

@@ -1,0 +1,25 @@
+"""The bench hook scripts/bench calls: it runs, counts every event, and cleans up after itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracedb import bench_pg
+
+pytestmark = pytest.mark.postgres
+
+
+def test_the_bench_hook_measures_one_and_several_recorders_next_to_sqlite(pg_server, pg_admin, tmp_path):
+    result = bench_pg.run(pg_server, events=2000, recorders=(1, 2), events_per_execution=10,
+                          batch_records=500, workdir=str(tmp_path))
+    assert set(result["postgresql"]) == {"1", "2"}
+    assert result["postgresql"]["2"]["events"] == 2000 and result["sqlite"]["1"]["events"] == 2000
+    assert all(r["events_per_s"] > 0 for r in [*result["postgresql"].values(), result["sqlite"]["1"]])
+    assert result["scaling"] > 0 and result["pg_vs_sqlite"] > 0
+    assert len(bench_pg.report_lines(result)) == 6
+    assert len(result["schemas"]) == 2
+    left = pg_admin.execute(
+        "SELECT count(*) FROM pg_namespace WHERE nspname = ANY(%s)", (result["schemas"],)
+    ).fetchone()[0]
+    assert left == 0  # the schemas it made are gone
+    assert list(tmp_path.iterdir()) == []

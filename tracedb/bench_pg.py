@@ -1,0 +1,220 @@
+"""Benchmark: compaction into PostgreSQL from 1 and from N concurrent recorders, next to SQLite.
+
+    from tracedb import bench_pg
+    result = bench_pg.run("postgresql+psycopg://postgres@127.0.0.1:5432/test", events=200_000)
+    for line in bench_pg.report_lines(result):
+        print(line)
+
+or `python -m tracedb.bench_pg URL [--events N] [--recorders 1,4]`.
+
+Each configuration gets a fresh schema of its own in the database the URL names (created, then
+dropped; nothing else in the database is touched). Its `events` are split evenly over the
+recorders; each recorder is a process with its own WAL directory and recorder id, filled first
+(the same records the store writes: start, events, finish), then all of them run tracedb's
+compactor at once, released by one barrier. The rate is all their events over the wall time from
+that release to the last one done. SQLite runs the same compactor over the same WAL into a file,
+one recorder (SQLite has one writer at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from typing import Optional, Sequence
+
+import orjson
+import sqlalchemy as sa
+
+_T0 = 1_700_000_000_000_000_000
+
+
+def _fill_wal(wal_dir: str, prefix: str, executions: int, events_per: int) -> int:
+    """A WAL holding `executions` executions of `events_per` events (the last a finish)."""
+    import wal
+
+    from .record import compute_envelope_hash
+
+    w = wal.open_wal(wal_dir)
+    batch: list[bytes] = []
+    payload = {"tool": "web_search", "args": {"q": "capital of France"},
+               "result": "Paris is the capital of France.", "latency_ms": 12}
+    n = 0
+    for e in range(executions):
+        eid = f"{prefix}-{e:08d}"
+        env = {"intent": "summarize", "n": e}
+        batch.append(orjson.dumps({"op": "start", "id": eid, "intent": "summarize", "envelope": env,
+                                   "hash": compute_envelope_hash(env), "t": _T0}))
+        for i in range(1, events_per):
+            batch.append(orjson.dumps({"op": "event", "id": eid, "seq": i, "type": "tool.responded",
+                                       "payload": payload, "t": _T0 + i}))
+        batch.append(orjson.dumps({"op": "finish", "id": eid, "seq": events_per,
+                                   "response": {"status": "success", "payload": {"n": e}}, "t": _T0 + events_per}))
+        n += events_per
+        if len(batch) >= 10_000:
+            w.append_many(batch)
+            batch = []
+    if batch:
+        w.append_many(batch)
+    w.close()
+    return n
+
+
+def _compact_worker(target: str, wal_dir: str, recorder_id: str, batch_records: int, barrier, out) -> None:
+    """One recorder: migrate (once per schema, thanks to the advisory lock), wait for the
+    others, compact its whole WAL, report (start, end, steps) on the monotonic clock."""
+    import wal
+
+    from . import db
+    from .compactor import Compactor
+
+    engine = db.create_engine(target, write=True)
+    try:
+        db.migrate(engine)
+        db.ensure_checkpoint(engine, recorder_id, 0)
+        durable = wal.scan(wal_dir).last_lsn
+        comp = Compactor(engine, wal_dir, recorder_id, 0, batch_records=batch_records)
+        barrier.wait()
+        t0 = time.monotonic()
+        result = comp.compact(durable)
+        t1 = time.monotonic()
+        comp.close()
+        out.put((t0, t1, result.steps))
+    except BaseException as e:  # noqa: BLE001 - the parent reports it
+        out.put(e)
+        barrier.abort()
+        raise
+    finally:
+        engine.dispose()
+
+
+def _run_config(target: str, workdir: str, recorders: int, events: int, events_per: int, batch_records: int) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    per = max(1, events // recorders // events_per)
+    dirs = []
+    for k in range(recorders):
+        d = tempfile.mkdtemp(prefix=f"rec{k}-", dir=workdir)
+        _fill_wal(os.path.join(d, "wal"), f"r{k}", per, events_per)
+        dirs.append(d)
+    barrier = ctx.Barrier(recorders)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_compact_worker, args=(target, os.path.join(d, "wal"), f"bench-{k}", batch_records, barrier, out))
+        for k, d in enumerate(dirs)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    start = min(r[0] for r in results)
+    end = max(r[1] for r in results)
+    steps = sum(r[2] for r in results)
+    expected = per * events_per * recorders
+    if steps != expected:
+        raise AssertionError(f"compacted {steps} events where {expected} were written")
+    return {"recorders": recorders, "events": steps, "seconds": end - start, "events_per_s": steps / (end - start)}
+
+
+def _schema_url(pg_url: str, schema: str) -> str:
+    url = sa.engine.make_url(pg_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    return url.render_as_string(hide_password=False)
+
+
+def run(
+    pg_url: str,
+    events: int = 200_000,
+    recorders: Sequence[int] = (1, 4),
+    *,
+    events_per_execution: int = 50,
+    batch_records: int = 5000,
+    workdir: Optional[str] = None,
+    sqlite: bool = True,
+) -> dict:
+    """Compaction events/s into PostgreSQL for each recorder count, and into SQLite (one
+    recorder), over `events` events per configuration. Returns
+    {"postgresql": {"1": {...}, "4": {...}}, "sqlite": {"1": {...}}, "server": "...",
+    "scaling": 4 vs 1, "pg_vs_sqlite": 1 recorder PostgreSQL vs SQLite}, each entry
+    {"recorders", "events", "seconds", "events_per_s"}."""
+    from . import db
+
+    work = tempfile.mkdtemp(prefix="tracedb-bench-pg-", dir=workdir)
+    admin = db.create_engine(pg_url)
+    result: dict = {"postgresql": {}, "events": events, "events_per_execution": events_per_execution,
+                    "schemas": []}
+    try:
+        with admin.connect() as conn:
+            result["server"] = conn.exec_driver_sql("SHOW server_version").scalar()
+        for n in recorders:
+            schema = "tracedb_bench_" + uuid.uuid4().hex[:12]
+            result["schemas"].append(schema)  # created for this run and dropped at its end
+            with admin.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+            try:
+                result["postgresql"][str(n)] = _run_config(
+                    _schema_url(pg_url, schema), work, n, events, events_per_execution, batch_records
+                )
+            finally:
+                with admin.connect() as conn:
+                    conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                        f'DROP SCHEMA "{schema}" CASCADE'
+                    )
+        if sqlite:
+            path = os.path.join(work, "bench.db")
+            result["sqlite"] = {"1": _run_config(path, work, 1, events, events_per_execution, batch_records)}
+    finally:
+        admin.dispose()
+        shutil.rmtree(work, ignore_errors=True)
+    pg = result["postgresql"]
+    if "1" in pg and len(pg) > 1:
+        top = max(pg, key=int)
+        result["scaling"] = pg[top]["events_per_s"] / pg["1"]["events_per_s"]
+    if "1" in pg and "sqlite" in result:
+        result["pg_vs_sqlite"] = pg["1"]["events_per_s"] / result["sqlite"]["1"]["events_per_s"]
+    return result
+
+
+def report_lines(result: dict) -> list[str]:
+    """Human-readable lines for a `run` result, in scripts/bench's style."""
+    lines = [f"  PostgreSQL {result.get('server', '?')}, {result['events']:,} events per run"]
+    for n, r in sorted(result["postgresql"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"  {f'compaction WAL -> PostgreSQL, {n} recorder(s)':<52} {r['events_per_s']:>12,.0f}/s")
+    for n, r in result.get("sqlite", {}).items():
+        lines.append(f"  {f'compaction WAL -> SQLite, {n} recorder':<52} {r['events_per_s']:>12,.0f}/s")
+    if "scaling" in result:
+        top = max(result["postgresql"], key=int)
+        lines.append(f"  ratio {f'PostgreSQL {top} recorders / 1 recorder':<46} {result['scaling']:10.2f}x")
+    if "pg_vs_sqlite" in result:
+        lines.append(f"  ratio {'PostgreSQL 1 recorder / SQLite':<46} {result['pg_vs_sqlite']:10.2f}x")
+    return lines
+
+
+def main() -> None:
+    """`python -m tracedb.bench_pg URL`: run and print."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("url", nargs="?", default=os.environ.get("TRACEDB_TEST_PG_URL"),
+                    help="PostgreSQL URL (default: $TRACEDB_TEST_PG_URL)")
+    ap.add_argument("--events", type=int, default=200_000, help="events per configuration")
+    ap.add_argument("--recorders", default="1,4", help="comma-separated recorder counts")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = ap.parse_args()
+    if not args.url:
+        ap.error("give a PostgreSQL URL (or set TRACEDB_TEST_PG_URL)")
+    result = run(args.url, events=args.events, recorders=tuple(int(x) for x in args.recorders.split(",")))
+    if args.json:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print("\n".join(report_lines(result)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""`tracedb import intentusnet DIR` and `tracedb export ID --format intentusnet`.
+
+`register(main)` is called by tracedb/cli.py, which owns the `tracedb` group, its global options
+(--data-dir, --db, --config) and the error handling (message, hint, stable exit code).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import click
+import orjson
+
+from ..errors import EXIT_ERROR, InvalidInputError, StoreInUseError
+
+
+def _emit_json(value, compact: bool) -> None:
+    # The same output as `tracedb trace get`: indented, or one sorted line with --json.
+    opts = orjson.OPT_SORT_KEYS if compact else orjson.OPT_INDENT_2
+    click.echo(orjson.dumps(value, option=opts).decode())
+
+
+@click.group("import")
+def import_group():
+    """Bring execution records recorded by other runtimes into tracedb.
+
+    \b
+    Example:
+      tracedb import intentusnet .intentusnet/records
+    """
+
+
+@import_group.command("intentusnet")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True))
+@click.option("--workers", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="Records written at once (their WAL appends share fsyncs).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON.")
+@click.pass_context
+def import_intentusnet(ctx, directory, workers, as_json):
+    """Import an IntentusNet FileExecutionStore directory (DIR/<executionId>.json).
+
+    Each record goes through the WAL like a live execution and keeps its id, creation time,
+    envelope, events and final response. Running it again imports nothing twice; a file that
+    cannot be stored exactly (see docs) is reported and skipped, and the command exits 1.
+
+    \b
+    Example:
+      tracedb --db postgresql+psycopg://tracedb@db/traces import intentusnet ./records
+    """
+    from .. import cli
+    from ..store import Store
+    from .intentusnet import import_directory
+
+    cfg = cli.config_of(ctx)
+    try:
+        # The idle sweeper stays off: it must not mark an import in progress incomplete.
+        store = Store(cfg.replace(idle_timeout_s=0))
+    except StoreInUseError as e:
+        raise StoreInUseError(
+            e.message,
+            hint="stop the recorder first, or import through another data directory (--data-dir) "
+            "that compacts into the same database (--db)",
+        ) from None
+    try:
+        with cli._progress("importing") as progress:
+            result = import_directory(store, directory, workers=workers, progress=progress)
+    finally:
+        store.close()
+    if as_json:
+        _emit_json(
+            {"imported": result.imported, "already_present": result.already_present,
+             "events": result.events,
+             "failed": [{"file": f, "error": m} for f, m in result.failed]},
+            True,
+        )
+    else:
+        for name, message in result.failed:
+            click.echo(f"failed: {name}: {message}", err=True)
+        click.echo(
+            f"imported {result.imported} record(s) with {result.events} event(s); "
+            f"{result.already_present} already present; {len(result.failed)} failed"
+        )
+    if result.failed:
+        ctx.exit(EXIT_ERROR)
+
+
+def _write_atomic(path: str, text: str) -> None:
+    # Written aside, flushed, then renamed: a reader (or IntentusNet) never sees half a file.
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@click.command("export")
+@click.argument("execution_ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every execution in the store.")
+@click.option("--format", "fmt", type=click.Choice(["tracedb", "intentusnet"]), default="tracedb",
+              show_default=True, help="tracedb: the `trace get` record; intentusnet: IntentusNet's ExecutionRecord JSON.")
+@click.option("--output", "-o", type=click.Path(), default=None,
+              help="A file for one execution, or a directory (<id>.json per execution, the layout "
+              "IntentusNet's FileExecutionStore reads). Default: standard output.")
+@click.option("--json", "as_json", is_flag=True, help="Compact one-line JSON on standard output.")
+@click.pass_context
+def export_command(ctx, execution_ids, all_, fmt, output, as_json):
+    """Write executions as JSON, in tracedb's record shape or IntentusNet's.
+
+    In IntentusNet's shape the header's envelopeHash is IntentusNet's hash of the envelope
+    (bare hex), so its ReplayEngine verifies and replays the record as its own.
+
+    \b
+    Example:
+      tracedb export exec-a1b2c3d4 --format intentusnet
+      tracedb export --all --format intentusnet -o .intentusnet/records
+    """
+    from .. import cli, queries
+    from .intentusnet import to_intentusnet_dict
+
+    if all_ and execution_ids:
+        raise click.UsageError("give execution ids or --all, not both")
+    if not all_ and not execution_ids:
+        raise click.UsageError("give one or more execution ids, or --all")
+    to_dir: Optional[str] = None
+    if output is not None and (all_ or len(execution_ids) > 1 or os.path.isdir(output)):
+        to_dir = output
+    elif output is None and (all_ or len(execution_ids) > 1):
+        raise click.UsageError("several executions need --output DIR (one <id>.json each)")
+    cfg = cli.config_of(ctx)
+    engine = cli.read_engine(cfg)
+    try:
+        ids = list(execution_ids) if not all_ else [r.execution_id for r in queries.list_traces(engine)]
+        if to_dir is not None:
+            os.makedirs(to_dir, exist_ok=True)
+        for eid in ids:
+            if to_dir is not None and ("/" in eid or "\\" in eid or eid.startswith(".")):
+                # The id becomes a file name: it must not point outside the directory.
+                raise InvalidInputError(
+                    f"execution id {eid!r} cannot be a file name in {to_dir}",
+                    hint="export it alone with --output FILE",
+                )
+            record = queries.read_record(engine, eid)
+            doc = to_intentusnet_dict(record) if fmt == "intentusnet" else record.to_dict()
+            if output is None:
+                _emit_json(doc, as_json)
+                continue
+            # IntentusNet's FileExecutionStore writes json.dump(..., ensure_ascii=False, indent=2).
+            text = json.dumps(doc, ensure_ascii=False, indent=2)
+            _write_atomic(os.path.join(to_dir, f"{eid}.json") if to_dir else output, text)
+    finally:
+        engine.dispose()
+    if output is not None:
+        where = to_dir if to_dir is not None else output
+        click.echo(f"wrote {len(ids)} execution(s) to {where}", err=True)
+
+
+def register(main: click.Group) -> None:
+    """Add `import intentusnet` and `export` to the `tracedb` group."""
+    main.add_command(import_group, "import")
+    main.add_command(export_command, "export")

@@ -1,0 +1,520 @@
+"""IntentusNet's execution records in and out of tracedb.
+
+IntentusNet (`pip install intentusnet`) keeps one JSON file per execution (its FileExecutionStore:
+DIR/<executionId>.json, the shape of seed 000's ExecutionRecord). This module maps that record onto
+tracedb's recording API and back:
+
+    from intentusnet import IntentRouter
+    from tracedb.interop.intentusnet import TraceDBExecutionStore
+
+    store = tracedb.open(".tracedb")
+    router = IntentRouter(registry, record_store=TraceDBExecutionStore(store))
+    router.route_intent(env)              # the execution goes through tracedb's WAL, durably
+    record = TraceDBExecutionStore(store).load(execution_id)   # an intentusnet ExecutionRecord
+    intentusnet.ReplayEngine(record).replay(env=env)
+
+Writing a record is start, one event per recorded event, then finish, each durable in the WAL
+before the next (a crash part-way leaves an incomplete execution, as for any other). tracedb stores
+only what it can give back exactly, and refuses anything else with the reason:
+
+- events must be numbered 1, 2, 3, ... (tracedb assigns seq itself);
+- a FINAL_RESPONSE event, if any, is the last one and its payload is the finalResponse (tracedb
+  records the final response as that event); routerDecision is the last ROUTER_DECISION payload;
+- the envelope hash must match the envelope, in either form: tracedb's (seed 000: "sha256:" +
+  hex, routingMetadata left out) or IntentusNet's own (bare hex of the whole envelope, which is
+  what the intentusnet package writes); bare hex is accepted beside the prefixed form.
+
+Event types tracedb does not know (neither seed's nor namespaced) are stored as
+"intentusnet.<type>" and given back without the prefix. A record without a final response is
+stored as incomplete (execution_incomplete); one IntentusNet marked not replayable keeps that as
+manually_invalidated, or else recording_failure (the original reason goes into the trace's note).
+
+Reading back, the record is in IntentusNet's form: header.envelopeHash is IntentusNet's hash of
+the stored envelope (what its ReplayEngine compares with), createdUtcIso is ISO 8601 with
+"+00:00". If the stored envelope no longer matches tracedb's own hash, the record comes back not
+replayable, reason record_corrupted, so that no corrupted envelope is laundered into a fresh hash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Optional
+
+from ..errors import (
+    ExecutionExistsError,
+    ExecutionNotFoundError,
+    IntegrityError,
+    InvalidInputError,
+    TraceDBError,
+    UsageError,
+)
+from ..record import (
+    FINAL_RESPONSE,
+    REASON_MANUALLY_INVALIDATED,
+    REASON_RECORD_CORRUPTED,
+    ROUTER_DECISION,
+    ExecutionRecord,
+    compute_envelope_hash,
+    normalize_envelope_hash,
+)
+
+TYPE_PREFIX = "intentusnet."
+_BARE_TYPE = re.compile(r"^[A-Za-z0-9_-]+$")
+_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+try:  # Subclass IntentusNet's interface when it is installed, so isinstance checks pass.
+    from intentusnet.recording.store import ExecutionStore as _ExecutionStoreBase
+except ImportError:  # pragma: no cover - exercised only without the package
+    _ExecutionStoreBase = object
+
+
+class RecordNotFoundError(ExecutionNotFoundError, FileNotFoundError):
+    """No such execution. Also a FileNotFoundError, which is what IntentusNet's code catches
+    around `ExecutionStore.load` (its FileExecutionStore raises that)."""
+
+
+# -- hashes and plain values ----------------------------------------------------------------
+
+
+def to_plain(value: Any) -> Any:
+    """Dataclasses, enums, tuples as JSON values, as IntentusNet's own recording does (enum:
+    its value when str or int, else its name). The router's records hold live objects (an
+    ErrorInfo in an error response); this is the JSON its FileExecutionStore would write."""
+    if isinstance(value, enum.Enum):
+        return value.value if isinstance(value.value, (str, int)) else value.name
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    return value
+
+
+def intentusnet_envelope_hash(envelope: dict) -> str:
+    """IntentusNet's envelope hash: bare hex sha256 of the whole envelope (routingMetadata
+    included) as canonical JSON; the same as `intentusnet.recording.models.stable_hash`."""
+    encoded = json.dumps(
+        to_plain(envelope), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+    ).encode("utf-8")
+    return hashlib.sha256(encoded).hexdigest()
+
+
+def check_envelope_hash(envelope: dict, given: Optional[str]) -> Optional[str]:
+    """Which form `given` is ("tracedb" or "intentusnet"; None when there is no hash to check);
+    IntegrityError when it matches the envelope in neither form."""
+    if given is None or given == "":
+        return None
+    if not isinstance(given, str):
+        raise InvalidInputError(f"header.envelopeHash must be a string, not {type(given).__name__}")
+    if normalize_envelope_hash(given) == compute_envelope_hash(envelope):
+        return "tracedb"
+    bare = given[len("sha256:"):] if given.startswith("sha256:") else given
+    if _HEX64.match(bare) and bare.lower() == intentusnet_envelope_hash(envelope):
+        return "intentusnet"
+    raise IntegrityError(
+        f"envelope hash {given} does not match the envelope (tracedb computes "
+        f"{compute_envelope_hash(envelope)}, IntentusNet {intentusnet_envelope_hash(envelope)})",
+        hint="the envelope was changed after it was recorded, or the hash was made some other way; "
+        "the record is not imported",
+    )
+
+
+def _iso_to_ns(text: Any) -> int:
+    if not isinstance(text, str):
+        raise InvalidInputError(f"header.createdUtcIso must be an ISO 8601 string, got {text!r}")
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInputError(
+            f"header.createdUtcIso {text!r} is not an ISO 8601 time",
+            hint="IntentusNet writes datetime.now(timezone.utc).isoformat(), e.g. 2024-01-15T10:30:00.123456+00:00",
+        ) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    # Integer arithmetic: a float timestamp would lose the microseconds of a 2020s date.
+    return (dt - _EPOCH) // timedelta(microseconds=1) * 1000
+
+
+def _ns_to_iso(ns: int) -> str:
+    return (_EPOCH + timedelta(microseconds=ns // 1000)).isoformat()
+
+
+def _tracedb_iso_to_intentusnet(text: str) -> str:
+    try:
+        return _ns_to_iso(_iso_to_ns(text))
+    except InvalidInputError:
+        return text
+
+
+# -- IntentusNet record -> tracedb ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParsedRecord:
+    """An IntentusNet record checked and mapped onto tracedb's recording calls."""
+
+    execution_id: str
+    intent: str
+    envelope: dict
+    created_at_ns: int
+    events: tuple  # ((type, payload), ...) in seq order, FINAL_RESPONSE excluded
+    final_response: Optional[dict]
+    # None: replayable; else (tracedb state, original reason): "invalidated" or "recording_failure"
+    not_replayable: Optional[tuple] = None
+    router_decision: Any = None
+    envelope_hash_form: Optional[str] = field(default=None, compare=False)
+
+
+def _tracedb_type(type_: Any, seq: int) -> str:
+    from ..store import validate_event_type
+
+    if not isinstance(type_, str) or not type_:
+        raise InvalidInputError(f"event {seq}: type must be a non-empty string, got {type_!r}")
+    if type_.startswith(TYPE_PREFIX):
+        # Prefixed once more so that reading back (which strips one prefix) gives it unchanged.
+        return TYPE_PREFIX + type_
+    try:
+        return validate_event_type(type_)
+    except InvalidInputError:
+        if _BARE_TYPE.match(type_) and len(TYPE_PREFIX) + len(type_) <= 128:
+            return TYPE_PREFIX + type_
+        raise InvalidInputError(
+            f"event {seq}: type {type_!r} can be stored neither as it is nor as {TYPE_PREFIX}{type_}",
+            hint="event types are letters, digits, '_', '-' and '.' separated parts",
+        ) from None
+
+
+def parse_record(data: Any) -> ParsedRecord:
+    """Check an IntentusNet record (its `to_dict()` or a FileExecutionStore file's JSON) and map
+    it onto tracedb; InvalidInputError / IntegrityError say what cannot be stored exactly."""
+    if not isinstance(data, dict) or not isinstance(data.get("header"), dict):
+        raise InvalidInputError("not an IntentusNet execution record: no header object")
+    h = data["header"]
+    eid = h.get("executionId")
+    if not isinstance(eid, str) or not eid:
+        raise InvalidInputError("header.executionId is missing")
+    envelope = data.get("envelope")
+    if not isinstance(envelope, dict):
+        raise InvalidInputError(f"{eid}: envelope must be an object")
+    form = check_envelope_hash(envelope, h.get("envelopeHash"))
+    created = _iso_to_ns(h.get("createdUtcIso"))
+    raw_events = data.get("events") or []
+    if not isinstance(raw_events, list):
+        raise InvalidInputError(f"{eid}: events must be a list")
+    final = data.get("finalResponse")
+    if final is not None and not isinstance(final, dict):
+        raise InvalidInputError(f"{eid}: finalResponse must be an object or null")
+    events = []
+    final_event = None
+    last_decision = None
+    for i, e in enumerate(raw_events, start=1):
+        if not isinstance(e, dict) or type(e.get("seq")) is not int or e["seq"] != i:
+            got = e.get("seq") if isinstance(e, dict) else e
+            raise InvalidInputError(
+                f"{eid}: event {i} has seq {got!r}; tracedb numbers events 1, 2, 3, ... and would "
+                "not give these seqs back",
+            )
+        if final_event is not None:
+            raise InvalidInputError(f"{eid}: event {i} comes after FINAL_RESPONSE")
+        type_, payload = e.get("type"), e.get("payload")
+        if type_ == FINAL_RESPONSE:
+            final_event = payload
+            continue
+        if type_ == ROUTER_DECISION:
+            last_decision = payload
+        events.append((_tracedb_type(type_, i), payload))
+    if final_event is not None and final_event != final:
+        raise InvalidInputError(
+            f"{eid}: the FINAL_RESPONSE event's payload differs from finalResponse",
+            hint="tracedb records the final response as the FINAL_RESPONSE event's payload and "
+            "could not give both back",
+        )
+    if final is not None and final_event is None:
+        raise InvalidInputError(
+            f"{eid}: finalResponse without a FINAL_RESPONSE event",
+            hint="tracedb would add that event and not give the record back as it was",
+        )
+    decision = data.get("routerDecision")
+    if decision != last_decision:
+        raise InvalidInputError(
+            f"{eid}: routerDecision is not the payload of the last ROUTER_DECISION event",
+            hint="tracedb derives routerDecision from that event",
+        )
+    not_replayable = None
+    if final is not None and not h.get("replayable", True):
+        reason = h.get("replayableReason") or "marked not replayable"
+        state = "invalidated" if reason == REASON_MANUALLY_INVALIDATED else "recording_failure"
+        not_replayable = (state, str(reason))
+    intent = envelope.get("intent")
+    if isinstance(intent, dict):
+        intent = intent.get("name")
+    if not isinstance(intent, str) or not intent:
+        intent = "unknown"
+    return ParsedRecord(
+        execution_id=eid, intent=intent, envelope=envelope, created_at_ns=created,
+        events=tuple(events), final_response=final, not_replayable=not_replayable,
+        router_decision=decision, envelope_hash_form=form,
+    )
+
+
+def record_dict(record: Any) -> dict:
+    """An IntentusNet ExecutionRecord (or its dict) as plain JSON values."""
+    if isinstance(record, dict):
+        return to_plain(record)
+    to_dict = getattr(record, "to_dict", None)
+    if to_dict is None:
+        raise InvalidInputError(
+            f"expected an IntentusNet ExecutionRecord or its dict, not {type(record).__name__}"
+        )
+    return to_plain(to_dict())
+
+
+def write_record(store, data: Any) -> str:
+    """Record an IntentusNet record into a tracedb `Store`; returns "imported", or "present"
+    when the store holds the same record already. ExecutionExistsError when it holds another
+    one under that id."""
+    data = record_dict(data)
+    p = parse_record(data)
+    try:
+        store.start(p.intent, p.envelope, p.execution_id, created_at_ns=p.created_at_ns)
+    except ExecutionExistsError:
+        if _same_record(store.get(p.execution_id), data):
+            return "present"
+        raise ExecutionExistsError(p.execution_id) from None
+    eid = p.execution_id
+    for type_, payload in p.events:
+        store.event(eid, type_, payload)
+    if p.final_response is None:
+        store.abandon(eid, "imported without a final response")
+        return "imported"
+    store.finish(eid, p.final_response)
+    if p.not_replayable is not None:
+        state, reason = p.not_replayable
+        if state == "invalidated":
+            store.invalidate(eid, f"imported from IntentusNet: {reason}")
+        else:
+            store.mark_recording_failure(eid, f"imported from IntentusNet: {reason}")
+    return "imported"
+
+
+def _same_record(stored: ExecutionRecord, data: dict) -> bool:
+    mine = to_intentusnet_dict(stored)
+    return (
+        mine["envelope"] == data.get("envelope")
+        and mine["events"] == [
+            {"seq": e.get("seq"), "type": e.get("type"), "payload": e.get("payload")}
+            for e in data.get("events") or []
+        ]
+        and mine["finalResponse"] == data.get("finalResponse")
+        and mine["routerDecision"] == data.get("routerDecision")
+    )
+
+
+# -- tracedb -> IntentusNet record -------------------------------------------------------------
+
+
+def to_intentusnet_dict(record: ExecutionRecord) -> dict:
+    """A tracedb record in IntentusNet's JSON shape (what its FileExecutionStore writes and its
+    `ExecutionRecord.from_dict` reads); see the module doc for the header."""
+    envelope = record.envelope
+    replayable = record.header.replayable
+    reason = record.header.replayableReason
+    stored = normalize_envelope_hash(record.header.envelopeHash)
+    try:
+        intact = stored == compute_envelope_hash(envelope)
+        ihash = intentusnet_envelope_hash(envelope)
+    except (TypeError, ValueError):
+        intact, ihash = False, None
+    if not intact:
+        replayable, reason = False, REASON_RECORD_CORRUPTED
+        ihash = (stored or "")[len("sha256:"):] if (stored or "").startswith("sha256:") else stored
+    events = []
+    for e in record.events:
+        t = e.type[len(TYPE_PREFIX):] if e.type.startswith(TYPE_PREFIX) else e.type
+        events.append({"seq": e.seq, "type": t, "payload": e.payload})
+    return {
+        "header": {
+            "executionId": record.header.executionId,
+            "createdUtcIso": _tracedb_iso_to_intentusnet(record.header.createdUtcIso),
+            "envelopeHash": ihash,
+            "replayable": bool(replayable),
+            "replayableReason": reason,
+        },
+        "envelope": envelope,
+        "routerDecision": record.routerDecision,
+        "events": events,
+        "finalResponse": record.finalResponse,
+    }
+
+
+def to_intentusnet_record(record: ExecutionRecord):
+    """The same as an `intentusnet.recording.models.ExecutionRecord` (needs the package)."""
+    try:
+        from intentusnet.recording.models import ExecutionRecord as IntentusNetRecord
+    except ImportError:
+        raise UsageError(
+            "the intentusnet package is not installed",
+            hint="pip install intentusnet, or use to_intentusnet_dict() for its JSON form",
+        ) from None
+    return IntentusNetRecord.from_dict(to_intentusnet_dict(record))
+
+
+# -- the adapter ---------------------------------------------------------------------------------
+
+
+class TraceDBExecutionStore(_ExecutionStoreBase):
+    """IntentusNet's ExecutionStore (save, load, list_ids) over a tracedb store.
+
+    Give it to `IntentRouter(registry, record_store=...)`: each routed intent is recorded
+    through tracedb's WAL (start, events, finish) before `route_intent` returns. `store` is a
+    `tracedb.Store` (`tracedb.open(...)`); for reading only, `TraceDBExecutionStore.reader(engine)`
+    reads a database (SQLite or PostgreSQL) without taking a data directory.
+    """
+
+    def __init__(self, store, *, engine=None):
+        if store is None and engine is None:
+            raise UsageError(
+                "TraceDBExecutionStore needs a store (tracedb.open(...)) or, to read only, an engine",
+                hint="TraceDBExecutionStore(tracedb.open(data_dir)), or TraceDBExecutionStore.reader(engine)",
+            )
+        self._store = store
+        self._engine = engine
+
+    @classmethod
+    def reader(cls, engine) -> "TraceDBExecutionStore":
+        """A read-only adapter over a database engine (`tracedb.db.create_engine(url)`)."""
+        return cls(None, engine=engine)
+
+    def save(self, record) -> str:
+        """Record an IntentusNet ExecutionRecord durably; returns its execution id.
+
+        Saving the same record again is a no-op; another record under the same id is refused
+        (ExecutionExistsError). A record tracedb could not give back exactly is refused too
+        (see the module doc), so that nothing is stored altered without anyone knowing.
+        """
+        if self._store is None:
+            raise UsageError("this TraceDBExecutionStore reads only", hint="give it a tracedb Store to save")
+        data = record_dict(record)
+        write_record(self._store, data)
+        return data["header"]["executionId"]
+
+    def _read(self, execution_id: str) -> ExecutionRecord:
+        if self._store is not None:
+            return self._store.get(execution_id)
+        from .. import queries
+
+        return queries.read_record(self._engine, execution_id)
+
+    def load(self, execution_id: str):
+        """The execution as an IntentusNet ExecutionRecord; RecordNotFoundError (a
+        FileNotFoundError too) if tracedb has no such execution."""
+        try:
+            record = self._read(execution_id)
+        except ExecutionNotFoundError:
+            raise RecordNotFoundError(execution_id) from None
+        return to_intentusnet_record(record)
+
+    def list_ids(self) -> list:
+        """Every execution id in the store, sorted (as IntentusNet's FileExecutionStore does)."""
+        if self._store is not None:
+            rows = self._store.list()
+        else:
+            from .. import queries
+
+            rows = queries.list_traces(self._engine)
+        return sorted(r.execution_id for r in rows)
+
+
+# -- import of a FileExecutionStore directory ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What `import_directory` did: records imported, already present (identical), and the
+    files it could not import with the reason for each."""
+
+    imported: int = 0
+    already_present: int = 0
+    events: int = 0
+    failed: tuple = ()  # ((file name, message), ...)
+
+    @property
+    def ok(self) -> bool:
+        """True when every file was imported (or was there already)."""
+        return not self.failed
+
+
+def record_files(directory: str) -> list[str]:
+    """The record files of an IntentusNet FileExecutionStore directory (DIR/*.json), sorted."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        raise InvalidInputError(
+            f"{directory} does not exist", hint="give the directory IntentusNet's FileExecutionStore writes to"
+        ) from None
+    except NotADirectoryError:
+        raise InvalidInputError(f"{directory} is not a directory") from None
+    return sorted(n for n in names if n.endswith(".json"))
+
+
+def _import_file(store, directory: str, name: str) -> tuple[str, int]:
+    path = os.path.join(directory, name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"cannot read {name}: {e}") from None
+    eid = data.get("header", {}).get("executionId") if isinstance(data, dict) else None
+    if isinstance(eid, str) and eid + ".json" != name:
+        raise InvalidInputError(
+            f"{name} holds execution {eid!r}; IntentusNet would look for it in {eid}.json",
+            hint="rename the file after the execution id it holds",
+        )
+    outcome = write_record(store, data)
+    return outcome, len(data.get("events") or [])
+
+
+def import_directory(
+    store,
+    directory: str,
+    *,
+    workers: int = 8,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> ImportResult:
+    """Import every record file of an IntentusNet FileExecutionStore directory into `store`.
+
+    Records are written by `workers` threads at once, so that their WAL appends share fsyncs
+    (group commit); each record on its own is written in order. Idempotent: a record already
+    imported unchanged is counted as present. A file that cannot be imported is reported with
+    its reason and the others go on.
+    """
+    names = record_files(directory)
+    imported = present = events = done = 0
+    failed: list = []
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [(name, pool.submit(_import_file, store, directory, name)) for name in names]
+        for name, fut in futures:
+            try:
+                outcome, n = fut.result()
+            except TraceDBError as e:
+                failed.append((name, e.message + (f" (hint: {e.hint})" if e.hint else "")))
+            else:
+                if outcome == "present":
+                    present += 1
+                else:
+                    imported += 1
+                    events += n
+            done += 1
+            if progress is not None:
+                progress(done, len(names))
+    return ImportResult(imported, present, events, tuple(failed))
