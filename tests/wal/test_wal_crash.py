@@ -129,6 +129,8 @@ def workload(d, fs, trace: Trace, preallocate: bool = False) -> None:
         _append(w, trace, 3, many=True)
     finally:
         w.close()
+    if w.failed is not None:
+        raise Stop()  # failed closed in a rotation after its last acknowledgment: no tail
     _leave_a_killed_writers_tail(d, trace)
     w = _open(d, fs, trace, preallocate=preallocate)
     try:
@@ -314,6 +316,10 @@ def run_ops(d, fs, trace: Trace, ops, segment_size: int) -> None:
                 _mark_applied(w, trace, max(1, w.durable_lsn + 1 - args[0]))
             else:
                 w.close()
+                if w.failed is not None:
+                    # A writer that failed closed (here: its rotation hit the crash after the
+                    # last acknowledgment) writes nothing more: there is no tail to leave.
+                    raise Stop()
                 _leave_a_killed_writers_tail(d, trace)
                 w = _open(d, fs, trace, segment_size)
     finally:
