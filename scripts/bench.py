@@ -235,6 +235,8 @@ def section_wal(args, workdir: str) -> None:
 
 def _write_store_wal(wal_dir: str, executions: int, events_per: int) -> int:
     """Fill a WAL with the records the store writes: start, events, finish per execution."""
+    from tracedb.compactor import encode_event
+
     w = wal.open_wal(wal_dir)
     t = 1_700_000_000_000_000_000
     batch: list[bytes] = []
@@ -247,9 +249,7 @@ def _write_store_wal(wal_dir: str, executions: int, events_per: int) -> int:
         }))
         for i in range(1, events_per):
             ev = event_payload(i)
-            batch.append(orjson.dumps({
-                "op": "event", "id": eid, "seq": i, "type": "tool.responded", "payload": ev["payload"], "t": t + i,
-            }))
+            batch.append(encode_event(eid, i, "tool.responded", orjson.dumps(ev["payload"]), t + i))
         batch.append(orjson.dumps({
             "op": "finish", "id": eid, "seq": events_per, "response": {"status": "success", "payload": {"n": e}},
             "t": t + events_per,

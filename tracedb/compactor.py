@@ -6,7 +6,13 @@ transaction. A crash anywhere leaves either the whole batch with its LSN or none
 is applied exactly once. Only after the commit is durable (synchronous=FULL) may WAL segments below
 the applied LSN be deleted.
 
-The WAL records are orjson documents written by `tracedb.store`:
+The WAL records are written by `tracedb.store`. An event, the bulk of a log, is framed so that
+its payload goes into `trace_steps` as the JSON text the recorder serialised, never decoded and
+encoded again here:
+
+    0x01, JSON array [id, seq, type, t], "\n", payload JSON      (see `encode_event`)
+
+Every other record is one orjson document (and so is an event written by an older tracedb):
 
     {"op": "start", "id", "intent", "envelope", "hash", "t", ["parent", "fork_seq"]}
     {"op": "event", "id", "seq", "type", "payload", "t"}
@@ -85,6 +91,15 @@ _TRACE_COLS = (
     "status_note", "envelope", "envelope_hash", "router_decision", "final_response", "last_seq",
     "created_at_ns", "updated_at_ns", "parent_execution_id", "forked_at_seq", "pinned",
 )
+
+
+EVENT_TAG = 0x01  # never the first byte of a JSON document
+
+
+def encode_event(execution_id: str, seq: int, type_: str, payload_json: bytes, t: int) -> bytes:
+    """One event's WAL record; `payload_json` is the payload already serialised (orjson)."""
+    # JSON escapes newlines inside strings, so the first b"\n" ends the header.
+    return b"\x01" + orjson.dumps((execution_id, seq, type_, t)) + b"\n" + payload_json
 
 
 @dataclass(frozen=True)
@@ -427,7 +442,23 @@ class Compactor:
         steps: list[tuple] = []
         loads = orjson.loads
         for rec in recs:
-            d = loads(rec.payload)
+            raw = rec.payload
+            if raw[0] == EVENT_TAG:
+                cut = raw.index(b"\n")
+                eid, seq, type_, t = loads(raw[1:cut])
+                text = raw[cut + 1 :].decode()
+                steps.append((eid, seq, type_, text, t, rec.lsn))
+                row = new.get(eid)
+                if row is None:
+                    row = upd.get(eid)
+                    if row is None:
+                        row = upd[eid] = {}
+                row["last_seq"] = seq
+                row["updated_at_ns"] = t
+                if type_ == ROUTER_DECISION:
+                    row["router_decision"] = loads(text)
+                continue
+            d = loads(raw)
             op = d["op"]
             eid = d["id"]
             if op == OP_EVENT:

@@ -34,7 +34,6 @@ import wal
 
 from . import db, queries, recovery, retention
 from .compactor import (
-    OP_EVENT,
     OP_FINISH,
     OP_INCOMPLETE,
     OP_INVALIDATE,
@@ -42,6 +41,7 @@ from .compactor import (
     OP_START,
     CompactResult,
     Compactor,
+    encode_event,
 )
 from .config import Config, as_config
 from .errors import (
@@ -428,10 +428,9 @@ class Store:
             raise ExecutionClosedError(state.execution_id, state.status)
 
     def _event_doc(self, state: _State, type_: str, payload: Any, now: int) -> bytes:
-        return _dumps(
-            {"op": OP_EVENT, "id": state.execution_id, "seq": state.next_seq, "type": type_,
-             "payload": payload, "t": now},
-            f"payload of event {type_!r}",
+        return encode_event(
+            state.execution_id, state.next_seq, type_,
+            _dumps(payload, f"payload of event {type_!r}"), now,
         )
 
     def _finish_doc(self, state: _State, response: Any, now: int) -> bytes:
@@ -826,10 +825,7 @@ class Store:
             seq = state.next_seq
             now = self.clock()
             try:
-                data = orjson.dumps(
-                    {"op": OP_EVENT, "id": execution_id, "seq": seq, "type": type_, "payload": payload, "t": now},
-                    option=_DUMP_OPTS,
-                )
+                data = encode_event(execution_id, seq, type_, orjson.dumps(payload, option=_DUMP_OPTS), now)
             except TypeError as e:
                 raise InvalidInputError(
                     f"payload of event {type_!r} is not JSON-serialisable: {e}",
