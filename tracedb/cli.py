@@ -572,25 +572,45 @@ def wal_scan(ctx, as_json):
     """
     import wal
 
+    from wal.writer import acquire_dir_lock
+
     cfg = config_of(ctx)
-    r = wal.scan(cfg.wal_dir, mode="point_in_time")
+    live = False
+    if os.path.isdir(cfg.wal_dir):
+        try:
+            os.close(acquire_dir_lock(cfg.wal_dir))
+        except wal.WalLockedError:
+            live = True  # a recorder is appending while we read
+    for attempt in range(3):
+        try:
+            r = wal.scan(cfg.wal_dir, mode="point_in_time")
+            break
+        except FileNotFoundError:
+            # The running recorder deleted a compacted segment under the scan: scan again.
+            if not live or attempt == 2:
+                raise
+    segs = wal.list_segments(cfg.wal_dir)
+    # With a live writer, the end of the log may be a group being written, or a segment being
+    # sealed as the scan reached it: damage there is not judged.
+    live_tail = {s.path for s in segs[-2:]} if live else set()
     out = {
         "records": r.records, "first_lsn": r.first_lsn, "last_lsn": r.last_lsn,
-        "segments": r.segments,
+        "segments": r.segments, "live": live,
         "damages": [
             {"path": os.path.basename(d.path), "offset": d.offset, "expected": d.expected,
-             "found": d.found, "torn_tail": d.torn_tail}
+             "found": d.found, "torn_tail": d.torn_tail, "live_tail": d.path in live_tail}
             for d in r.damages
         ],
     }
     if as_json:
         _emit_json(out, True)
     else:
-        click.echo(f"{r.records} record(s), LSN {r.first_lsn}..{r.last_lsn}, {r.segments} segment(s)")
+        click.echo(f"{r.records} record(s), LSN {r.first_lsn}..{r.last_lsn}, {r.segments} segment(s)"
+                   + (" (a recorder is writing: the tail may be in progress)" if live else ""))
         for d in out["damages"]:
-            kind = "torn tail" if d["torn_tail"] else "CORRUPTION"
+            kind = "live tail" if d["live_tail"] else "torn tail" if d["torn_tail"] else "CORRUPTION"
             click.echo(f"{kind}: {d['path']} at {d['offset']}: expected {d['expected']}, found {d['found']}")
-    if any(not d.torn_tail for d in r.damages):
+    if any(not d["torn_tail"] and not d["live_tail"] for d in out["damages"]):
         ctx.exit(errors.EXIT_INTEGRITY)
 
 

@@ -16,6 +16,11 @@ class WalError(Exception):
     def __str__(self) -> str:
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
 
+    def with_hint(self, hint: str) -> "WalError":
+        """The same error with another hint (returns self)."""
+        self.hint = hint
+        return self
+
 
 class WalLockedError(WalError):
     """Another writer holds the directory's LOCK file."""

@@ -73,6 +73,8 @@ class Damage:
     found: str
     torn_tail: bool
     skipped_bytes: int = 0
+    # Whole segments are missing (not damaged bytes): repair has nothing to cut.
+    missing_segments: bool = False
 
     def error(self) -> WalCorruptionError:
         return WalCorruptionError(self.path, self.offset, self.expected, self.found)
@@ -233,8 +235,8 @@ class WalReader:
 
     def _missing(self, path: str, expected: str, found: str) -> None:
         """Missing segments are corruption: raised, or the end of the log (point_in_time, salvage)."""
-        if Damage(path, 0, expected, found, False) not in self.damages:
-            self._damage(path, 0, expected, found, False)
+        if Damage(path, 0, expected, found, False, 0, True) not in self.damages:
+            self._damage(path, 0, expected, found, False, missing=True)
 
     def _open_segment(self, seg: SegmentInfo, expected_first: Optional[int]) -> bool:
         with open(seg.path, "rb") as f:
@@ -260,8 +262,8 @@ class WalReader:
         self._expected = got.first_lsn
         return True
 
-    def _damage(self, path, offset, expected, found, torn, skipped=0) -> bool:
-        d = Damage(path, offset, expected, found, torn, skipped)
+    def _damage(self, path, offset, expected, found, torn, skipped=0, missing=False) -> bool:
+        d = Damage(path, offset, expected, found, torn, skipped, missing)
         self.damages.append(d)
         if self.mode is RecoveryMode.ABSOLUTE or (
             self.mode is RecoveryMode.TOLERATE_TAIL and not torn

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .fs import OsFileSystem
+from .errors import WalCorruptionError
 from .reader import Damage, RecoveryMode, WalReader, list_segments
 
 
@@ -55,6 +56,15 @@ def repair(directory: str, *, fs=None) -> RepairResult:
         if not reader.damages:
             return RepairResult(None, reader.last_lsn, None, None, (), ())
         damage = reader.damages[0]
+        if damage.missing_segments and reader.records_read == 0:
+            # The log's first segments are gone: cutting at the gap would keep nothing and throw
+            # away every segment after it. (A gap further on is cut: the prefix before it stays.)
+            raise WalCorruptionError(
+                damage.path, damage.offset, damage.expected, damage.found
+            ).with_hint(
+                "segments are missing, not damaged: restore them from a backup; repair refuses "
+                "to delete the segments after the gap"
+            )
         copies = []
         removed = []
         cut_path = damage.path

@@ -520,18 +520,24 @@ class Wal:
             current = self._segment_number
         with self._applied_lock:  # one at a time: they share APPLIED.tmp and the deletes
             applied = read_applied_lsn(self.directory)
-            if lsn > applied:
-                write_file_atomic(self.fs, self.directory, APPLIED_FILE, f"{lsn}\n".encode())
-            lsn = max(lsn, applied)  # the applied LSN never moves backwards
-            segs = list_segments(self.directory)
-            deleted = 0
-            for seg, nxt in zip(segs, segs[1:]):
-                if seg.number >= current or nxt.first_lsn > lsn:
-                    break
-                self.fs.unlink(seg.path)
-                deleted += 1
-            if deleted:
-                self.fs.fsync_dir(self.directory)
+            try:
+                if lsn > applied:
+                    write_file_atomic(self.fs, self.directory, APPLIED_FILE, f"{lsn}\n".encode())
+                lsn = max(lsn, applied)  # the applied LSN never moves backwards
+                segs = list_segments(self.directory)
+                deleted = 0
+                for seg, nxt in zip(segs, segs[1:]):
+                    if seg.number >= current or nxt.first_lsn > lsn:
+                        break
+                    self.fs.unlink(seg.path)
+                    deleted += 1
+                if deleted:
+                    self.fs.fsync_dir(self.directory)
+            except OSError as e:
+                # A failed fsync of the directory (or of APPLIED) is not retried, as everywhere
+                # in this log: fail closed; reopening recovers from what is on disk.
+                self._fail("mark_applied", e, [])
+                raise self._failed from e
         return deleted
 
     @property

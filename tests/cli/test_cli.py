@@ -221,3 +221,45 @@ def test_the_command_runs_as_a_real_process(seeded, data_dir):
     out = subprocess.run([sys.executable, "-m", "tracedb", "trace", "get", "exec-missing"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 3
+
+
+def _log_with_a_torn_end_before_a_successor(data_dir):
+    """Two segments, the first cut inside its SEAL: what a scan may see when it reads a
+    segment just as a live writer seals it; with no writer, it is corruption."""
+    import os
+
+    import wal
+
+    wal_dir = os.path.join(data_dir, "wal")
+    with wal.Wal(wal_dir, segment_size_bytes=256) as w:
+        for i in range(4):
+            w.append(b"record %d " % i + b"x" * 60)
+    assert len(wal.list_segments(wal_dir)) == 2
+    first = wal.list_segments(wal_dir)[0].path
+    with open(first, "r+b") as f:
+        f.truncate(os.path.getsize(first) - 10)
+    return wal_dir
+
+
+def test_wal_scan_reports_corruption_when_no_recorder_holds_the_log(run, data_dir):
+    _log_with_a_torn_end_before_a_successor(data_dir)
+    result = run("wal", "scan", "--json")
+    out = json.loads(result.stdout)
+    assert result.exit_code == 4 and out["live"] is False
+    assert [d["live_tail"] for d in out["damages"]] == [False]
+
+
+def test_wal_scan_next_to_a_running_recorder_does_not_judge_the_live_tail(run, data_dir):
+    import os
+
+    from wal.writer import acquire_dir_lock
+
+    wal_dir = _log_with_a_torn_end_before_a_successor(data_dir)
+    fd = acquire_dir_lock(wal_dir)  # stands for the recorder that holds the log
+    try:
+        result = run("wal", "scan", "--json")
+    finally:
+        os.close(fd)
+    out = json.loads(result.stdout)
+    assert result.exit_code == 0 and out["live"] is True
+    assert [d["live_tail"] for d in out["damages"]] == [True]

@@ -366,6 +366,11 @@ def test_a_missing_first_segment_not_declared_applied_is_corruption(wal_dir):
     assert e.value.path == segs[1].path and "not declared applied" in e.value.expected
     reader = wal.WalReader(wal_dir, mode="point_in_time")
     assert list(reader.records()) == [] and len(reader.damages) == 1
+    # Repair would keep nothing and delete every intact segment after the gap: it refuses.
+    with pytest.raises(wal.WalCorruptionError) as e:
+        wal.repair(wal_dir)
+    assert "missing" in e.value.hint
+    assert [s.path for s in wal.list_segments(wal_dir)] == [s.path for s in segs[1:]]
 
 
 # -- recovery modes ------------------------------------------------------------------------

@@ -192,3 +192,27 @@ def test_a_failed_segment_rotation_keeps_the_durable_group_acknowledged_and_fail
         assert [r.payload for r in recs] == [b"x" * 40]
         assert w.append(b"y") == 2
     assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == [1, 2]
+
+
+def test_a_failed_directory_fsync_in_mark_applied_fails_the_log_closed(wal_dir):
+    # Everything is durable before mark_applied; its directory fsync (after the deletes) fails.
+    # Like every failed fsync here it is not retried: the log refuses further work, and a reopen
+    # reads what is on disk (segments that came back below APPLIED are ignored).
+    w = wal.Wal(wal_dir, segment_size_bytes=64)
+    for i in range(6):
+        w.append(b"r%d" % i + b"-" * 40)
+    w.close()
+    fs = FaultFS(wal_dir)
+    w = wal.Wal(wal_dir, fs=fs, segment_size_bytes=64)
+    fs.fail = {"fsync_dir": (fs.calls["fsync_dir"] + 2, errno.EIO)}
+    try:
+        with pytest.raises(wal.WalFailedError) as e:
+            w.mark_applied(w.durable_lsn)
+        assert e.value.op == "mark_applied" and e.value.errno == errno.EIO
+        with pytest.raises(wal.WalFailedError):
+            w.append(b"refused")
+    finally:
+        w.close()
+    with wal.Wal(wal_dir, segment_size_bytes=64) as w:
+        assert [r.lsn for r in read_all(wal_dir)][-1] == 6
+        assert w.append(b"after") == 7

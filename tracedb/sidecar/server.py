@@ -618,6 +618,9 @@ _STORE_CODES = {
     "closed": P.UNAVAILABLE,  # the store is closing (shutdown)
     "in_use": P.UNAVAILABLE,
     "usage": P.INTERNAL,
+    # The database behind the recorder, not the request, is at fault: a client may retry.
+    "db_unavailable": P.UNAVAILABLE,
+    "integrity": P.INTERNAL,
 }
 
 
