@@ -294,7 +294,19 @@ class WalReader:
             if to_lsn is not None and self._expected > to_lsn:
                 return
             seg = self._seg
-            with open(seg.path, "rb") as f:
+            try:
+                f = open(seg.path, "rb")
+            except FileNotFoundError:
+                # Every record of it was read, then it was deleted as applied (mark_applied):
+                # go on in the segment that starts where this one ended.
+                nxt = self._successor_starting_at(self._expected)
+                if nxt is None:
+                    raise
+                if not self._open_segment(nxt, self._expected):
+                    self._stopped = True
+                    return
+                continue
+            with f:
                 size = os.fstat(f.fileno()).st_size
                 f.seek(self._offset)
                 data = f.read(max(_CHUNK_BYTES, self._need))
@@ -430,6 +442,12 @@ class WalReader:
                     return
                 continue
             return  # clean end of the segment's current bytes
+
+    def _successor_starting_at(self, lsn: int) -> Optional[SegmentInfo]:
+        for s in self._segments():
+            if s.first_lsn == lsn and (self._seg is None or s.number > self._seg.number):
+                return s
+        return None
 
     def _next_segment(self, seg: SegmentInfo) -> Optional[SegmentInfo]:
         for s in self._segments():

@@ -569,3 +569,18 @@ def test_a_short_lived_writer_never_zero_fills_a_spare(tmp_path):
             w.append(b"small %d" % i)
         assert not w._spare_event.is_set()
     assert not os.path.exists(os.path.join(d, "preallocated.tmp"))
+
+
+def test_an_incremental_reader_goes_on_after_its_segment_is_deleted_as_applied(tmp_path):
+    # A compactor reads up to the durable LSN, applies, and marks it applied: the segment it
+    # stopped in may then be deleted before its next read.
+    d = str(tmp_path / "wal")
+    with wal.Wal(d, segment_size_bytes=128) as w:
+        reader = wal.WalReader(d)
+        w.append(b"a" * 80)
+        w.append(b"b" * 80)  # the first segment is now sealed and a second one open
+        assert [r.lsn for r in reader.records(to_lsn=w.durable_lsn)] == [1, 2]
+        w.append(b"c" * 10)
+        w.mark_applied(w.durable_lsn)
+        assert wal.list_segments(d)[0].number > 1
+        assert [r.lsn for r in reader.records(to_lsn=w.durable_lsn)] == [3]
