@@ -416,6 +416,14 @@ def section_sidecar(args, workdir: str) -> None:
             extra=f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  RSS {r['rss_peak_mb']:.0f} MB  "
             f"lag {r.get('compaction_lag_records')}",
         )
+    for window in (1, 4):
+        # Fewer requests in flight: by Little's law, latency is in-flight / throughput.
+        r = sb.run(clients=(32,), seconds=args.seconds, workdir=workdir, quiet=True, window=window)["sidecar"][32]
+        rows[f"32x{window}"] = row(
+            f"sidecar, 32 clients x {window} in flight",
+            r["events_per_s"],
+            extra=f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  RSS {r['rss_peak_mb']:.0f} MB",
+        )
     ingest = sb.run(clients=(32,), seconds=args.seconds, workdir=workdir, quiet=True, compact=False)["sidecar"][32]
     rows["32-no-compaction"] = row(
         "sidecar, 32 clients, compaction off (ingest alone)",
@@ -427,10 +435,33 @@ def section_sidecar(args, workdir: str) -> None:
     ratio("sidecar 32 clients / fsync-per-append 32 thr", rows[32]["rate"], base["rate"])
     ratio("sidecar 32 clients / SQLite commit per event", rows[32]["rate"], sqlite_row["rate"])
     print("  targets: >= 100,000 ev/s with 32 clients at p99 <= 10 ms; RSS <= 150 MB")
-    RESULTS["sidecar"] = {"tracedb": got, "ingest_only": ingest, "fsync_per_append": base, "sqlite": sqlite_row}
+    RESULTS["sidecar"] = {"tracedb": rows, "ingest_only": ingest, "fsync_per_append": base, "sqlite": sqlite_row}
 
 
-SECTIONS = {"wal": section_wal, "store": section_store, "replay": section_replay, "sidecar": section_sidecar}
+# -- fleet: PostgreSQL ---------------------------------------------------------------------
+
+
+def section_pg(args, workdir: str) -> None:
+    print("\n== Fleet: compaction into PostgreSQL from 1 and 4 recorders, next to SQLite (events/s)")
+    url = os.environ.get("TRACEDB_TEST_PG_URL")
+    if not url:
+        print("  skipped: TRACEDB_TEST_PG_URL is not set (scripts/bench sets it for the local server)")
+        return
+    from tracedb import bench_pg
+
+    result = bench_pg.run(url, events=20_000 if args.quick else 200_000, recorders=(1, 4), workdir=workdir)
+    for line in bench_pg.report_lines(result):
+        print(line, flush=True)
+    RESULTS["pg"] = result
+
+
+SECTIONS = {
+    "wal": section_wal,
+    "store": section_store,
+    "replay": section_replay,
+    "sidecar": section_sidecar,
+    "pg": section_pg,
+}
 
 
 def main() -> None:
