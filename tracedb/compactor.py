@@ -102,6 +102,16 @@ def encode_event(execution_id: str, seq: int, type_: str, payload_json: bytes, t
     return b"\x01" + orjson.dumps((execution_id, seq, type_, t)) + b"\n" + payload_json
 
 
+def decode_record(raw: bytes) -> dict:
+    """One WAL record as a document, events in the shape {"op": "event", "id", "seq", "type",
+    "payload", "t"} (for tools and tests; the compactor itself never decodes event payloads)."""
+    if raw[:1] == b"\x01":
+        cut = raw.index(b"\n")
+        eid, seq, type_, t = orjson.loads(raw[1:cut])
+        return {"op": OP_EVENT, "id": eid, "seq": seq, "type": type_, "payload": orjson.loads(raw[cut + 1 :]), "t": t}
+    return orjson.loads(raw)
+
+
 @dataclass(frozen=True)
 class CompactResult:
     """What one `compact()` call applied."""
@@ -419,6 +429,12 @@ class Compactor:
             self.applied_lsn = stored
             return True
         return False
+
+    def adopt(self, applied_lsn: int) -> None:
+        """Take the applied LSN reached by another compactor of this recorder (the store's child
+        process); the next in-process compaction reads the WAL from there."""
+        self.applied_lsn = applied_lsn
+        self._reader = None
 
     def _maybe_mark_applied(self, mark_applied: Callable[[int], int]) -> int:
         # mark_applied writes and fsyncs the APPLIED file: call it only when a sealed segment

@@ -38,6 +38,9 @@ class Config:
     # Keep a zero-filled spare segment ready (wal/FORMAT.md, "Preallocation"): cheaper fsyncs.
     wal_preallocate: bool = True
     compact_interval_ms: int = 200
+    # Compact in a child process (its CPU then does not come out of the recorder's interpreter).
+    # `tracedb serve` turns it on unless started with --compact-in-process.
+    compact_worker: bool = False
     compact_batch_records: int = 5000
     idle_timeout_s: float = 3600.0
     retention_days: float = 30.0
@@ -84,6 +87,7 @@ _FILE_KEYS = {
     ("wal", "segment_size_bytes"): "wal_segment_size_bytes",
     ("wal", "preallocate"): "wal_preallocate",
     ("compaction", "interval_ms"): "compact_interval_ms",
+    ("compaction", "worker_process"): "compact_worker",
     ("compaction", "batch_records"): "compact_batch_records",
     ("recovery", "idle_timeout_s"): "idle_timeout_s",
     ("retention", "days"): "retention_days",

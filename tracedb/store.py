@@ -17,6 +17,7 @@ is waiting), notices traces invalidated from the CLI, and marks executions idle 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import re
@@ -197,6 +198,7 @@ class Store:
         self._thread: Optional[threading.Thread] = None
         self._engine = self._read_engine = None
         self._compactor: Optional[Compactor] = None
+        self._worker = None  # a CompactorWorker when compact_worker is set
         self.background_error: Optional[BaseException] = None
         self._disabled_seqs: dict[str, int] = {}
         os.makedirs(self.data_dir, exist_ok=True)
@@ -220,9 +222,24 @@ class Store:
         except BaseException:
             self._shutdown_resources()
             raise
+        if config.compact_worker:
+            self._start_worker()
         if config.compact_interval_ms > 0 or config.idle_timeout_s > 0:
             self._thread = threading.Thread(target=self._background, name="tracedb-compactor", daemon=True)
             self._thread.start()
+
+    def _start_worker(self) -> None:
+        from .compactor_worker import CompactorWorker
+
+        cfg = self.config
+        try:
+            self._worker = CompactorWorker(
+                database=cfg.database, wal_dir=cfg.wal_dir, recorder_id=self.recorder_id,
+                batch_records=cfg.compact_batch_records, busy_timeout_ms=cfg.busy_timeout_ms,
+            )
+        except Exception as e:  # noqa: BLE001 - compaction goes on in-process
+            log.error("tracedb: the compactor process did not start (%s); compacting in-process", e)
+            self._worker = None
 
     def _open_database(self) -> None:
         cfg = self.config
@@ -292,6 +309,8 @@ class Store:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         try:
+            with self._compact_lock:
+                self._stop_worker()  # the last compaction below runs here, alone
             if self._wal.failed is None:
                 # Nobody can record into them once this process lets go of the WAL.
                 self._mark_incomplete(self._open_states(), "recorder_closed")
@@ -302,6 +321,9 @@ class Store:
 
     def _shutdown_resources(self) -> None:
         self._closed = True
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
         if self._compactor is not None:
             self._compactor.close()
         for eng in (self._engine, self._read_engine):
@@ -626,6 +648,19 @@ class Store:
 
     # -- compaction ----------------------------------------------------------------------
     def _compact_locked(self, progress=None) -> CompactResult:
+        if self._worker is not None:
+            from .compactor_worker import WorkerGoneError
+
+            try:
+                result = self._worker.compact(self._wal.durable_lsn)
+            except WorkerGoneError as e:
+                log.error("tracedb: %s; compacting in-process from now on", e)
+                self._stop_worker()
+            else:
+                self._compactor.adopt(result.applied_lsn)
+                self._forget_applied(result.applied_lsn)
+                deleted = self._compactor._maybe_mark_applied(self._wal.mark_applied)
+                return dataclasses.replace(result, segments_deleted=result.segments_deleted + deleted)
         result = self._compactor.compact(
             self._wal.durable_lsn,
             mark_applied=self._wal.mark_applied,
@@ -633,6 +668,13 @@ class Store:
             on_batch=self._forget_applied,
         )
         return result
+
+    def _stop_worker(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
+            # It may have applied a batch it could not report: read the checkpoint back.
+            self._compactor.adopt(db.ensure_checkpoint(self._engine, self.recorder_id, self.clock()))
 
     def _forget_applied(self, applied_lsn: int) -> None:
         with self._lock:

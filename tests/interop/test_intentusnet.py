@@ -27,6 +27,7 @@ from tracedb.models import traces
 from .conftest import Broken, Upper, envelope, make_router
 
 from intentusnet import FileExecutionStore, ReplayEngine, RoutingStrategy  # noqa: E402  (skipped above without it)
+from tracedb.compactor import decode_record  # noqa: E402
 from intentusnet.recording.models import ExecutionRecord as IntentusNetRecord  # noqa: E402
 from intentusnet.recording.models import stable_hash  # noqa: E402
 from intentusnet.recording.replay import ReplayError  # noqa: E402
@@ -35,7 +36,7 @@ from intentusnet.recording.replay import ReplayError  # noqa: E402
 def wal_ops(data_dir: str, execution_id: str) -> list[str]:
     ops = []
     for rec in wal.read_records(os.path.join(data_dir, "wal")):
-        doc = json.loads(rec.payload)
+        doc = decode_record(rec.payload)
         if doc["id"] == execution_id:
             ops.append(doc["op"] if doc["op"] != "event" else doc["type"])
     return ops

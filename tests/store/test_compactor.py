@@ -198,3 +198,44 @@ def test_background_compactor_applies_without_being_asked(data_dir, clock):
         target[0] = store.durable_lsn
         assert applied.wait(30)
         assert counts(store.engine)[1] == 30
+
+
+def test_a_compactor_process_applies_every_record_once_and_the_store_takes_over_if_it_dies(open_store):
+    import signal
+
+    store = open_store(compact_worker=True, compact_batch_records=50, wal_segment_size_bytes=4096)
+    worker = store._worker
+    assert worker is not None and worker.pid != os.getpid()
+    for i in range(10):
+        ex = store.start("X", {"i": i})
+        for j in range(9):
+            ex.event("tool.requested", {"j": j})
+        ex.finish({"status": "success"})
+    # A read compacts first, through the child: every event is there, once.
+    assert [e.seq for e in store.get(ex.execution_id).events] == list(range(1, 11))
+    assert counts(store.engine) == (10, 100, store.durable_lsn)
+    # WAL segments below what the child applied were deleted by the recorder.
+    assert wal.list_segments(os.path.join(store.data_dir, "wal"))[0].number > 1
+
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.proc.wait()
+    ex = store.start("Y", {})
+    ex.event("tool.requested", {"after": "the child died"})
+    ex.finish({"status": "success"})
+    result = store.compact()  # the child is gone: compaction goes on in-process
+    assert store._worker is None and result.applied_lsn == store.durable_lsn
+    assert counts(store.engine) == (11, 102, store.durable_lsn)
+    store.close()
+    assert worker.proc.poll() is not None
+
+
+def test_closing_a_store_stops_its_compactor_process(open_store):
+    store = open_store(compact_worker=True)
+    ex = store.start("X", {})
+    ex.event("tool.requested", {})
+    pid_proc = store._worker.proc
+    store.close()
+    assert pid_proc.poll() == 0
+    with tracedb.open(store.data_dir) as again:
+        rec = again.get(ex.execution_id)
+        assert rec.status == "incomplete" and [e.seq for e in rec.events] == [1]

@@ -88,13 +88,16 @@ def _read_token(token_file: Optional[str]) -> Optional[str]:
               help=f"Requests in flight per connection before it is not read (default {P.DEFAULT_MAX_INFLIGHT_REQUESTS}).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Default info.")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True)
+@click.option("--compact-in-process", is_flag=True,
+              help="Compact in a thread of the recorder instead of a child process (slower ingest).")
 @click.pass_context
 def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, max_frame_bytes,
-          max_connections, max_inflight_requests, log_level, log_format):
+          max_connections, max_inflight_requests, log_level, log_format, compact_in_process):
     """Run the sidecar recorder: agents record through it over a Unix socket.
 
     Recovers the data directory first (executions interrupted by a crash become incomplete),
-    then serves the wire protocol of docs/protocol.md, compacting into SQLite in the background.
+    then serves the wire protocol of docs/protocol.md, compacting into SQLite in the background
+    (in a child process, so that compaction never delays an acknowledgment).
     SIGTERM or Ctrl-C: stops accepting, answers every pending request, exits 0.
 
     \b
@@ -105,6 +108,8 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, max_fra
     from .server import ServerConfig
 
     cfg = ctx.find_root().obj["config"]
+    # The compactor's CPU would otherwise come out of the interpreter that acknowledges events.
+    cfg = cfg.replace(compact_worker=not compact_in_process)
     file = _sidecar_file_settings(cfg)
     tcp = tcp or file.get("tcp")
     host, port = parse_tcp(tcp) if tcp else (None, None)

@@ -1,0 +1,150 @@
+"""The compactor in a process of its own, for the recorder.
+
+In one process, the compactor's CPU (reading and checking WAL records, building rows, SQLite's
+own work while it holds the GIL) comes out of the interpreter that acknowledges events. A child
+process runs the same `Compactor` on the same files instead, on the machine's other core.
+
+The parent keeps every decision: it says how far the log is durable (`compact <lsn>`), the child
+applies up to there and answers with what it applied; the parent then deletes WAL segments
+(`mark_applied`) and forgets closed executions, as it does after an in-process compaction. The
+child never reads past the LSN it is given, and the applied LSN still commits with the rows, so a
+crash of either process neither loses nor duplicates a step.
+
+Wire, one line each way: `ready <applied_lsn>` once, then for each `compact <lsn>` either
+`ok <CompactResult as JSON>` or `error <{"type", "message"} as JSON>`. End of input: exit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+from .compactor import CompactResult
+from .errors import TraceDBError
+
+
+class WorkerGoneError(TraceDBError):
+    """The compactor process exited or stopped answering; the recorder compacts in-process."""
+
+    code = "compactor_gone"
+
+
+class CompactorWorker:
+    """Parent side: starts the child and asks it to compact. Not thread-safe (the store's
+    compaction lock serialises calls)."""
+
+    def __init__(self, *, database: str, wal_dir: str, recorder_id: str, batch_records: int,
+                 busy_timeout_ms: int):
+        spec = json.dumps({
+            "database": database, "wal_dir": wal_dir, "recorder_id": recorder_id,
+            "batch_records": batch_records, "busy_timeout_ms": busy_timeout_ms,
+        })
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tracedb.compactor_worker", spec],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+        )
+        first = self._read_line()
+        if not first.startswith("ready "):
+            self.close()
+            raise WorkerGoneError(f"the compactor process did not start: {first!r}")
+        self.applied_lsn = int(first.split()[1])
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read_line(self) -> str:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise WorkerGoneError(
+                f"the compactor process {self.proc.pid} exited (status {self.proc.poll()})"
+            )
+        return line.decode().rstrip("\n")
+
+    def compact(self, to_lsn: int) -> CompactResult:
+        """Apply every record up to the durable `to_lsn`; returns what the child applied."""
+        try:
+            self.proc.stdin.write(f"compact {int(to_lsn)}\n".encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            raise WorkerGoneError(f"the compactor process {self.proc.pid} is gone: {e}") from None
+        line = self._read_line()
+        kind, _, body = line.partition(" ")
+        if kind == "ok":
+            result = CompactResult(**json.loads(body))
+            self.applied_lsn = result.applied_lsn
+            return result
+        if kind == "error":
+            err = json.loads(body)
+            raise TraceDBError(f"compaction failed in the compactor process: {err['type']}: {err['message']}")
+        raise WorkerGoneError(f"the compactor process answered {line!r}")
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """End of input: the child finishes the batch it is in and exits."""
+        try:
+            if self.proc.stdin and not self.proc.stdin.closed:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+def _die_with_parent() -> None:
+    # Linux: SIGKILL this process when the recorder dies, so that a new recorder never finds an
+    # old compactor still at work (the checkpoint's compare-and-set would catch it anyway).
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Child side: compact on request until standard input ends."""
+    argv = sys.argv if argv is None else argv
+    _die_with_parent()
+    spec = json.loads(argv[1])
+    from . import db
+    from .compactor import Compactor
+
+    engine = db.create_engine(spec["database"], busy_timeout_ms=spec["busy_timeout_ms"], write=True)
+    applied = db.ensure_checkpoint(engine, spec["recorder_id"], time.time_ns())
+    comp = Compactor(engine, spec["wal_dir"], spec["recorder_id"], applied,
+                     batch_records=spec["batch_records"])
+    out = sys.stdout.buffer
+    out.write(f"ready {applied}\n".encode())
+    out.flush()
+    try:
+        for line in sys.stdin.buffer:
+            cmd, _, arg = line.decode().strip().partition(" ")
+            if cmd != "compact":
+                continue
+            try:
+                result = comp.compact(int(arg))
+                reply = "ok " + json.dumps(dataclasses.asdict(result))
+            except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
+                reply = "error " + json.dumps({"type": type(e).__name__, "message": str(e)})
+            out.write(reply.encode() + b"\n")
+            out.flush()
+    finally:
+        comp.close()
+        engine.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
