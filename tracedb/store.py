@@ -618,11 +618,15 @@ class Store:
         with self._lock:
             return [s for s in self._states.values() if s.status == STATUS_RUNNING]
 
-    def _mark_incomplete(self, states: list[_State], why: str) -> int:
+    def _mark_incomplete(self, states: list[_State], why: str, idle_since_ns: Optional[int] = None) -> int:
         marked = 0
         for state in states:
             with state.lock:
                 if state.status != STATUS_RUNNING:
+                    continue
+                if idle_since_ns is not None and state.last_activity_ns > idle_since_ns:
+                    # An event was numbered (maybe staged, not yet queued) since the sweep looked:
+                    # marking now could put the incomplete record before that event in the log.
                     continue
                 now = self.clock()
                 data = _dumps({"op": OP_INCOMPLETE, "id": state.execution_id, "why": why, "t": now}, "why")
@@ -644,7 +648,7 @@ class Store:
         idle = [s for s in self._open_states() if s.last_activity_ns <= limit]
         if not idle:
             return 0
-        return self._mark_incomplete([s for s in idle if s.last_activity_ns <= limit], "idle")
+        return self._mark_incomplete(idle, "idle", idle_since_ns=limit)
 
     # -- compaction ----------------------------------------------------------------------
     def _compact_locked(self, progress=None) -> CompactResult:

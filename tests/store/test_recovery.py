@@ -120,6 +120,20 @@ def test_idle_executions_are_marked_incomplete_by_the_sweeper(open_store, clock)
         idle.event("tool.requested", {})
 
 
+def test_the_sweeper_leaves_an_execution_that_recorded_after_it_looked(open_store, clock):
+    # The sweep lists idle executions, then marks them one by one; an event numbered in between
+    # (the sidecar stages events before queueing them) must win: no incomplete record before it.
+    store = open_store(idle_timeout_s=600)
+    ex = store.start("X", {})
+    clock.advance(601)
+    limit = clock() - 600 * 10**9
+    (state,) = [s for s in store._open_states() if s.last_activity_ns <= limit]
+    ex.event("tool.requested", {"late": True})
+    assert store._mark_incomplete([state], "idle", idle_since_ns=limit) == 0
+    assert store.get(ex.execution_id).status == "running"
+    assert ex.event("tool.requested", {}) == 2
+
+
 def test_recover_on_a_live_store_leaves_its_own_executions_alone(open_store):
     store = open_store()
     ex = store.start("X", {})
