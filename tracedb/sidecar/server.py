@@ -158,6 +158,9 @@ class Connection(asyncio.Protocol):
         self.eof = False  # the peer has sent everything it will send
         self.lost = False
         self.tasks: set[asyncio.Task] = set()
+        # A get builds a whole record in memory: a few at a time per connection, so that a
+        # client pipelining gets of a large trace cannot hold max_inflight copies of it.
+        self.gets = asyncio.Semaphore(MAX_CONCURRENT_GETS)
         self.deferred: Optional[asyncio.Task] = None  # a Deferred request holding back the rest
         self.backlog: list = []  # frames read while `deferred` runs
         loop = asyncio.get_running_loop()
@@ -534,8 +537,11 @@ class Connection(asyncio.Protocol):
             barrier = self.backend.barrier()
             if barrier is not None and barrier is not IN_BATCH:
                 await barrier
-            record = await self.backend.get(execution_id)
-            line = _ok(rid, {"record": record})
+            async with self.gets:
+                record = await self.backend.get(execution_id)
+                line = _ok(rid, {"record": record})
+                self._write(line)
+                return
         except Exception as e:  # noqa: BLE001 - every failure becomes an error response
             code, message = _error_of(e)
             self.counters.errors[code] = self.counters.errors.get(code, 0) + 1
@@ -614,6 +620,8 @@ def _ok(rid: Any, fields: dict) -> bytes:
 
 
 # Store error codes that are not wire codes, and what a client should make of them.
+MAX_CONCURRENT_GETS = 4
+
 _STORE_CODES = {
     "closed": P.UNAVAILABLE,  # the store is closing (shutdown)
     "in_use": P.UNAVAILABLE,
