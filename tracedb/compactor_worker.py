@@ -10,19 +10,27 @@ applies up to there and answers with what it applied; the parent then deletes WA
 child never reads past the LSN it is given, and the applied LSN still commits with the rows, so a
 crash of either process neither loses nor duplicates a step.
 
-Wire, one line each way: `ready <applied_lsn>` once, then for each `compact <lsn>` either
-`ok <CompactResult as JSON>` or `error <{"type", "message"} as JSON>`. End of input: exit.
+Wire, one line at a time: the parent first sends the settings (JSON: the database URL may hold a
+password, so never on the command line), the child answers `ready <applied_lsn>`; then for each
+`compact <lsn>` the child sends `progress <lsn>` after each batch and ends with `ok <CompactResult
+as JSON>` or `error <{"type", "message"} as JSON>`. End of input: the child exits.
+
+A child silent for `STALL_S` (no batch finished: a hung database call) is killed and the recorder
+compacts in-process; so is one that exits. The child runs in its own session (a Ctrl-C in the
+recorder's terminal is the recorder's to handle) and, on Linux, dies with the recorder thread
+that started it: the store starts it from its long-lived background thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import select
 import signal
 import subprocess
 import sys
 import time
-from typing import Optional
 
 from .compactor import CompactResult
 from .errors import TraceDBError
@@ -34,6 +42,9 @@ class WorkerGoneError(TraceDBError):
     code = "compactor_gone"
 
 
+STALL_S = 120.0
+
+
 class CompactorWorker:
     """Parent side: starts the child and asks it to compact. Not thread-safe (the store's
     compaction lock serialises calls)."""
@@ -43,22 +54,42 @@ class CompactorWorker:
         spec = json.dumps({
             "database": database, "wal_dir": wal_dir, "recorder_id": recorder_id,
             "batch_records": batch_records, "busy_timeout_ms": busy_timeout_ms,
+            "parent_pid": os.getpid(),
         })
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tracedb.compactor_worker", spec],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+            [sys.executable, "-m", "tracedb.compactor_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, start_new_session=True,
         )
-        first = self._read_line()
-        if not first.startswith("ready "):
-            self.close()
-            raise WorkerGoneError(f"the compactor process did not start: {first!r}")
+        try:
+            self._send(spec)
+            first = self._read_line()
+            if not first.startswith("ready "):
+                raise WorkerGoneError(f"the compactor process did not start: {first!r}")
+        except BaseException:
+            self.close(timeout_s=5.0)
+            raise
         self.applied_lsn = int(first.split()[1])
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
+    def _send(self, line: str) -> None:
+        try:
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            raise WorkerGoneError(f"the compactor process {self.proc.pid} is gone: {e}") from None
+
     def _read_line(self) -> str:
+        # A deadline per line: each batch the child finishes says so, so a long backlog is fine
+        # and only a child stuck on one batch for STALL_S is given up on.
+        ready, _, _ = select.select([self.proc.stdout], [], [], STALL_S)
+        if not ready:
+            self.proc.kill()
+            raise WorkerGoneError(
+                f"the compactor process {self.proc.pid} finished no batch in {STALL_S:.0f} s; killed"
+            )
         line = self.proc.stdout.readline()
         if not line:
             raise WorkerGoneError(
@@ -68,12 +99,10 @@ class CompactorWorker:
 
     def compact(self, to_lsn: int) -> CompactResult:
         """Apply every record up to the durable `to_lsn`; returns what the child applied."""
-        try:
-            self.proc.stdin.write(f"compact {int(to_lsn)}\n".encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError) as e:
-            raise WorkerGoneError(f"the compactor process {self.proc.pid} is gone: {e}") from None
+        self._send(f"compact {int(to_lsn)}")
         line = self._read_line()
+        while line.startswith("progress "):
+            line = self._read_line()
         kind, _, body = line.partition(" ")
         if kind == "ok":
             result = CompactResult(**json.loads(body))
@@ -100,7 +129,7 @@ class CompactorWorker:
             self.proc.stdout.close()
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent_pid: int) -> None:
     # Linux: SIGKILL this process when the recorder dies, so that a new recorder never finds an
     # old compactor still at work (the checkpoint's compare-and-set would catch it anyway).
     try:
@@ -111,13 +140,16 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent_pid:  # the recorder died before prctl took effect
+        os._exit(1)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main() -> int:
     """Child side: compact on request until standard input ends."""
-    argv = sys.argv if argv is None else argv
-    _die_with_parent()
-    spec = json.loads(argv[1])
+    spec = json.loads(sys.stdin.buffer.readline())
+    _die_with_parent(spec["parent_pid"])
+    # The test hook of tracedb.compactor writes to stdout, which is this process's answer pipe.
+    os.environ.pop("TRACEDB_TEST_COMPACT_PAUSE", None)
     from . import db
     from .compactor import Compactor
 
@@ -133,8 +165,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             cmd, _, arg = line.decode().strip().partition(" ")
             if cmd != "compact":
                 continue
+            def progress(applied: int) -> None:
+                out.write(f"progress {applied}\n".encode())
+                out.flush()
+
             try:
-                result = comp.compact(int(arg))
+                result = comp.compact(int(arg), on_batch=progress)
                 reply = "ok " + json.dumps(dataclasses.asdict(result))
             except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
                 reply = "error " + json.dumps({"type": type(e).__name__, "message": str(e)})

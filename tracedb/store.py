@@ -222,9 +222,10 @@ class Store:
         except BaseException:
             self._shutdown_resources()
             raise
-        if config.compact_worker:
+        background = config.compact_interval_ms > 0 or config.idle_timeout_s > 0
+        if config.compact_worker and not background:
             self._start_worker()
-        if config.compact_interval_ms > 0 or config.idle_timeout_s > 0:
+        if background:
             self._thread = threading.Thread(target=self._background, name="tracedb-compactor", daemon=True)
             self._thread.start()
 
@@ -232,14 +233,19 @@ class Store:
         from .compactor_worker import CompactorWorker
 
         cfg = self.config
-        try:
-            self._worker = CompactorWorker(
-                database=cfg.database, wal_dir=cfg.wal_dir, recorder_id=self.recorder_id,
-                batch_records=cfg.compact_batch_records, busy_timeout_ms=cfg.busy_timeout_ms,
-            )
-        except Exception as e:  # noqa: BLE001 - compaction goes on in-process
-            log.error("tracedb: the compactor process did not start (%s); compacting in-process", e)
-            self._worker = None
+        # Under the compaction lock: the child starts from the checkpoint as it is now, and
+        # nothing compacts in-process meanwhile.
+        with self._compact_lock:
+            if self._closed:
+                return
+            try:
+                self._worker = CompactorWorker(
+                    database=cfg.database, wal_dir=cfg.wal_dir, recorder_id=self.recorder_id,
+                    batch_records=cfg.compact_batch_records, busy_timeout_ms=cfg.busy_timeout_ms,
+                )
+            except Exception as e:  # noqa: BLE001 - compaction goes on in-process
+                log.error("tracedb: the compactor process did not start (%s); compacting in-process", e)
+                self._worker = None
 
     def _open_database(self) -> None:
         cfg = self.config
@@ -728,6 +734,10 @@ class Store:
         return closed
 
     def _background(self) -> None:
+        if self.config.compact_worker and self._worker is None:
+            # From this thread, which lives as long as the store: on Linux the child is tied to
+            # the thread that started it (PR_SET_PDEATHSIG).
+            self._start_worker()
         interval = self.config.compact_interval_ms / 1000.0 if self.config.compact_interval_ms > 0 else None
         idle_s = self.config.idle_timeout_s
         sweep_every_s = min(60.0, idle_s / 10) if idle_s > 0 else None

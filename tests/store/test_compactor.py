@@ -239,3 +239,29 @@ def test_closing_a_store_stops_its_compactor_process(open_store):
     with tracedb.open(store.data_dir) as again:
         rec = again.get(ex.execution_id)
         assert rec.status == "incomplete" and [e.seq for e in rec.events] == [1]
+
+
+def test_a_stalled_compactor_process_is_killed_and_compaction_goes_on_in_process(open_store, monkeypatch):
+    import signal
+
+    from tracedb import compactor_worker
+
+    monkeypatch.setattr(compactor_worker, "STALL_S", 0.5)
+    store = open_store(compact_worker=True)
+    worker = store._worker
+    ex = store.start("X", {})
+    ex.event("tool.requested", {})
+    os.kill(worker.pid, signal.SIGSTOP)  # stands for a database call that never returns
+    try:
+        result = store.compact()
+    finally:
+        worker.proc.wait()
+    assert store._worker is None and result.applied_lsn == store.durable_lsn
+    assert [e.seq for e in store.get(ex.execution_id).events] == [1]
+
+
+def test_the_compactor_process_gets_its_settings_on_stdin_not_its_command_line(open_store):
+    store = open_store(compact_worker=True)
+    with open(f"/proc/{store._worker.pid}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    assert not any(b"database" in a or b"traces.db" in a for a in argv)
