@@ -135,6 +135,38 @@ def _check_record(buf, off: int, end: int, seed: int, expected_lsn: int):
     return lsn, rtype, n, rec_end
 
 
+_SECTOR = 512
+_ZERO_SECTOR = bytes(_SECTOR)
+
+
+def _looks_lost(buf, off: int, end: int, base: int) -> bool:
+    """True if the damaged record at `off` reads like a write that never reached the disk: an
+    all-zero record header, or a whole 512-byte sector of zeros inside the record. Over
+    preallocated (or newly allocated) blocks a lost write reads back as zeros; a bit flip or
+    other damage to bytes that were once durable does not."""
+    if buf[off : off + fmt.RECORD_HEADER_SIZE] == _ZERO_HEAD:
+        return True
+    if end - off < fmt.RECORD_HEADER_SIZE:
+        return False
+    n = fmt.REC_HEAD.unpack_from(buf, off)[1]
+    stop = min(end, off + fmt.RECORD_HEADER_SIZE + min(n, fmt.MAX_PAYLOAD_BYTES) + fmt.ALIGN)
+    pos = off + (-(base + off) % _SECTOR)
+    while pos + _SECTOR <= stop:
+        if buf[pos : pos + _SECTOR] == _ZERO_SECTOR:
+            return True
+        pos += _SECTOR
+    return False
+
+
+def _seal_from(buf, pos: Optional[int], end: int, seed: int) -> bool:
+    """True if a valid SEAL record starts at `pos` or at any later valid record."""
+    while pos is not None:
+        if fmt.REC_HEAD.unpack_from(buf, pos)[3] == fmt.TYPE_SEAL:
+            return True
+        pos = _find_valid_after(buf, pos, end, seed, 1)
+    return False
+
+
 def _find_valid_after(buf, off: int, end: int, seed: int, min_lsn: int) -> Optional[int]:
     """The first 8-byte-aligned offset after `off` holding a valid record with LSN >= min_lsn."""
     pos = off + fmt.ALIGN - (off % fmt.ALIGN)
@@ -464,7 +496,15 @@ class WalReader:
         # A torn write cannot leave a whole record with a valid CRC: one there with the wrong
         # LSN is damage of durable bytes, even at the very end of the log.
         whole = not isinstance(_check_record(buf, off, end, seed, None), str)
-        torn = after is None and not whole and self._is_last(seg)
+        # Only the last group can be partly on disk after a crash, and its pages may land in any
+        # order: a lost write (zeros) with later records of that group after it is still a torn
+        # tail, unless the segment was sealed after it (a SEAL is written after an fsync).
+        lost_write = (
+            after is not None
+            and _looks_lost(buf, off, end, base)
+            and not _seal_from(buf, after, end, seed)
+        )
+        torn = (after is None or lost_write) and not whole and self._is_last(seg)
         found = "a damaged record" if after is None else f"a valid record at offset {base + after}"
         if off >= end:
             found = "the end of the file"

@@ -238,15 +238,47 @@ def test_garbage_before_preallocated_zeros_is_a_torn_tail_and_is_cut(wal_dir):
     assert [r.payload for r in read_all(wal_dir)] == [b"one", b"two", b"three"]
 
 
-def test_a_valid_record_after_zeros_is_corruption(wal_dir):
-    # Zeros followed by a record are not preallocated space: durable bytes were lost.
-    write_log(wal_dir, [b"one", b"two", b"three"])
+def test_a_lost_write_before_later_records_of_the_last_group_is_a_torn_tail(wal_dir):
+    # Power loss while the last group was being synced: its pages may land in any order, so a
+    # page of zeros (never written) can come before records of the same group that did land.
+    # None of that group was acknowledged: the log ends before the hole.
+    write_log(wal_dir, [b"one", b"two", b"three", b"four"])
     (path,) = segment_paths(wal_dir)
     second = record_spans(path)[1]
     put(path, second.offset, bytes(second.end - second.offset))
+    damage = wal.scan(wal_dir, mode="point_in_time").damages[0]
+    assert damage.torn_tail and damage.offset == second.offset
+    with wal.Wal(wal_dir) as w:
+        assert w.open_result.last_lsn == 1 and w.open_result.torn_tail_offset == second.offset
+        assert w.append(b"again") == 2
+    assert [r.payload for r in read_all(wal_dir, mode="absolute")] == [b"one", b"again"]
+
+
+def test_zeros_before_records_of_a_sealed_segment_are_corruption(wal_dir):
+    # A SEAL is written only after the records before it were synced: zeros there are durable
+    # bytes that were lost, not a torn write.
+    write_log(wal_dir, [payload for payload in (b"a" * 50, b"b" * 50, b"c" * 50, b"d" * 50)],
+              segment_size_bytes=160)
+    first = segment_paths(wal_dir)[0]
+    spans = record_spans(first)
+    assert spans[-1].rtype == fmt.TYPE_SEAL and len(spans) >= 3
+    put(first, spans[0].offset, bytes(spans[0].end - spans[0].offset))
+    with pytest.raises(wal.WalCorruptionError) as e:
+        read_all(wal_dir)
+    assert e.value.offset == spans[0].offset
+
+
+def test_a_bit_flip_before_later_records_of_the_last_segment_is_corruption(wal_dir):
+    # Not a lost write (no zeros): bytes that were durable are damaged; never cut silently.
+    write_log(wal_dir, [b"one" * 10, b"two" * 10, b"three" * 10])
+    (path,) = segment_paths(wal_dir)
+    second = record_spans(path)[1]
+    flip_bit(path, second.offset + 25)
     with pytest.raises(wal.WalCorruptionError) as e:
         read_all(wal_dir)
     assert e.value.offset == second.offset
+    with pytest.raises(wal.WalCorruptionError):
+        wal.Wal(wal_dir)
 
 
 @pytest.mark.parametrize("by", [1, 8, 30])
@@ -438,3 +470,19 @@ def test_a_whole_record_with_a_wrong_lsn_at_the_very_end_is_corruption_not_a_tor
     assert "carries LSN 7" in e.value.expected
     with pytest.raises(wal.WalCorruptionError):
         wal.open_wal(wal_dir)
+
+
+def test_a_lost_sector_inside_a_record_of_the_last_group_is_a_torn_tail(wal_dir):
+    # The record's first sector landed, a later one did not (it reads as zeros), and a record
+    # after it landed: the same torn group, judged by the zero sector.
+    big = bytes(range(256)) * 8  # 2 KiB, no zero run of 512 bytes in it
+    write_log(wal_dir, [b"one", big, b"three"], segment_size_bytes=1 << 20)
+    (path,) = segment_paths(wal_dir)
+    second = record_spans(path)[1]
+    sector = (second.offset + 20 + 511) // 512 * 512
+    assert sector + 512 <= second.end
+    put(path, sector, bytes(512))
+    damage = wal.scan(wal_dir, mode="point_in_time").damages[0]
+    assert damage.torn_tail and damage.offset == second.offset
+    with wal.Wal(wal_dir, segment_size_bytes=1 << 20) as w:
+        assert w.open_result.last_lsn == 1
