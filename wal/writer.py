@@ -139,6 +139,7 @@ class Wal:
         self._group = bytearray()
         self._waiters: list = []  # (loop, future, lsn) of asyncio appends in the open group
         self._group_last_lsn = 0
+        self._writing_lsn = 0  # last LSN of the group being written and synced (0: none)
         self._closed = False
         self._failed: Optional[WalFailedError] = None
         self._appends = 0
@@ -275,7 +276,9 @@ class Wal:
     def _wait_durable(self, lsn: int) -> None:
         with self._lock:
             while self._durable_lsn < lsn:
-                if self._failed is not None:
+                # A failure elsewhere (mark_applied) does not stop the group being written: an
+                # append in it waits for that group's own outcome.
+                if self._failed is not None and lsn > self._writing_lsn:
                     raise self._failed
                 if self._closed and not self._thread.is_alive():
                     raise WalClosedError(f"WAL {self.directory} closed before LSN {lsn} was synced")
@@ -353,6 +356,7 @@ class Wal:
                 group = self._group
                 waiters = self._waiters
                 last_lsn = self._group_last_lsn
+                self._writing_lsn = last_lsn
                 self._group = bytearray()
                 self._waiters = []
                 rotate_to = None
@@ -495,10 +499,12 @@ class Wal:
             except RuntimeError:
                 pass  # that loop is closed; nobody is waiting there any more
 
-    def _fail(self, op: str, cause: BaseException, waiters) -> None:
+    def _fail(self, op: str, cause: BaseException, waiters, *, from_flusher: bool = True) -> None:
         err = WalFailedError(op, cause)
         with self._lock:
             self._failed = err
+            if from_flusher:
+                self._writing_lsn = 0  # no group is being written any more
             rest = self._waiters
             self._waiters = []
             self._group = bytearray()
@@ -536,7 +542,7 @@ class Wal:
             except OSError as e:
                 # A failed fsync of the directory (or of APPLIED) is not retried, as everywhere
                 # in this log: fail closed; reopening recovers from what is on disk.
-                self._fail("mark_applied", e, [])
+                self._fail("mark_applied", e, [], from_flusher=False)
                 raise self._failed from e
         return deleted
 

@@ -216,3 +216,47 @@ def test_a_failed_directory_fsync_in_mark_applied_fails_the_log_closed(wal_dir):
     with wal.Wal(wal_dir, segment_size_bytes=64) as w:
         assert [r.lsn for r in read_all(wal_dir)][-1] == 6
         assert w.append(b"after") == 7
+
+
+def test_a_mark_applied_failure_does_not_fail_the_group_being_synced(wal_dir):
+    # mark_applied fails closed while a group is inside its fdatasync: appends of that group
+    # still get their own outcome (here: durable, so acknowledged); later appends are refused.
+    from wal.fs import OsFileSystem
+
+    class GatedFS(OsFileSystem):
+        armed = False
+        entered = threading.Event()
+        release = threading.Event()
+
+        def fdatasync(self, fd):
+            if self.armed:
+                self.entered.set()
+                assert self.release.wait(30)
+            super().fdatasync(fd)
+
+        def fsync(self, fd):  # APPLIED.tmp's fsync, inside mark_applied
+            if self.armed:
+                raise OSError(errno.EIO, "injected: fsync of APPLIED")
+            super().fsync(fd)
+
+    fs = GatedFS()
+    w = wal.Wal(wal_dir, fs=fs)
+    try:
+        w.append(b"first")
+        fs.armed = True
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("lsn", w.append(b"in flight")))
+        t.start()
+        assert fs.entered.wait(30)
+        with pytest.raises(wal.WalFailedError) as e:
+            w.mark_applied(w.durable_lsn + 1)
+        assert e.value.op == "mark_applied"
+        fs.release.set()
+        t.join(30)
+        assert got == {"lsn": 2}
+        with pytest.raises(wal.WalFailedError):
+            w.append(b"refused")
+    finally:
+        fs.release.set()
+        w.close()
+    assert [r.payload for r in read_all(wal_dir)] == [b"first", b"in flight"]
