@@ -472,7 +472,12 @@ class Compactor:
                 row["last_seq"] = seq
                 row["updated_at_ns"] = t
                 if type_ == ROUTER_DECISION:
-                    row["router_decision"] = loads(text)
+                    try:
+                        row["router_decision"] = loads(text)
+                    except orjson.JSONDecodeError:
+                        # Only an orjson.Fragment passed by the caller can get here; one bad
+                        # payload must not stop compaction for good.
+                        log.error("WAL record %d: ROUTER_DECISION payload is not JSON; not kept", rec.lsn)
                 continue
             d = loads(raw)
             op = d["op"]
