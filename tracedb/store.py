@@ -700,6 +700,8 @@ class Store:
         if self._closed:
             raise StoreClosedError()
         with self._compact_lock:
+            if self._closed:  # close() compacted last and is releasing everything
+                raise StoreClosedError()
             return self._compact_locked(progress)
 
     def _refresh(self) -> None:
