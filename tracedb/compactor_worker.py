@@ -56,6 +56,7 @@ class CompactorWorker:
             "batch_records": batch_records, "busy_timeout_ms": busy_timeout_ms,
             "parent_pid": os.getpid(),
         })
+        self._buf = b""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tracedb.compactor_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, start_new_session=True,
@@ -82,20 +83,25 @@ class CompactorWorker:
             raise WorkerGoneError(f"the compactor process {self.proc.pid} is gone: {e}") from None
 
     def _read_line(self) -> str:
-        # A deadline per line: each batch the child finishes says so, so a long backlog is fine
-        # and only a child stuck on one batch for STALL_S is given up on.
-        ready, _, _ = select.select([self.proc.stdout], [], [], STALL_S)
-        if not ready:
-            self.proc.kill()
-            raise WorkerGoneError(
-                f"the compactor process {self.proc.pid} finished no batch in {STALL_S:.0f} s; killed"
-            )
-        line = self.proc.stdout.readline()
-        if not line:
-            raise WorkerGoneError(
-                f"the compactor process {self.proc.pid} exited (status {self.proc.poll()})"
-            )
-        return line.decode().rstrip("\n")
+        # Our own line buffer over the raw pipe: select() must see every byte not yet consumed,
+        # which a buffered reader's read-ahead would hide. A deadline per line: each batch the
+        # child finishes says so, so only a child stuck on one batch for STALL_S is given up on.
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            ready, _, _ = select.select([fd], [], [], STALL_S)
+            if not ready:
+                self.proc.kill()
+                raise WorkerGoneError(
+                    f"the compactor process {self.proc.pid} finished no batch in {STALL_S:.0f} s; killed"
+                )
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise WorkerGoneError(
+                    f"the compactor process {self.proc.pid} exited (status {self.proc.poll()})"
+                )
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode()
 
     def compact(self, to_lsn: int) -> CompactResult:
         """Apply every record up to the durable `to_lsn`; returns what the child applied."""

@@ -265,3 +265,41 @@ def test_the_compactor_process_gets_its_settings_on_stdin_not_its_command_line(o
     with open(f"/proc/{store._worker.pid}/cmdline", "rb") as f:
         argv = f.read().split(b"\0")
     assert not any(b"database" in a or b"traces.db" in a for a in argv)
+
+
+def test_the_compactor_processs_answers_are_all_read_when_they_arrive_together(monkeypatch):
+    # "progress" and "ok" often arrive in one read; select() must not wait for bytes already read.
+    import types
+
+    from tracedb import compactor_worker
+
+    monkeypatch.setattr(compactor_worker, "STALL_S", 1.0)
+    r, w = os.pipe()
+    reader = os.fdopen(r, "rb")
+    worker = compactor_worker.CompactorWorker.__new__(compactor_worker.CompactorWorker)
+    worker._buf = b""
+    worker.proc = types.SimpleNamespace(stdout=reader, pid=0, kill=lambda: None, poll=lambda: None)
+    os.write(w, b"progress 5\nok {}\n")
+    try:
+        assert worker._read_line() == "progress 5"
+        assert worker._read_line() == "ok {}"
+    finally:
+        os.close(w)
+        reader.close()
+
+
+def test_the_compactor_process_answers_many_batches_without_being_taken_for_stalled(open_store, monkeypatch):
+    # The child reports each batch on its own line; lines that arrive together must all be
+    # read (a buffered pipe would hide them from select and the child would look stalled).
+    from tracedb import compactor_worker
+
+    monkeypatch.setattr(compactor_worker, "STALL_S", 3.0)
+    store = open_store(compact_worker=True, compact_batch_records=5)
+    for i in range(20):
+        ex = store.start("X", {"i": i})
+        for j in range(4):
+            ex.event("tool.requested", {"j": j})
+    result = store.compact()
+    assert result.batches >= 20 and result.applied_lsn == store.durable_lsn
+    assert store._worker is not None, "the child was given up on"
+    assert counts(store.engine)[1] == 80
