@@ -127,43 +127,7 @@ def counts(engine) -> tuple[int, int]:
 
 # -- seed 002's execution and a recorder process, as in tests/store ---------------------------
 
-SEED_002_EVENTS = [
-    (1, "INTENT_RECEIVED", {"intent": "ProcessIntent"}),
-    (2, "AGENT_ATTEMPT_START", {"agent": "processor-a"}),
-    (3, "AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
-    (4, "FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
-    (5, "AGENT_ATTEMPT_START", {"agent": "processor-b"}),
-    (6, "AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
-    (7, "ROUTER_DECISION", {"agent": "processor-b"}),
-    (8, "FINAL_RESPONSE", {"status": "success"}),
-]
-ENVELOPE = {
-    "intent": "ProcessIntent",
-    "payload": {"document": "invoice-17"},
-    "routingMetadata": {"hop": 3},
-}
-
-
-class FakeClock:
-    """Nanoseconds since the epoch that move only when a test says so."""
-
-    def __init__(self, start_ns: int = 1_705_314_600_000_000_000):  # 2024-01-15T10:30:00Z
-        self.ns = start_ns
-
-    def __call__(self) -> int:
-        return self.ns
-
-    def advance(self, seconds: float) -> None:
-        self.ns += int(seconds * 1e9)
-
-
-def record_seed_002(store, execution_id="exec-a1b2c3d4", envelope=None):
-    """Record seed 002's example execution; returns the Execution."""
-    ex = store.start("ProcessIntent", envelope or ENVELOPE, execution_id)
-    for seq, type_, payload in SEED_002_EVENTS[:-1]:
-        assert ex.event(type_, payload) == seq
-    assert ex.finish(SEED_002_EVENTS[-1][2]) == 8
-    return ex
+from tests.store.conftest import ENVELOPE, SEED_002_EVENTS, FakeClock, record_seed_002  # noqa: E402,F401
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
