@@ -111,6 +111,71 @@ def test_an_async_append_after_a_large_group_is_still_acknowledged(wal_dir):
     assert stats.durable_lsn == stats.appends == 71
 
 
+def test_async_appends_made_by_one_pass_of_the_loop_share_one_fdatasync(wal_dir):
+    # 64 producers woken by the same acknowledgment append in one pass of the loop; the flusher
+    # is rung after that pass, so each round is one group, not a record and then the rest.
+    async def main():
+        aw = await wal.open_async(wal_dir)
+        try:
+            async def producer(k):
+                for i in range(20):
+                    await asyncio.wait_for(aw.append(b"%d-%d" % (k, i)), timeout=10)
+
+            await asyncio.gather(*(producer(k) for k in range(64)))
+            return aw.stats()
+        finally:
+            await aw.close()
+
+    stats = asyncio.run(main())
+    assert stats.appends == stats.durable_lsn == 64 * 20
+    assert stats.groups <= 25, f"{stats.groups} groups for 20 rounds of 64 producers"
+
+
+def test_an_event_loop_closed_before_it_rang_does_not_strand_later_appends(wal_dir):
+    w = wal.Wal(wal_dir)
+    try:
+        dead = asyncio.new_event_loop()
+        orphan = w.append_one_future(b"queued by a loop that never runs again", dead)
+        dead.close()
+
+        async def main():
+            return await asyncio.wait_for(wal.AsyncWal(w).append(b"from a live loop"), timeout=10)
+
+        assert asyncio.run(main()) == 2
+        assert w.durable_lsn == 2 and not orphan.done()
+        # A sync append from a thread rings on its own too.
+        dead2 = asyncio.new_event_loop()
+        w.append_one_future(b"again", dead2)
+        dead2.close()
+        assert w.append(b"sync") == 4
+    finally:
+        w.close()
+
+
+def test_appends_from_two_event_loops_in_two_threads_are_each_acknowledged(wal_dir):
+    w = wal.Wal(wal_dir)
+    results: dict = {}
+
+    def run(name):
+        async def main():
+            aw = wal.AsyncWal(w)
+            futs = [aw.append(b"%s-%d" % (name.encode(), i)) for i in range(200)]
+            return await asyncio.wait_for(asyncio.gather(*futs), timeout=20)
+
+        results[name] = asyncio.run(main())
+
+    try:
+        threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(results["a"] + results["b"]) == list(range(1, 401))
+        assert all(x < y for x, y in zip(results["a"], results["a"][1:]))
+    finally:
+        w.close()
+
+
 # -- the asyncio rules ---------------------------------------------------------------------
 def test_a_sync_append_inside_a_running_event_loop_raises_usage_error_naming_asyncwal(wal_dir):
     w = wal.Wal(wal_dir)
