@@ -77,6 +77,9 @@ log = logging.getLogger(__name__)
 
 RECORDER_ID_FILE = "RECORDER_ID"
 _STARTING = "starting"
+# In-process compaction keeps this many batches (compact_batch_records) of just-appended records
+# in memory for the compactor (see Store._keep_records_in_memory).
+RETAIN_BATCHES = 8
 _PENDING_LSN = sys.maxsize  # a closing record enqueued, its LSN not yet durable
 _NAMESPACED_TYPE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)+$")
 _ID = re.compile(r"^[\x21-\x7e]+$")
@@ -199,6 +202,7 @@ class Store:
         self._engine = self._read_engine = None
         self._compactor: Optional[Compactor] = None
         self._worker = None  # a CompactorWorker when compact_worker is set
+        self._hinting = False  # see _keep_records_in_memory
         self.background_error: Optional[BaseException] = None
         self._disabled_seqs: dict[str, int] = {}
         os.makedirs(self.data_dir, exist_ok=True)
@@ -246,6 +250,7 @@ class Store:
             except Exception as e:  # noqa: BLE001 - compaction goes on in-process
                 log.error("tracedb: the compactor process did not start (%s); compacting in-process", e)
                 self._worker = None
+                self._keep_records_in_memory(True)
 
     def _open_database(self) -> None:
         cfg = self.config
@@ -271,7 +276,16 @@ class Store:
         self._compactor = Compactor(
             self._engine, cfg.wal_dir, self.recorder_id, applied,
             batch_records=cfg.compact_batch_records, clock=self.clock,
+            source=self._wal.take_retained,
         )
+        self._keep_records_in_memory(not cfg.compact_worker)
+
+    def _keep_records_in_memory(self, on: bool) -> None:
+        """While compaction runs in this process it takes what was just appended from memory
+        (decoded events included) instead of reading it back from the WAL segments; a bounded
+        window: a compactor that falls behind reads the segments."""
+        self._hinting = on
+        self._wal.retain(RETAIN_BATCHES * self.config.compact_batch_records if on else 0)
 
     # -- context manager / lifecycle ----------------------------------------------------
     def __enter__(self) -> "Store":
@@ -353,9 +367,9 @@ class Store:
             )
 
     # -- the WAL -------------------------------------------------------------------------
-    def _append(self, data: bytes) -> int:
+    def _append(self, data: bytes, hint=None) -> int:
         try:
-            lsn = self._wal.append(data)
+            lsn = self._wal.append(data, hint)
         except wal.PayloadTooLargeError as e:
             raise InvalidInputError(str(e), hint="store large blobs elsewhere and record a reference") from None
         except wal.WalFailedError as e:
@@ -365,9 +379,9 @@ class Store:
         self._note_append()
         return lsn
 
-    def _enqueue(self, payloads: list[bytes], loop) -> asyncio.Future:
+    def _enqueue(self, payloads: list[bytes], loop, hints=None) -> asyncio.Future:
         try:
-            return self._wal.append_future(payloads, loop)
+            return self._wal.append_future(payloads, loop, hints)
         except wal.PayloadTooLargeError as e:
             raise InvalidInputError(str(e), hint="store large blobs elsewhere and record a reference") from None
         except wal.WalFailedError as e:
@@ -455,11 +469,14 @@ class Store:
         if state.status != STATUS_RUNNING:
             raise ExecutionClosedError(state.execution_id, state.status)
 
-    def _event_doc(self, state: _State, type_: str, payload: Any, now: int) -> bytes:
-        return encode_event(
-            state.execution_id, state.next_seq, type_,
-            _dumps(payload, f"payload of event {type_!r}"), now,
-        )
+    def _event_doc(self, state: _State, type_: str, payload: Any, now: int) -> tuple[bytes, Optional[tuple]]:
+        """The event's WAL record, and its compaction hint when the in-process compactor takes
+        records from memory (see Compactor's `source`): what decoding the record would give."""
+        payload_json = _dumps(payload, f"payload of event {type_!r}")
+        data = encode_event(state.execution_id, state.next_seq, type_, payload_json, now)
+        if not self._hinting:
+            return data, None
+        return data, (state.execution_id, state.next_seq, type_, payload_json, now)
 
     def _finish_doc(self, state: _State, response: Any, now: int) -> bytes:
         return _dumps(
@@ -525,8 +542,8 @@ class Store:
         with state.lock:
             self._check_open(state)
             now = self.clock()
-            data = self._event_doc(state, type, payload, now)
-            lsn = self._append(data)
+            data, hint = self._event_doc(state, type, payload, now)
+            lsn = self._append(data, hint)
             seq = state.next_seq
             state.next_seq = seq + 1
             state.last_lsn = lsn
@@ -681,6 +698,7 @@ class Store:
 
     def _stop_worker(self) -> None:
         worker, self._worker = self._worker, None
+        self._keep_records_in_memory(True)
         if worker is not None:
             worker.close()
             # It may have applied a batch it could not report: read the checkpoint back.
@@ -883,14 +901,17 @@ class Store:
             seq = state.next_seq
             now = self.clock()
             try:
-                data = encode_event(execution_id, seq, type_, orjson.dumps(payload, option=_DUMP_OPTS), now)
+                payload_json = orjson.dumps(payload, option=_DUMP_OPTS)
             except TypeError as e:
                 raise InvalidInputError(
                     f"payload of event {type_!r} is not JSON-serialisable: {e}",
                     hint="pass dicts, lists, strings, numbers, booleans and None only",
                 ) from None
+            data = encode_event(execution_id, seq, type_, payload_json, now)
             if len(data) > wal.MAX_PAYLOAD_BYTES:
                 self._check_size(data)
+            if self._hinting:
+                batch.hints[len(batch.payloads)] = (execution_id, seq, type_, payload_json, now)
             batch.payloads.append(data)
             state.next_seq = seq + 1
             state.last_activity_ns = now
@@ -1023,7 +1044,7 @@ class Store:
         LSNs once they are durable. None for an empty batch."""
         if not batch.payloads:
             return None
-        fut = self._enqueue(batch.payloads, loop)
+        fut = self._enqueue(batch.payloads, loop, batch.hints or None)
         closing = batch.closing
         if closing:
 
@@ -1066,10 +1087,11 @@ class StageMiss(Exception):
 class StagedBatch:
     """WAL records staged for one append (see `Store.stage_event`)."""
 
-    __slots__ = ("payloads", "closing")
+    __slots__ = ("payloads", "closing", "hints")
 
     def __init__(self) -> None:
         self.payloads: list[bytes] = []
+        self.hints: dict[int, tuple] = {}  # index in payloads -> the event's compaction hint
         self.closing: list[tuple[int, _State]] = []  # (index in payloads, state) of closing records
 
 
@@ -1210,8 +1232,8 @@ class AsyncStore:
         with state.lock:
             s._check_open(state)
             now = s.clock()
-            data = s._event_doc(state, type, payload, now)
-            fut = s._enqueue([data], asyncio.get_running_loop())
+            data, hint = s._event_doc(state, type, payload, now)
+            fut = s._enqueue([data], asyncio.get_running_loop(), None if hint is None else {0: hint})
             seq = state.next_seq
             state.next_seq = seq + 1
             state.last_activity_ns = now

@@ -37,6 +37,7 @@ DEFAULT_SEGMENT_SIZE_BYTES = 64 << 20
 LOCK_FILE = "LOCK"
 SPARE_FILE = "preallocated.tmp"
 _ZERO_CHUNK = bytes(1 << 20)
+_SPARE_SYNC_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,8 @@ class Wal:
         self._group = bytearray()
         self._waiters: list = []  # (loop, future, lsn) of asyncio appends in the open group
         self._group_loop = None  # the one loop of every waiter in the open group, or _MIXED
+        self._retain_cap = 0
+        self._retained: list = []  # (lsn, payload, hint) of the latest appends, see retain()
         self._group_last_lsn = 0
         self._writing_lsn = 0  # last LSN of the group being written and synced (0: none)
         self._closed = False
@@ -296,7 +299,7 @@ class Wal:
         if self._closed:
             raise WalClosedError(f"WAL {self.directory} is closed")
 
-    def _encode_locked(self, payload) -> int:
+    def _encode_locked(self, payload, hint=None) -> int:
         n = len(payload)
         if n > fmt.MAX_PAYLOAD_BYTES:
             raise PayloadTooLargeError(n, fmt.MAX_PAYLOAD_BYTES)
@@ -304,15 +307,62 @@ class Wal:
         self._group += fmt.encode_record(self._encode_seed, lsn, fmt.TYPE_DATA, payload)
         self._next_lsn = lsn + 1
         self._group_last_lsn = lsn
+        if self._retain_cap:
+            self._retain_locked(lsn, payload, hint)
         return lsn
 
-    def _enqueue(self, payloads: Sequence[bytes]) -> list[int]:
+    def _encode_all_locked(self, payloads: Sequence[bytes], hints) -> list[int]:
+        if hints is None:
+            return [self._encode_locked(p) for p in payloads]
+        return [self._encode_locked(p, hints.get(i)) for i, p in enumerate(payloads)]
+
+    # -- records kept in memory for an in-process consumer -------------------------------
+    def _retain_locked(self, lsn: int, payload, hint) -> None:
+        kept = self._retained
+        if len(kept) >= self._retain_cap:
+            # The consumer fell behind: it reads this stretch back from the segments instead.
+            kept.clear()
+        kept.append((lsn, payload, hint))
+
+    def retain(self, max_records: int) -> None:
+        """Keep up to `max_records` appended records in memory for `take_retained`, so that an
+        in-process consumer (the compactor) need not read back from disk what it just wrote.
+        0 turns it off and drops what is kept. When more would be kept the oldest are dropped,
+        and `take_retained` answers None for them."""
+        with self._lock:
+            self._retain_cap = max(0, int(max_records))
+            if not self._retain_cap:
+                self._retained = []
+
+    def take_retained(self, first_lsn: int, max_records: int, to_lsn: int) -> Optional[list]:
+        """Up to `max_records` durable records from `first_lsn` on, none past `to_lsn`, as
+        (lsn, payload, hint) in LSN order, dropping them and any before them from memory; None
+        when `first_lsn` is not kept (read it from the segments with a WalReader instead).
+        `hint` is what the appender passed along with the payload (or None)."""
+        with self._lock:
+            kept = self._retained
+            if not kept:
+                return None
+            head = kept[0][0]
+            if head > first_lsn:
+                return None
+            start = first_lsn - head  # kept LSNs are consecutive: one entry per appended record
+            last = min(to_lsn, self._durable_lsn, first_lsn + max_records - 1, kept[-1][0])
+            if last < first_lsn:
+                del kept[:start]
+                return []
+            end = start + (last - first_lsn + 1)
+            out = kept[start:end]
+            del kept[:end]
+            return out
+
+    def _enqueue(self, payloads: Sequence[bytes], hints=None) -> list[int]:
         for p in payloads:
             if len(p) > fmt.MAX_PAYLOAD_BYTES:
                 raise PayloadTooLargeError(len(p), fmt.MAX_PAYLOAD_BYTES)
         with self._lock:
             self._check_open()
-            lsns = [self._encode_locked(p) for p in payloads]
+            lsns = self._encode_all_locked(payloads, hints)
             self._appends += len(lsns)
             if self._flusher_idle:
                 self._flusher_idle = False
@@ -330,19 +380,22 @@ class Wal:
                     raise WalClosedError(f"WAL {self.directory} closed before LSN {lsn} was synced")
                 self._synced.wait()
 
-    def append(self, payload: bytes) -> int:
-        """Append one record; return its LSN once it is durable (after fdatasync)."""
+    def append(self, payload: bytes, hint=None) -> int:
+        """Append one record; return its LSN once it is durable (after fdatasync).
+
+        `hint` (any object) is kept with the record in memory only, for `take_retained`."""
         if _in_running_loop():
             raise WalUsageError(
                 "Wal.append() blocks and was called inside a running event loop; "
                 "use `await AsyncWal.append()` (wal.open_async) there"
             )
-        (lsn,) = self._enqueue((payload,))
+        (lsn,) = self._enqueue((payload,), None if hint is None else {0: hint})
         self._wait_durable(lsn)
         return lsn
 
-    def append_many(self, payloads: Sequence[bytes]) -> list[int]:
-        """Append records in order; return their LSNs once all are durable."""
+    def append_many(self, payloads: Sequence[bytes], hints=None) -> list[int]:
+        """Append records in order; return their LSNs once all are durable. `hints`: an
+        optional mapping of index in `payloads` to that record's hint (see `append`)."""
         if _in_running_loop():
             raise WalUsageError(
                 "Wal.append_many() blocks and was called inside a running event loop; "
@@ -350,19 +403,22 @@ class Wal:
             )
         if not payloads:
             return []
-        lsns = self._enqueue(payloads)
+        lsns = self._enqueue(payloads, hints)
         self._wait_durable(lsns[-1])
         return lsns
 
-    def append_future(self, payloads: Sequence[bytes], loop: asyncio.AbstractEventLoop) -> asyncio.Future:
-        """Enqueue records; the returned future (of `loop`) resolves to their LSNs once durable."""
+    def append_future(
+        self, payloads: Sequence[bytes], loop: asyncio.AbstractEventLoop, hints=None
+    ) -> asyncio.Future:
+        """Enqueue records; the returned future (of `loop`) resolves to their LSNs once durable.
+        `hints` as for `append_many`."""
         fut = loop.create_future()
         for p in payloads:
             if len(p) > fmt.MAX_PAYLOAD_BYTES:
                 raise PayloadTooLargeError(len(p), fmt.MAX_PAYLOAD_BYTES)
         with self._lock:
             self._check_open()
-            lsns = [self._encode_locked(p) for p in payloads]
+            lsns = self._encode_all_locked(payloads, hints)
             self._appends += len(lsns)
             if loop is not self._group_loop:
                 self._group_loop = loop if not self._waiters else _MIXED
@@ -372,7 +428,7 @@ class Wal:
                 self._bell.ring()
         return fut
 
-    def append_one_future(self, payload, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    def append_one_future(self, payload, loop: asyncio.AbstractEventLoop, hint=None) -> asyncio.Future:
         """`append_future` for one record: the future resolves to its LSN. The hot path of
         asyncio callers, so it is written out rather than shared."""
         n = len(payload)
@@ -386,6 +442,8 @@ class Wal:
             self._group += fmt.encode_record(self._encode_seed, lsn, fmt.TYPE_DATA, payload)
             self._next_lsn = lsn + 1
             self._group_last_lsn = lsn
+            if self._retain_cap:
+                self._retain_locked(lsn, payload, hint)
             self._appends += 1
             if loop is not self._group_loop:
                 self._group_loop = loop if not self._waiters else _MIXED
@@ -542,10 +600,18 @@ class Wal:
                 fd = self.fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 try:
                     left = size
+                    unsynced = 0
                     while left > 0 and not self._closed:
                         chunk = _ZERO_CHUNK if left >= len(_ZERO_CHUNK) else _ZERO_CHUNK[:left]
                         write_all(self.fs, fd, chunk)
                         left -= len(chunk)
+                        unsynced += len(chunk)
+                        if unsynced >= _SPARE_SYNC_BYTES:
+                            # Written back a few MB at a time: one flush of the whole segment
+                            # would queue every fdatasync of the log (and SQLite's commits)
+                            # behind it for tens of milliseconds.
+                            self.fs.fdatasync(fd)
+                            unsynced = 0
                     self.fs.fsync(fd)
                 finally:
                     self.fs.close(fd)
@@ -586,6 +652,7 @@ class Wal:
             rest = self._waiters
             self._waiters = []
             self._group_loop = None
+            self._retained = []  # what was not durable never will be
             self._group = bytearray()
             self._synced.notify_all()
         self._ack(waiters + rest, err)

@@ -303,3 +303,115 @@ def test_the_compactor_process_answers_many_batches_without_being_taken_for_stal
     assert result.batches >= 20 and result.applied_lsn == store.durable_lsn
     assert store._worker is not None, "the child was given up on"
     assert counts(store.engine)[1] == 80
+
+
+# -- in-process compaction takes what was just recorded from memory --------------------------
+def _table_rows(engine):
+    with engine.connect() as conn:
+        t = [tuple(r) for r in conn.execute(sa.select(traces).order_by(traces.c.execution_id))]
+        s = [tuple(r) for r in conn.execute(sa.select(trace_steps).order_by(trace_steps.c.lsn))]
+    return t, s
+
+
+def _record_mixed(store, n=12):
+    import asyncio
+
+    for i in range(n):
+        ex = store.start("mixed", {"i": i, "text": "naïve \u2028 \"quoted\"\n"}, f"exec-{i:03d}")
+        ex.event("tool.requested", {"q": i, "nested": {"a": [1, 2.5, None, True]}})
+        ex.event("ROUTER_DECISION", {"agent": f"agent-{i}"})
+        ex.event("llm.responded", "just a string")
+        ex.event("custom.thing", None)
+        if i % 3 == 0:
+            ex.finish({"status": "success", "payload": {"i": i}})
+        elif i % 3 == 1:
+            ex.invalidate("operator said so")
+
+    from tracedb.store import StagedBatch
+
+    store.start("staged", {"via": "the sidecar's staging"}, "exec-staged")
+
+    async def more():
+        batch = StagedBatch()  # the sidecar's path: events staged, then one WAL append
+        for k in range(3):
+            store.stage_event(batch, "exec-staged", "tool.requested", {"k": k})
+        store.stage_finish(batch, "exec-staged", {"status": "success"})
+        await store.append_staged(batch, asyncio.get_running_loop())
+        astore = tracedb.AsyncStore(store)
+        ex = await astore.start("async", {"k": 1}, "exec-async")
+        for j in range(5):
+            await astore.event(ex.execution_id, "tool.responded", {"j": j})
+        await astore.finish(ex.execution_id, {"status": "success"})
+
+    asyncio.run(more())
+
+
+def test_in_process_compaction_applies_from_memory_exactly_what_the_wal_holds(open_store, data_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from tracedb import compactor as compactor_mod
+
+    store = open_store()
+    _record_mixed(store)
+    wal_copy = str(tmp_path / "wal-copy")
+    shutil.copytree(os.path.join(data_dir, "wal"), wal_copy, ignore=shutil.ignore_patterns("LOCK"))
+
+    def no_disk(*a, **k):
+        raise AssertionError("the compactor read the WAL segments although the records were in memory")
+
+    monkeypatch.setattr(compactor_mod.wal, "WalReader", no_disk)
+    result = store.compact()
+    monkeypatch.undo()
+    assert result.applied_lsn == store.durable_lsn and result.steps == 12 * 4 + 4 + 6 + 4
+    from_memory = _table_rows(store.engine)
+
+    # The same WAL compacted from its segments by a fresh compactor gives the same rows.
+    engine = db.create_engine(str(tmp_path / "from-disk.db"), write=True)
+    db.migrate(engine)
+    db.ensure_checkpoint(engine, store.recorder_id, 0)
+    comp = compactor_mod.Compactor(engine, wal_copy, store.recorder_id, 0, clock=lambda: 0)
+    comp.compact(result.applied_lsn)
+    comp.close()
+    from_disk = _table_rows(engine)
+    engine.dispose()
+    assert from_memory[1] == from_disk[1]
+    assert from_memory[0] == from_disk[0]
+    assert store.verify().ok
+
+
+def test_a_compactor_that_fell_behind_the_memory_window_reads_the_segments(open_store):
+    store = open_store(compact_batch_records=5)  # a window of 8 batches: 40 records
+    for i in range(30):
+        ex = store.start("X", {"i": i})
+        ex.event("tool.requested", {"i": i})
+        ex.finish({"status": "success"})
+    assert store.durable_lsn == 90
+    result = store.compact()
+    assert result.records == 90 and result.steps == 60
+    assert counts(store.engine) == (30, 60, 90)
+    # Caught up: what comes next is taken from memory again, and nothing twice.
+    ex = store.start("Y", {})
+    ex.event("tool.requested", {})
+    assert store.compact().records == 2
+    assert counts(store.engine) == (31, 61, 92)
+
+
+def test_compaction_from_memory_that_fails_is_applied_again_from_the_segments(open_store, monkeypatch):
+    store = open_store()
+    record_seed_002(store)
+    real = store._compactor._write
+    calls = {"n": 0}
+
+    def failing_once(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise sa.exc.OperationalError("INSERT", {}, Exception("injected: database is locked"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(store._compactor, "_write", failing_once)
+    with pytest.raises(sa.exc.OperationalError):
+        store.compact()
+    # The records taken from memory are gone from it; the retry reads them from the WAL.
+    result = store.compact()
+    assert result.records == 9 and result.steps == 8
+    assert counts(store.engine) == (1, 8, 9)

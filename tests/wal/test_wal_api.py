@@ -649,3 +649,71 @@ def test_an_incremental_reader_goes_on_after_its_segment_is_deleted_as_applied(t
         w.mark_applied(w.durable_lsn)
         assert wal.list_segments(d)[0].number > 1
         assert [r.lsn for r in reader.records(to_lsn=w.durable_lsn)] == [3]
+
+
+# -- records kept in memory for an in-process consumer -------------------------------------
+def test_retained_records_come_back_in_order_with_their_hints_and_only_once_durable(wal_dir):
+    w = wal.Wal(wal_dir)
+    try:
+        assert w.take_retained(1, 10, 10) is None, "nothing is kept until retain() is called"
+        w.retain(100)
+        assert w.append(b"a", ("hint", 1)) == 1
+        assert w.append_many([b"b", b"c", b"d"], {1: "for c"}) == [2, 3, 4]
+        assert w.take_retained(1, 2, 4) == [(1, b"a", ("hint", 1)), (2, b"b", None)]
+        # Taken records are gone; a range past to_lsn is left for later.
+        assert w.take_retained(1, 10, 4) is None
+        assert w.take_retained(3, 10, 3) == [(3, b"c", "for c")]
+        assert w.take_retained(4, 10, 4) == [(4, b"d", None)]
+        assert w.take_retained(5, 10, 9) is None  # nothing kept at all any more
+        # Never past what is durable, whatever to_lsn says.
+        dead = asyncio.new_event_loop()
+        try:
+            fut = w.append_one_future(b"e", dead, "e-hint")
+            assert w.take_retained(5, 10, 99) in ([], [(5, b"e", "e-hint")])
+        finally:
+            dead.close()
+        assert not fut.done() or fut.result() == 5
+    finally:
+        w.close()
+
+
+def test_retained_records_skipped_by_a_consumer_reading_from_disk_are_dropped(wal_dir):
+    w = wal.Wal(wal_dir)
+    try:
+        w.retain(100)
+        w.append_many([b"%d" % i for i in range(10)])
+        # The consumer applied 1..6 from the segments: asking for 7 drops 1..6 on the way.
+        assert [r[0] for r in w.take_retained(7, 100, 10)] == [7, 8, 9, 10]
+        assert w.take_retained(1, 100, 10) is None
+    finally:
+        w.close()
+
+
+def test_a_full_retention_window_starts_over_and_earlier_records_come_from_disk(wal_dir):
+    w = wal.Wal(wal_dir)
+    try:
+        w.retain(4)
+        w.append_many([b"%d" % i for i in range(6)])  # 1..4 kept, then dropped for 5, 6
+        assert w.take_retained(1, 10, 6) is None
+        assert [r[0] for r in w.take_retained(5, 10, 6)] == [5, 6]
+        w.retain(0)
+        w.append(b"x")
+        assert w.take_retained(7, 10, 7) is None
+    finally:
+        w.close()
+
+
+def test_a_failed_wal_keeps_nothing_in_memory(wal_dir):
+    import errno
+
+    fs = FaultFS(wal_dir)
+    w = wal.Wal(wal_dir, fs=fs)
+    try:
+        w.retain(100)
+        w.append(b"durable")
+        fs.fail = {"fdatasync": (fs.calls["fdatasync"] + 1, errno.EIO)}
+        with pytest.raises(wal.WalFailedError):
+            w.append(b"lost")
+        assert w.take_retained(1, 10, 10) is None
+    finally:
+        w.close()
