@@ -185,7 +185,9 @@ class Wal:
         self._waiters: list = []  # (loop, future, lsn) of asyncio appends in the open group
         self._group_loop = None  # the one loop of every waiter in the open group, or _MIXED
         self._retain_cap = 0
+        self._retain_bytes_cap = 0
         self._retained: list = []  # (lsn, payload, hint) of the latest appends, see retain()
+        self._retained_bytes = 0  # sum of their payload sizes
         self._group_last_lsn = 0
         self._writing_lsn = 0  # last LSN of the group being written and synced (0: none)
         self._closed = False
@@ -319,20 +321,28 @@ class Wal:
     # -- records kept in memory for an in-process consumer -------------------------------
     def _retain_locked(self, lsn: int, payload, hint) -> None:
         kept = self._retained
-        if len(kept) >= self._retain_cap:
+        size = len(payload)
+        if len(kept) >= self._retain_cap or self._retained_bytes + size > self._retain_bytes_cap:
             # The consumer fell behind: it reads this stretch back from the segments instead.
             kept.clear()
+            self._retained_bytes = 0
+            if size > self._retain_bytes_cap:
+                return
         kept.append((lsn, payload, hint))
+        self._retained_bytes += size
 
-    def retain(self, max_records: int) -> None:
-        """Keep up to `max_records` appended records in memory for `take_retained`, so that an
-        in-process consumer (the compactor) need not read back from disk what it just wrote.
-        0 turns it off and drops what is kept. When more would be kept the oldest are dropped,
-        and `take_retained` answers None for them."""
+    def retain(self, max_records: int, max_bytes: int = 32 << 20) -> None:
+        """Keep up to `max_records` appended records (and `max_bytes` of their payloads) in
+        memory for `take_retained`, so that an in-process consumer (the compactor) need not
+        read back from disk what was just written. 0 turns it off and drops what is kept.
+        Past either bound everything kept is dropped (a consumer that fell behind reads the
+        segments) and keeping starts over."""
         with self._lock:
             self._retain_cap = max(0, int(max_records))
+            self._retain_bytes_cap = max(0, int(max_bytes))
             if not self._retain_cap:
                 self._retained = []
+                self._retained_bytes = 0
 
     def take_retained(self, first_lsn: int, max_records: int, to_lsn: int) -> Optional[list]:
         """Up to `max_records` durable records from `first_lsn` on, none past `to_lsn`, as
@@ -348,11 +358,10 @@ class Wal:
                 return None
             start = first_lsn - head  # kept LSNs are consecutive: one entry per appended record
             last = min(to_lsn, self._durable_lsn, first_lsn + max_records - 1, kept[-1][0])
-            if last < first_lsn:
-                del kept[:start]
-                return []
-            end = start + (last - first_lsn + 1)
+            end = start + max(0, last - first_lsn + 1)
             out = kept[start:end]
+            for rec in kept[:end]:
+                self._retained_bytes -= len(rec[1])
             del kept[:end]
             return out
 
@@ -653,6 +662,7 @@ class Wal:
             self._waiters = []
             self._group_loop = None
             self._retained = []  # what was not durable never will be
+            self._retained_bytes = 0
             self._group = bytearray()
             self._synced.notify_all()
         self._ack(waiters + rest, err)

@@ -703,6 +703,21 @@ def test_a_full_retention_window_starts_over_and_earlier_records_come_from_disk(
         w.close()
 
 
+def test_the_retention_window_is_bounded_in_bytes_too(wal_dir):
+    w = wal.Wal(wal_dir)
+    try:
+        w.retain(100, max_bytes=10)
+        w.append_many([b"aaaa", b"bbbb", b"cccc"])  # the third would pass 10 bytes: start over
+        assert w.take_retained(1, 10, 3) is None
+        assert w.take_retained(3, 10, 3) == [(3, b"cccc", None)]
+        w.append(b"x" * 11)  # larger than the whole window: never kept
+        w.append(b"dd")
+        assert w.take_retained(4, 10, 5) is None
+        assert w.take_retained(5, 10, 5) == [(5, b"dd", None)]
+    finally:
+        w.close()
+
+
 def test_a_failed_wal_keeps_nothing_in_memory(wal_dir):
     import errno
 
