@@ -461,7 +461,7 @@ def section_sidecar(args, workdir: str) -> None:
             extra=f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  RSS {r['rss_peak_mb']:.0f} MB  "
             f"lag {r.get('compaction_lag_records')}",
         )
-    for window in (1, 8):
+    for window in (1, 8, 16):
         # Fewer requests in flight: by Little's law, latency is in-flight / throughput.
         r = sb.run(clients=(32,), seconds=args.seconds, workdir=workdir, quiet=True, window=window)["sidecar"][32]
         rows[f"32x{window}"] = row(
