@@ -317,8 +317,8 @@ class Compactor:
         """`source(first_lsn, max_records, to_lsn)`, when given, is asked first for the records
         to apply, as (lsn, payload, hint) (`wal.Wal.take_retained`: what the recorder in this
         process has just appended, still in memory); when it answers None the compactor reads
-        the WAL segments. An event's hint, (execution id, seq, type, payload JSON, time ns),
-        saves decoding its record; it must say what the record says."""
+        the WAL segments. An event's hint, (execution id, seq, type, offset of the payload JSON
+        in the record, time ns), saves decoding its record; it must say what the record says."""
         self.engine = engine
         self.source = source
         self.wal_dir = wal_dir
@@ -554,8 +554,8 @@ class Compactor:
             lsn = rec[0]
             hint = rec[2] if hinted else None
             if hint is not None:
-                eid, seq, type_, payload_json, t = hint
-                text = payload_json.decode()
+                eid, seq, type_, at, t = hint
+                text = rec[1][at:].decode()
             else:
                 raw = rec[1]
                 if raw[0] != EVENT_TAG:

@@ -476,7 +476,7 @@ class Store:
         data = encode_event(state.execution_id, state.next_seq, type_, payload_json, now)
         if not self._hinting:
             return data, None
-        return data, (state.execution_id, state.next_seq, type_, payload_json, now)
+        return data, (state.execution_id, state.next_seq, type_, len(data) - len(payload_json), now)
 
     def _finish_doc(self, state: _State, response: Any, now: int) -> bytes:
         return _dumps(
@@ -911,7 +911,7 @@ class Store:
             if len(data) > wal.MAX_PAYLOAD_BYTES:
                 self._check_size(data)
             if self._hinting:
-                batch.hints[len(batch.payloads)] = (execution_id, seq, type_, payload_json, now)
+                batch.hints[len(batch.payloads)] = (execution_id, seq, type_, len(data) - len(payload_json), now)
             batch.payloads.append(data)
             state.next_seq = seq + 1
             state.last_activity_ns = now

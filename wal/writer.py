@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from . import format as fmt
 from .errors import (
@@ -37,6 +37,8 @@ DEFAULT_SEGMENT_SIZE_BYTES = 64 << 20
 LOCK_FILE = "LOCK"
 SPARE_FILE = "preallocated.tmp"
 _ZERO_CHUNK = bytes(1 << 20)
+# Memory a kept record costs besides its payload: its tuple, the bytes object, a hint.
+_RETAIN_OVERHEAD = 256
 _SPARE_SYNC_BYTES = 1 << 20
 
 
@@ -112,6 +114,9 @@ class _Doorbell:
             os.close(self._w)
 
 
+_get_running_loop = asyncio._get_running_loop  # the running loop of this thread, or None (in C)
+
+
 def _in_running_loop() -> bool:
     try:
         asyncio.get_running_loop()
@@ -121,6 +126,11 @@ def _in_running_loop() -> bool:
 
 
 _MIXED = object()  # waiters of a group came from more than one event loop
+
+
+def _check_hints(hints) -> None:
+    if hints is not None and not isinstance(hints, Mapping):
+        raise TypeError(f"hints must be a mapping of index in payloads to hint, not {type(hints).__name__}")
 
 
 def _resolve_group(waiters) -> None:
@@ -176,7 +186,7 @@ class Wal:
         self._lock = threading.Lock()
         self._applied_lock = threading.Lock()
         self._synced = threading.Condition(self._lock)
-        self._bell = _Doorbell()
+        self._bell: Optional[_Doorbell] = None  # made once the log is open: no fd leaks on errors
         # The loop that will ring for the open group once its ready callbacks ran; an append
         # from any other loop schedules its own ring (a closed loop never runs its callbacks).
         self._ring_loop = None
@@ -187,7 +197,8 @@ class Wal:
         self._retain_cap = 0
         self._retain_bytes_cap = 0
         self._retained: list = []  # (lsn, payload, hint) of the latest appends, see retain()
-        self._retained_bytes = 0  # sum of their payload sizes
+        self._retained_bytes = 0  # sum of their payload sizes plus _RETAIN_OVERHEAD each
+        self._to_free = None  # a dropped window, freed by the flusher outside the lock
         self._group_last_lsn = 0
         self._writing_lsn = 0  # last LSN of the group being written and synced (0: none)
         self._closed = False
@@ -206,6 +217,7 @@ class Wal:
         except BaseException:
             self._release_lock()
             raise
+        self._bell = _Doorbell()
         self._thread = threading.Thread(target=self._flusher, name="wal-flusher", daemon=True)
         self._thread.start()
         if preallocate:
@@ -320,15 +332,18 @@ class Wal:
 
     # -- records kept in memory for an in-process consumer -------------------------------
     def _retain_locked(self, lsn: int, payload, hint) -> None:
-        kept = self._retained
-        size = len(payload)
-        if len(kept) >= self._retain_cap or self._retained_bytes + size > self._retain_bytes_cap:
+        size = len(payload) + _RETAIN_OVERHEAD
+        if len(self._retained) >= self._retain_cap or self._retained_bytes + size > self._retain_bytes_cap:
             # The consumer fell behind: it reads this stretch back from the segments instead.
-            kept.clear()
+            # What was kept is freed by the flusher, not here under the lock.
+            self._to_free = self._retained
+            self._retained = []
             self._retained_bytes = 0
             if size > self._retain_bytes_cap:
                 return
-        kept.append((lsn, payload, hint))
+        # A copy: exactly the bytes framed now (a caller may reuse a bytearray), and no spare
+        # capacity (orjson's output, for one, keeps a 4 KiB allocation behind a short string).
+        self._retained.append((lsn, bytes(memoryview(payload)), hint))
         self._retained_bytes += size
 
     def retain(self, max_records: int, max_bytes: int = 32 << 20) -> None:
@@ -361,11 +376,12 @@ class Wal:
             end = start + max(0, last - first_lsn + 1)
             out = kept[start:end]
             for rec in kept[:end]:
-                self._retained_bytes -= len(rec[1])
+                self._retained_bytes -= len(rec[1]) + _RETAIN_OVERHEAD
             del kept[:end]
             return out
 
     def _enqueue(self, payloads: Sequence[bytes], hints=None) -> list[int]:
+        _check_hints(hints)
         for p in payloads:
             if len(p) > fmt.MAX_PAYLOAD_BYTES:
                 raise PayloadTooLargeError(len(p), fmt.MAX_PAYLOAD_BYTES)
@@ -421,6 +437,7 @@ class Wal:
     ) -> asyncio.Future:
         """Enqueue records; the returned future (of `loop`) resolves to their LSNs once durable.
         `hints` as for `append_many`."""
+        _check_hints(hints)
         fut = loop.create_future()
         for p in payloads:
             if len(p) > fmt.MAX_PAYLOAD_BYTES:
@@ -458,11 +475,15 @@ class Wal:
                 self._group_loop = loop if not self._waiters else _MIXED
             self._waiters.append((loop, fut, lsn))
             if self._flusher_idle and self._ring_loop is not loop:
-                # Ring once the loop has run what is ready now: the other producers woken by the
-                # last acknowledgment join this group, and the flusher wakes to a free GIL
-                # instead of taking the group one record at a time from a busy loop.
-                self._ring_loop = loop
-                loop.call_soon(self._ring_later, loop)
+                if _get_running_loop() is loop:
+                    # Ring once the loop has run what is ready now: the other producers woken by
+                    # the last acknowledgment join this group, and the flusher wakes to a free
+                    # GIL instead of taking the group one record at a time from a busy loop.
+                    self._ring_loop = loop
+                    loop.call_soon(self._ring_later, loop)
+                else:  # not called from `loop` running in this thread: nothing would ring
+                    self._flusher_idle = False
+                    self._bell.ring()
         return fut
 
     def _ring_later(self, loop) -> None:
@@ -474,37 +495,45 @@ class Wal:
                 self._bell.ring()
 
     # -- the flusher ---------------------------------------------------------------------
+    def _take_group_locked(self):
+        """The open group, handed to the flusher (under the lock; the group is not empty)."""
+        group = self._group
+        waiters = self._waiters
+        last_lsn = self._group_last_lsn
+        self._writing_lsn = last_lsn
+        one_loop = self._group_loop is not _MIXED
+        self._group = bytearray()
+        self._waiters = []
+        self._group_loop = None
+        rotate_to = None
+        if self._segment_bytes + len(group) >= self.segment_size_bytes or (
+            # A plain segment (the first after open) is left early for a zero-filled spare,
+            # once one is ready: fdatasync over preallocated blocks skips the file-size journal
+            # commit that an append costs.
+            self._spare_ready and not self._prealloc
+        ):
+            # Appends framed from now on belong to the next segment: give them its salt.
+            salt = secrets.randbits(32)
+            rotate_to = (salt, self._segment_number + 1, last_lsn + 1)
+            self._encode_seed = fmt.salt_seed(salt)
+        return group, waiters, last_lsn, one_loop, rotate_to
+
     def _flusher(self) -> None:
         while True:
             with self._lock:
-                idle = not self._group
-                if idle:
+                # Decide and take the group under one hold of the lock: a failure in between
+                # (mark_applied) empties the group, and an empty group must never be "synced".
+                if not self._group:
                     if self._closed:
                         return
                     self._flusher_idle = True
-            if idle:
+                    taken = None
+                else:
+                    taken = self._take_group_locked()
+            if taken is None:
                 self._bell.wait()
                 continue
-            with self._lock:
-                group = self._group
-                waiters = self._waiters
-                last_lsn = self._group_last_lsn
-                self._writing_lsn = last_lsn
-                one_loop = self._group_loop is not _MIXED
-                self._group = bytearray()
-                self._waiters = []
-                self._group_loop = None
-                rotate_to = None
-                if self._segment_bytes + len(group) >= self.segment_size_bytes or (
-                    # A plain segment (the first after open) is left early for a zero-filled
-                    # spare, once one is ready: fdatasync over preallocated blocks skips the
-                    # file-size journal commit that an append costs.
-                    self._spare_ready and not self._prealloc
-                ):
-                    # Appends framed from now on belong to the next segment: give them its salt.
-                    salt = secrets.randbits(32)
-                    rotate_to = (salt, self._segment_number + 1, last_lsn + 1)
-                    self._encode_seed = fmt.salt_seed(salt)
+            group, waiters, last_lsn, one_loop, rotate_to = taken
             try:
                 t0 = time.perf_counter()
                 write_all(self.fs, self._fd, group)
@@ -525,6 +554,8 @@ class Wal:
             if not self._spare_requested and self.preallocate:
                 self._maybe_request_spare()
             self._ack(waiters, None, one_loop)
+            if self._to_free is not None:
+                self._to_free = None
             if self._on_group is not None:
                 try:
                     self._on_group(len(group), dt)
@@ -616,7 +647,7 @@ class Wal:
                         left -= len(chunk)
                         unsynced += len(chunk)
                         if unsynced >= _SPARE_SYNC_BYTES:
-                            # Written back a few MB at a time: one flush of the whole segment
+                            # Written back a megabyte at a time: one flush of the whole segment
                             # would queue every fdatasync of the log (and SQLite's commits)
                             # behind it for tens of milliseconds.
                             self.fs.fdatasync(fd)

@@ -704,13 +704,15 @@ def test_a_full_retention_window_starts_over_and_earlier_records_come_from_disk(
 
 
 def test_the_retention_window_is_bounded_in_bytes_too(wal_dir):
+    from wal.writer import _RETAIN_OVERHEAD as OH  # what a kept record costs besides its payload
+
     w = wal.Wal(wal_dir)
     try:
-        w.retain(100, max_bytes=10)
-        w.append_many([b"aaaa", b"bbbb", b"cccc"])  # the third would pass 10 bytes: start over
+        w.retain(100, max_bytes=2 * (4 + OH) + 3)
+        w.append_many([b"aaaa", b"bbbb", b"cccc"])  # the third would pass the bound: start over
         assert w.take_retained(1, 10, 3) is None
         assert w.take_retained(3, 10, 3) == [(3, b"cccc", None)]
-        w.append(b"x" * 11)  # larger than the whole window: never kept
+        w.append(b"x" * (2 * (4 + OH) + 4))  # larger than the whole window: never kept
         w.append(b"dd")
         assert w.take_retained(4, 10, 5) is None
         assert w.take_retained(5, 10, 5) == [(5, b"dd", None)]
@@ -730,5 +732,49 @@ def test_a_failed_wal_keeps_nothing_in_memory(wal_dir):
         with pytest.raises(wal.WalFailedError):
             w.append(b"lost")
         assert w.take_retained(1, 10, 10) is None
+    finally:
+        w.close()
+
+
+def test_an_async_append_handed_in_from_another_thread_is_flushed(wal_dir):
+    # append_one_future called outside its loop's thread cannot defer the ring to that loop.
+    w = wal.Wal(wal_dir)
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    try:
+        fut = w.append_one_future(b"from another thread", loop)
+        deadline = 50
+        while w.durable_lsn < 1 and deadline:
+            threading.Event().wait(0.1)
+            deadline -= 1
+        assert w.durable_lsn == 1
+        assert asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(fut), 5), loop).result(10) == 1
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(10)
+        loop.close()
+        w.close()
+
+
+def test_retained_records_are_copies_of_what_was_framed(wal_dir):
+    w = wal.Wal(wal_dir)
+    try:
+        w.retain(100)
+        buf = bytearray(b"original")
+        w.append(buf)
+        buf[:] = b"changed!"
+        assert w.take_retained(1, 10, 1) == [(1, b"original", None)]
+    finally:
+        w.close()
+
+
+def test_hints_that_are_not_a_mapping_are_refused_before_anything_is_framed(wal_dir):
+    w = wal.Wal(wal_dir)
+    try:
+        with pytest.raises(TypeError, match="mapping"):
+            w.append_many([b"a", b"b"], ["hint-a", "hint-b"])
+        assert w.stats().appends == 0
+        assert w.append(b"c") == 1
     finally:
         w.close()

@@ -260,3 +260,78 @@ def test_a_mark_applied_failure_does_not_fail_the_group_being_synced(wal_dir):
         fs.release.set()
         w.close()
     assert [r.payload for r in read_all(wal_dir)] == [b"first", b"in flight"]
+
+
+def test_a_failure_while_the_flusher_picks_up_a_group_never_acknowledges_dropped_records(wal_dir, monkeypatch):
+    # mark_applied fails (EIO) right after the flusher released the writer's lock: the group it
+    # saw is dropped by that failure. The flusher must not then "sync" an empty group and
+    # publish the dropped records' LSNs as durable: every append either fails or is on disk.
+    import wal.writer as writer_mod
+
+    real_lock = threading.Lock
+
+    class HookLock:
+        def __init__(self):
+            self._l = real_lock()
+            self.on_release = None
+
+        def acquire(self, blocking=True, timeout=-1):
+            return self._l.acquire(blocking, timeout)
+
+        def release(self):
+            self._l.release()
+            if self.on_release is not None:
+                self.on_release()
+
+        __enter__ = acquire
+
+        def __exit__(self, *exc):
+            self.release()
+
+    monkeypatch.setattr(writer_mod.threading, "Lock", HookLock)
+    fs = FaultFS(wal_dir)
+    w = wal.Wal(wal_dir, fs=fs)
+    monkeypatch.undo()
+    try:
+        assert w.append(b"first") == 1
+        fired = threading.Event()
+
+        def on_release():
+            # The flusher's first release of the lock once "second" is framed (LSN 2).
+            if threading.current_thread().name == "wal-flusher" and not fired.is_set() and w._next_lsn == 3:
+                fired.set()
+                fs.fail = {"fsync_dir": (fs.calls["fsync_dir"] + 1, errno.EIO)}
+                t = threading.Thread(target=lambda: pytest.raises(wal.WalFailedError, w.mark_applied, 2))
+                t.start()
+                t.join()
+
+        w._lock.on_release = on_release
+        outcome: dict = {}
+        t = threading.Thread(target=_run, args=(outcome, "append", lambda: w.append(b"second")))
+        t.start()
+        t.join(30)
+        w._lock.on_release = None
+    finally:
+        w.close()
+    on_disk = [(r.lsn, r.payload) for r in wal.WalReader(wal_dir).records()]
+    assert fired.is_set(), "the failure was never injected"
+    if isinstance(outcome["append"], BaseException):
+        assert isinstance(outcome["append"], wal.WalFailedError)
+    else:  # acknowledged: then it is on disk
+        assert (outcome["append"], b"second") in on_disk, (outcome, on_disk)
+
+
+def test_opening_a_locked_or_damaged_log_leaks_no_file_descriptor(wal_dir):
+    import os
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc")
+    w = wal.Wal(wal_dir)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(20):
+            with pytest.raises(wal.WalLockedError):
+                wal.Wal(wal_dir)
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        w.close()
