@@ -159,13 +159,18 @@ class CuttingProxy:
     next response line and closes both sides of that connection: the request was received and
     staged by the server, its answer never reaches the client (a transient failure). Later
     connections are forwarded untouched.
+
+    `stall_after(n)`: the same, except that the connection stays open and silent: every later
+    answer on it is dropped (a recorder that stopped answering without closing).
     """
 
     def __init__(self, upstream: str, path: str):
         self.upstream = upstream
         self.path = path
         self._cut_after: Optional[int] = None
+        self._stall_after: Optional[int] = None
         self.cuts = 0
+        self.stalls = 0
         self.connections = 0
         self._lock = threading.Lock()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -177,6 +182,10 @@ class CuttingProxy:
     def cut_after(self, n: int) -> None:
         with self._lock:
             self._cut_after = n
+
+    def stall_after(self, n: int) -> None:
+        with self._lock:
+            self._stall_after = n
 
     def _accept(self) -> None:
         while not self._closed:
@@ -209,6 +218,7 @@ class CuttingProxy:
 
     def _pump_back(self, up: socket.socket, down: socket.socket) -> None:
         buf = b""
+        stalled = False
         try:
             while True:
                 data = up.recv(65536)
@@ -218,6 +228,14 @@ class CuttingProxy:
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     with self._lock:
+                        m = self._stall_after
+                        if m is not None and not stalled:
+                            if m == 0:
+                                self._stall_after = None
+                                self.stalls += 1
+                                stalled = True
+                            else:
+                                self._stall_after = m - 1
                         n = self._cut_after
                         if n is not None:
                             if n == 0:
@@ -225,7 +243,8 @@ class CuttingProxy:
                                 self.cuts += 1
                                 raise ConnectionAbortedError("cut")
                             self._cut_after = n - 1
-                    down.sendall(line + b"\n")
+                    if not stalled:
+                        down.sendall(line + b"\n")
         except OSError:
             pass
         finally:

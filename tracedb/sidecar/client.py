@@ -15,6 +15,8 @@ Where the recording goes (`connect(sidecar=None, data_dir=None)`):
 Reconnecting without duplicates: every request is idempotent, so after a transient failure (the
 connection drops, the server restarts gracefully, answers `unavailable` or `overloaded`) the client
 reconnects and resends every request not yet answered, in order, until `reconnect_timeout_s`.
+A connection on which a request goes unanswered for `timeout_s` (default 60 s: a recorder stuck
+on its disk) counts as dropped, for the sync and the asyncio client alike.
 - `start` always carries an execution id (chosen here, a UUID, when the caller gives none): a
   resent start finds the execution and answers `created: false`.
 - `event` and `finish` carry the seq the client expects them to get: a resent one whose seq the
@@ -25,6 +27,7 @@ reconnects and resends every request not yet answered, in order, until `reconnec
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import threading
@@ -38,6 +41,8 @@ import orjson
 from .. import errors as E
 from ..record import ExecutionRecord
 from . import protocol as P
+
+log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({P.UNAVAILABLE, P.OVERLOADED})
 _OPT = orjson.OPT_APPEND_NEWLINE
@@ -505,7 +510,7 @@ def connect(sidecar: Optional[str] = None, **kwargs) -> Client:
 
 
 class _Pending:
-    __slots__ = ("rid", "frame", "future", "execution_id", "deadline")
+    __slots__ = ("rid", "frame", "future", "execution_id", "deadline", "sent_at")
 
     def __init__(self, rid, frame, future, execution_id):
         self.rid = rid
@@ -513,6 +518,7 @@ class _Pending:
         self.future = future
         self.execution_id = execution_id
         self.deadline: Optional[float] = None
+        self.sent_at = time.monotonic()  # when last written to a connection
 
 
 class _AsyncSidecar:
@@ -531,6 +537,7 @@ class _AsyncSidecar:
         self._reader_task: Optional[asyncio.Task] = None
         self._connecting: Optional[asyncio.Task] = None
         self._closed = False
+        self._watchdog: Optional[asyncio.TimerHandle] = None
 
     async def connect(self) -> None:
         """Connect (retrying until `reconnect_timeout_s`) and say hello."""
@@ -574,7 +581,9 @@ class _AsyncSidecar:
                 if not initial:
                     self.reconnects += 1
                 # Resend, in order, everything not yet answered: the server recognises repeats.
+                now = time.monotonic()
                 for p in list(self.pending.values()):
+                    p.sent_at = now
                     writer.write(p.frame)
                 return
             except (OSError, ValueError, asyncio.TimeoutError) as e:
@@ -626,7 +635,44 @@ class _AsyncSidecar:
 
     def _resend(self, p: _Pending) -> None:
         if self.pending.get(p.rid) is p and self._writer is not None:
+            p.sent_at = time.monotonic()
             self._writer.write(p.frame)
+
+    def _arm_watchdog(self) -> None:
+        if self._watchdog is None and not self._closed:
+            self._watchdog = asyncio.get_running_loop().call_later(self.timeout_s / 4, self._watch)
+
+    def _watch(self) -> None:
+        """A connection on which a request went unanswered for `timeout_s` is taken for dead,
+        as the sync client's socket timeout does: closed, reconnected, everything resent. A
+        request still unanswered `reconnect_timeout_s` after that fails with
+        RecorderUnavailableError."""
+        self._watchdog = None
+        if self._closed or not self.pending:
+            return
+        now = time.monotonic()
+        stale = [p for p in self.pending.values() if now - p.sent_at >= self.timeout_s]
+        if stale:
+            given_up = 0
+            for p in stale:
+                if p.deadline is None:
+                    p.deadline = now + self.reconnect_timeout_s
+                elif now >= p.deadline:
+                    given_up += 1
+                    del self.pending[p.rid]
+                    if not p.future.done():
+                        p.future.set_exception(RecorderUnavailableError(
+                            f"no answer from the recorder at {self.address} within "
+                            f"{self.timeout_s:g} s, nor after reconnecting for {self.reconnect_timeout_s:g} s",
+                            hint="the recorder may be stuck on its disk: check `tracedb serve`'s log and /health",
+                        ))
+            if given_up < len(stale) and self._writer is not None:
+                log.warning(
+                    "tracedb: no answer from the recorder at %s for %g s; reconnecting",
+                    self.address, self.timeout_s,
+                )
+                self._writer.transport.abort()  # the reader sees the end and reconnects
+        self._arm_watchdog()
 
     def _start_reconnect(self) -> None:
         if self._connecting is None or self._connecting.done():
@@ -654,6 +700,8 @@ class _AsyncSidecar:
             self._writer.write(frame)
         else:
             self._start_reconnect()  # sent with the rest once connected
+        if self._watchdog is None:
+            self._arm_watchdog()
         return fut
 
     async def request(self, req: dict, execution_id: Optional[str] = None) -> dict:
@@ -663,6 +711,9 @@ class _AsyncSidecar:
     async def close(self) -> None:
         """Close the connection; requests still unanswered fail with RecorderUnavailableError."""
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self._connecting is not None:
             self._connecting.cancel()
         if self._writer is not None:
