@@ -575,8 +575,8 @@ class Compactor:
                 try:
                     row["router_decision"] = loads(text)
                 except orjson.JSONDecodeError:
-                    # Only an orjson.Fragment passed by the caller can get here; one bad
-                    # payload must not stop compaction for good.
+                    # The store refuses payloads that are not JSON (an orjson.Fragment); a
+                    # WAL written before it did may hold one: it must not stop compaction.
                     log.error("WAL record %d: ROUTER_DECISION payload is not JSON; not kept", lsn)
         self._batches_total += 1
         try:

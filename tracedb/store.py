@@ -151,14 +151,26 @@ def _validate_id(value: Any, name: str) -> str:
     return value
 
 
-def _dumps(doc: dict, what: str, opts: int = _DUMP_OPTS, default=None) -> bytes:
+def _dumps(doc: dict, what: str, opts: int = _DUMP_OPTS, default=None, *, caller_json: bool = False) -> bytes:
+    """`doc` as JSON. `caller_json`: it holds a value the caller passed in (a payload, an
+    envelope, a response), which is parsed back once: an `orjson.Fragment` is written as it is,
+    and one that is not JSON would leave the execution's record unreadable for good."""
     try:
-        return orjson.dumps(doc, default=default, option=opts)
+        out = orjson.dumps(doc, default=default, option=opts)
     except TypeError as e:
         raise InvalidInputError(
             f"{what} is not JSON-serialisable: {e}",
             hint="pass dicts, lists, strings, numbers, booleans and None only",
         ) from None
+    if caller_json:
+        try:
+            orjson.loads(out)
+        except orjson.JSONDecodeError as e:
+            raise InvalidInputError(
+                f"{what} does not serialise to valid JSON ({e})",
+                hint="an orjson.Fragment must hold valid JSON; pass plain values instead",
+            ) from None
+    return out
 
 
 def _resolve_recorder_id(cfg: Config) -> str:
@@ -430,7 +442,7 @@ class Store:
         if parent_execution_id is not None:
             doc["parent"] = parent_execution_id
             doc["fork_seq"] = forked_at_seq
-        data = _dumps(doc, "envelope", _ENVELOPE_OPTS, default=str)
+        data = _dumps(doc, "envelope", _ENVELOPE_OPTS, default=str, caller_json=True)
         return execution_id, explicit, envelope_hash, data, now
 
     def _reserve(self, execution_id: str, now: int) -> _State:
@@ -472,7 +484,7 @@ class Store:
     def _event_doc(self, state: _State, type_: str, payload: Any, now: int) -> tuple[bytes, Optional[tuple]]:
         """The event's WAL record, and its compaction hint when the in-process compactor takes
         records from memory (see Compactor's `source`): what decoding the record would give."""
-        payload_json = _dumps(payload, f"payload of event {type_!r}")
+        payload_json = _dumps(payload, f"payload of event {type_!r}", caller_json=True)
         data = encode_event(state.execution_id, state.next_seq, type_, payload_json, now)
         if not self._hinting:
             return data, None
@@ -482,7 +494,7 @@ class Store:
         return _dumps(
             {"op": OP_FINISH, "id": state.execution_id, "seq": state.next_seq,
              "response": response, "t": now},
-            "final response",
+            "final response", caller_json=True,
         )
 
     @staticmethod

@@ -403,3 +403,24 @@ def test_staged_batches_number_validate_and_append_together(data_dir, clock):
             await astore.close()
 
     asyncio.run(scenario())
+
+
+def test_an_orjson_fragment_that_is_not_json_is_refused_and_changes_nothing(open_store):
+    import orjson
+
+    store = open_store()
+    ex = store.start("X", {"a": 1})
+    before = store.durable_lsn
+    for bad in (orjson.Fragment(b"{bad"), {"nested": [orjson.Fragment(b"[1,")]}):
+        with pytest.raises(tracedb.InvalidInputError, match="valid JSON"):
+            ex.event("tool.requested", bad)
+    with pytest.raises(tracedb.InvalidInputError, match="valid JSON"):
+        ex.finish({"status": "success", "payload": orjson.Fragment(b"nope")})
+    with pytest.raises(tracedb.InvalidInputError, match="valid JSON"):
+        store.start("X", {"envelope": orjson.Fragment(b"{")})
+    assert store.durable_lsn == before
+    # A Fragment holding JSON goes in as it is; the record stays readable.
+    assert ex.event("tool.requested", orjson.Fragment(b'{"pre":"serialised"}')) == 1
+    assert ex.finish({"status": "success"}) == 2
+    store.compact()
+    assert store.get(ex.execution_id).events[0].payload == {"pre": "serialised"}
