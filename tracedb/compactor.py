@@ -327,7 +327,9 @@ class Compactor:
         self.batch_records = batch_records
         self.clock = clock
         self._reader: Optional[wal.WalReader] = None
-        self._gen = None  # the segment reader's generator during a compact() call
+        # The segment reader's generator, one per compact() call that reads the segments: once
+        # a call reads them it goes on reading them (it does not go back to `source`).
+        self._gen = None
         self._conn = None
         self._data_version: Optional[int] = None
         self._batches_total = 0
@@ -406,7 +408,6 @@ class Compactor:
         done = records = steps = created = updated = batches = skipped = deleted = 0
         reconnects = 0
         failed_in_a_row = 0  # connection losses since the last batch that committed
-        gen = None
         while self.applied_lsn < to_lsn:
             try:
                 if self._resync:
@@ -415,7 +416,7 @@ class Compactor:
                     if self.applied_lsn >= to_lsn:
                         break
                 recs = None
-                if gen is None and self.source is not None:
+                if self._gen is None and self.source is not None:
                     recs = self.source(self.applied_lsn + 1, self.batch_records, to_lsn)
                 if recs is not None:
                     if not recs:
@@ -424,18 +425,13 @@ class Compactor:
                     self._reader = None
                     counts = self._apply(recs, True)
                 else:
-                    counts = self._apply_from_segments(to_lsn, gen)
-                    gen = self._gen
+                    counts = self._apply_from_segments(to_lsn)
                     if counts is None:
                         break
             except BaseException as e:
                 # The reader may have moved past records that were not applied: start again
                 # from the checkpoint next time, read back from the database.
-                gen = gen or self._gen
-                if gen is not None:
-                    gen.close()
-                    gen = None
-                self._gen = None
+                self._close_gen()
                 self._reader = None
                 self._resync = True
                 lost = isinstance(e, Exception) and db.is_disconnect(e)
@@ -471,28 +467,30 @@ class Compactor:
                 deleted += self._maybe_mark_applied(mark_applied)
             if progress is not None:
                 progress(done, total)
-        if gen is not None:
-            gen.close()
-        self._gen = None
+        self._close_gen()
         return CompactResult(
             records, steps, created, updated, batches, skipped, self.applied_lsn, deleted,
             time.perf_counter() - t0, reconnects,
         )
 
-    def _apply_from_segments(self, to_lsn: int, gen):
+    def _apply_from_segments(self, to_lsn: int):
         """Apply the next batch read from the WAL segments; None when there is none."""
         if self._reader is None:
             self._reader = wal.WalReader(self.wal_dir, from_lsn=self.applied_lsn + 1)
-        if gen is None:
+        if self._gen is None:
             # One pass over the log for the whole call: the reader reads the rest of a
             # segment each time it is called, so calling it per batch would be quadratic.
-            gen = self._reader.records(to_lsn=to_lsn)
-        self._gen = gen
+            self._gen = self._reader.records(to_lsn=to_lsn)
         applied = self.applied_lsn
-        recs = [r for r in islice(gen, self.batch_records) if r.lsn > applied]
+        recs = [r for r in islice(self._gen, self.batch_records) if r.lsn > applied]
         if not recs:
             return None
         return self._apply(recs, False)
+
+    def _close_gen(self) -> None:
+        if self._gen is not None:
+            self._gen.close()
+            self._gen = None
 
     def _resync_checkpoint(self) -> bool:
         """Adopt the applied LSN the database holds; True if it was ahead of this compactor."""

@@ -125,19 +125,9 @@ def _in_running_loop() -> bool:
     return True
 
 
-_MIXED = object()  # waiters of a group came from more than one event loop
-
-
 def _check_hints(hints) -> None:
     if hints is not None and not isinstance(hints, Mapping):
         raise TypeError(f"hints must be a mapping of index in payloads to hint, not {type(hints).__name__}")
-
-
-def _resolve_group(waiters) -> None:
-    """Runs in an event loop's thread: acknowledge a durable group's (loop, future, lsn)s."""
-    for _, fut, value in waiters:
-        if not fut.done():
-            fut.set_result(value)
 
 
 def _resolve_futures(batch) -> None:
@@ -193,7 +183,6 @@ class Wal:
         self._flusher_idle = False  # ring only for a sleeping flusher: a ring is a syscall
         self._group = bytearray()
         self._waiters: list = []  # (loop, future, lsn) of asyncio appends in the open group
-        self._group_loop = None  # the one loop of every waiter in the open group, or _MIXED
         self._retain_cap = 0
         self._retain_bytes_cap = 0
         self._retained: list = []  # (lsn, payload, hint) of the latest appends, see retain()
@@ -446,8 +435,6 @@ class Wal:
             self._check_open()
             lsns = self._encode_all_locked(payloads, hints)
             self._appends += len(lsns)
-            if loop is not self._group_loop:
-                self._group_loop = loop if not self._waiters else _MIXED
             self._waiters.append((loop, fut, lsns))
             if self._flusher_idle:
                 self._flusher_idle = False
@@ -471,8 +458,6 @@ class Wal:
             if self._retain_cap:
                 self._retain_locked(lsn, payload, hint)
             self._appends += 1
-            if loop is not self._group_loop:
-                self._group_loop = loop if not self._waiters else _MIXED
             self._waiters.append((loop, fut, lsn))
             if self._flusher_idle and self._ring_loop is not loop:
                 if _get_running_loop() is loop:
@@ -501,10 +486,8 @@ class Wal:
         waiters = self._waiters
         last_lsn = self._group_last_lsn
         self._writing_lsn = last_lsn
-        one_loop = self._group_loop is not _MIXED
         self._group = bytearray()
         self._waiters = []
-        self._group_loop = None
         rotate_to = None
         if self._segment_bytes + len(group) >= self.segment_size_bytes or (
             # A plain segment (the first after open) is left early for a zero-filled spare,
@@ -516,7 +499,7 @@ class Wal:
             salt = secrets.randbits(32)
             rotate_to = (salt, self._segment_number + 1, last_lsn + 1)
             self._encode_seed = fmt.salt_seed(salt)
-        return group, waiters, last_lsn, one_loop, rotate_to
+        return group, waiters, last_lsn, rotate_to
 
     def _flusher(self) -> None:
         while True:
@@ -533,7 +516,7 @@ class Wal:
             if taken is None:
                 self._bell.wait()
                 continue
-            group, waiters, last_lsn, one_loop, rotate_to = taken
+            group, waiters, last_lsn, rotate_to = taken
             try:
                 t0 = time.perf_counter()
                 write_all(self.fs, self._fd, group)
@@ -553,7 +536,7 @@ class Wal:
             self._last_group = len(waiters)
             if not self._spare_requested and self.preallocate:
                 self._maybe_request_spare()
-            self._ack(waiters, None, one_loop)
+            self._ack(waiters, None)
             if self._to_free is not None:
                 self._to_free = None
             if self._on_group is not None:
@@ -663,17 +646,7 @@ class Wal:
                 self._spare_ready = True
             self._spare_event.set()
 
-    def _ack(self, waiters, exc, one_loop: bool = False) -> None:
-        if not waiters:
-            return
-        first = waiters[0][0]
-        if one_loop and exc is None:
-            # The common case, one event loop: hand the list over as it is.
-            try:
-                first.call_soon_threadsafe(_resolve_group, waiters)
-            except RuntimeError:
-                pass
-            return
+    def _ack(self, waiters, exc) -> None:
         by_loop: dict = {}
         for loop, fut, lsns in waiters:
             by_loop.setdefault(loop, []).append((fut, lsns, exc))
@@ -691,7 +664,6 @@ class Wal:
                 self._writing_lsn = 0  # no group is being written any more
             rest = self._waiters
             self._waiters = []
-            self._group_loop = None
             self._retained = []  # what was not durable never will be
             self._retained_bytes = 0
             self._group = bytearray()

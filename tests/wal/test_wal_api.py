@@ -665,15 +665,37 @@ def test_retained_records_come_back_in_order_with_their_hints_and_only_once_dura
         assert w.take_retained(3, 10, 3) == [(3, b"c", "for c")]
         assert w.take_retained(4, 10, 4) == [(4, b"d", None)]
         assert w.take_retained(5, 10, 9) is None  # nothing kept at all any more
-        # Never past what is durable, whatever to_lsn says.
-        dead = asyncio.new_event_loop()
-        try:
-            fut = w.append_one_future(b"e", dead, "e-hint")
-            assert w.take_retained(5, 10, 99) in ([], [(5, b"e", "e-hint")])
-        finally:
-            dead.close()
-        assert not fut.done() or fut.result() == 5
     finally:
+        w.close()
+
+
+def test_retained_records_are_never_handed_over_before_they_are_durable(wal_dir):
+    held = threading.Event()
+    release = threading.Event()
+
+    def gate(kind, n):
+        if kind == "fdatasync" and fs.calls["fdatasync"] == gated[0]:
+            held.set()
+            assert release.wait(30)
+
+    fs = FaultFS(wal_dir, before=gate)
+    gated = [-1]
+    w = wal.Wal(wal_dir, fs=fs)
+    try:
+        w.retain(100)
+        assert w.append(b"d") == 1
+        gated[0] = fs.calls["fdatasync"] + 1  # hold the next group inside its fdatasync
+        t = threading.Thread(target=w.append, args=(b"e", "e-hint"))
+        t.start()
+        assert held.wait(30)
+        # "e" is framed, written and being synced, not durable: whatever to_lsn says, only 1.
+        assert w.take_retained(1, 10, 99) == [(1, b"d", None)]
+        assert w.take_retained(2, 10, 99) == []
+        release.set()
+        t.join(30)
+        assert w.take_retained(2, 10, 99) == [(2, b"e", "e-hint")]
+    finally:
+        release.set()
         w.close()
 
 
