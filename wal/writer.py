@@ -436,9 +436,8 @@ class Wal:
             lsns = self._encode_all_locked(payloads, hints)
             self._appends += len(lsns)
             self._waiters.append((loop, fut, lsns))
-            if self._flusher_idle:
-                self._flusher_idle = False
-                self._bell.ring()
+            if self._flusher_idle and self._ring_loop is not loop:
+                self._ring_for(loop)
         return fut
 
     def append_one_future(self, payload, loop: asyncio.AbstractEventLoop, hint=None) -> asyncio.Future:
@@ -460,16 +459,21 @@ class Wal:
             self._appends += 1
             self._waiters.append((loop, fut, lsn))
             if self._flusher_idle and self._ring_loop is not loop:
-                if _get_running_loop() is loop:
-                    # Ring once the loop has run what is ready now: the other producers woken by
-                    # the last acknowledgment join this group, and the flusher wakes to a free
-                    # GIL instead of taking the group one record at a time from a busy loop.
-                    self._ring_loop = loop
-                    loop.call_soon(self._ring_later, loop)
-                else:  # not called from `loop` running in this thread: nothing would ring
-                    self._flusher_idle = False
-                    self._bell.ring()
+                self._ring_for(loop)
         return fut
+
+    def _ring_for(self, loop) -> None:
+        """Wake the idle flusher for an append made for `loop` (under the lock)."""
+        if _get_running_loop() is loop:
+            # Ring once the loop has run what is ready now: the other producers woken by the
+            # last acknowledgment (or the other connections read in this pass) join this
+            # group, and the flusher wakes to a free GIL instead of taking the group a record
+            # at a time from a busy loop, trading the GIL back and forth at each syscall.
+            self._ring_loop = loop
+            loop.call_soon(self._ring_later, loop)
+        else:  # not called from `loop` running in this thread: nothing would ring
+            self._flusher_idle = False
+            self._bell.ring()
 
     def _ring_later(self, loop) -> None:
         with self._lock:

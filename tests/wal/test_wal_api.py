@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 import pytest
 
@@ -758,24 +759,56 @@ def test_a_failed_wal_keeps_nothing_in_memory(wal_dir):
         w.close()
 
 
-def test_an_async_append_handed_in_from_another_thread_is_flushed(wal_dir):
-    # append_one_future called outside its loop's thread cannot defer the ring to that loop.
+@pytest.mark.parametrize("many", [False, True], ids=["append_one_future", "append_future"])
+def test_an_async_append_handed_in_from_another_thread_is_flushed(wal_dir, many):
+    # An async append called outside its loop's thread cannot defer the ring to that loop.
     w = wal.Wal(wal_dir)
     loop = asyncio.new_event_loop()
     t = threading.Thread(target=loop.run_forever, daemon=True)
     t.start()
     try:
-        fut = w.append_one_future(b"from another thread", loop)
+        if many:
+            fut = w.append_future([b"from another thread"], loop)
+        else:
+            fut = w.append_one_future(b"from another thread", loop)
         deadline = 50
         while w.durable_lsn < 1 and deadline:
             threading.Event().wait(0.1)
             deadline -= 1
         assert w.durable_lsn == 1
-        assert asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(fut), 5), loop).result(10) == 1
+        got = asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(fut), 5), loop).result(10)
+        assert got == ([1] if many else 1)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         t.join(10)
         loop.close()
+        w.close()
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["append_one_future", "append_future"])
+def test_async_appends_of_one_pass_of_the_loop_share_one_group(wal_dir, many):
+    # The flusher is woken once the loop has run what was ready, not at the first append: a
+    # server that reads many connections in one pass commits them with one fdatasync, and the
+    # flusher does not take the GIL from the loop in the middle of that pass. The sleep between
+    # the appends (it releases the GIL) gives a flusher woken at the first one every chance to
+    # write it alone.
+    groups: list[int] = []
+    w = wal.Wal(wal_dir, on_group=lambda nbytes, dt: groups.append(nbytes))
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        futs = []
+        for i in range(3):
+            p = b"record %d" % i
+            futs.append(w.append_future([p], loop) if many else w.append_one_future(p, loop))
+            time.sleep(0.05)
+        return await asyncio.gather(*futs)
+
+    try:
+        got = asyncio.run(main())
+        assert got == ([[1], [2], [3]] if many else [1, 2, 3])
+        assert w.stats().groups == 1 and len(groups) == 1
+    finally:
         w.close()
 
 
