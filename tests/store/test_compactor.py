@@ -246,9 +246,11 @@ def test_a_stalled_compactor_process_is_killed_and_compaction_goes_on_in_process
 
     from tracedb import compactor_worker
 
-    monkeypatch.setattr(compactor_worker, "STALL_S", 0.5)
     store = open_store(compact_worker=True)
     worker = store._worker
+    assert worker is not None
+    # Shortened only now: the child's start-up (its imports) may take longer than this.
+    monkeypatch.setattr(compactor_worker, "STALL_S", 0.5)
     ex = store.start("X", {})
     ex.event("tool.requested", {})
     os.kill(worker.pid, signal.SIGSTOP)  # stands for a database call that never returns
@@ -293,8 +295,9 @@ def test_the_compactor_process_answers_many_batches_without_being_taken_for_stal
     # read (a buffered pipe would hide them from select and the child would look stalled).
     from tracedb import compactor_worker
 
-    monkeypatch.setattr(compactor_worker, "STALL_S", 3.0)
     store = open_store(compact_worker=True, compact_batch_records=5)
+    assert store._worker is not None
+    monkeypatch.setattr(compactor_worker, "STALL_S", 3.0)  # after the child's start-up
     for i in range(20):
         ex = store.start("X", {"i": i})
         for j in range(4):
