@@ -103,6 +103,28 @@ def encode_record(seed: int, lsn: int, rtype: int, payload: bytes) -> bytes:
     return b"".join((_U32.pack(mask(crc)), tail, payload, _ZEROS[:pad]))
 
 
+def frame_data_records(out: bytearray, seed: int, first_lsn: int, payloads) -> int:
+    """Append DATA records for `payloads`, LSNs from `first_lsn` on, to `out`; return the next
+    LSN. Byte for byte what `encode_record` gives for each, in one loop: the writer's hot path."""
+    pack_tail = _REC_TAIL.pack
+    pack_crc = _U32.pack
+    crc = crc32c
+    zeros = _ZEROS
+    lsn = first_lsn
+    for payload in payloads:
+        n = len(payload)
+        pad = -(RECORD_HEADER_SIZE + n) % ALIGN
+        tail = pack_tail(n, lsn, TYPE_DATA, pad, 0)
+        c = crc(payload, crc(tail, seed))
+        out += pack_crc(((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF)  # mask()
+        out += tail
+        out += payload
+        if pad:
+            out += zeros[:pad]
+        lsn += 1
+    return lsn
+
+
 def encode_seal(seed: int, last_lsn: int, data_records: int) -> bytes:
     """The SEAL record: takes no LSN of its own, its LSN field is the segment's last LSN."""
     return encode_record(seed, last_lsn, TYPE_SEAL, _SEAL_PAYLOAD.pack(last_lsn, data_records))

@@ -302,22 +302,27 @@ class Wal:
         if self._closed:
             raise WalClosedError(f"WAL {self.directory} is closed")
 
-    def _encode_locked(self, payload, hint=None) -> int:
-        n = len(payload)
-        if n > fmt.MAX_PAYLOAD_BYTES:
-            raise PayloadTooLargeError(n, fmt.MAX_PAYLOAD_BYTES)
-        lsn = self._next_lsn
-        self._group += fmt.encode_record(self._encode_seed, lsn, fmt.TYPE_DATA, payload)
-        self._next_lsn = lsn + 1
-        self._group_last_lsn = lsn
-        if self._retain_cap:
-            self._retain_locked(lsn, payload, hint)
-        return lsn
-
     def _encode_all_locked(self, payloads: Sequence[bytes], hints) -> list[int]:
-        if hints is None:
-            return [self._encode_locked(p) for p in payloads]
-        return [self._encode_locked(p, hints.get(i)) for i, p in enumerate(payloads)]
+        """Frame `payloads` into the open group (sizes already checked); their LSNs."""
+        first = self._next_lsn
+        group = self._group
+        mark = len(group)
+        try:
+            nxt = fmt.frame_data_records(group, self._encode_seed, first, payloads)
+        except BaseException:
+            # A payload that is not bytes: nothing of the call is framed, and no LSN is taken.
+            del group[mark:]
+            raise
+        self._next_lsn = nxt
+        self._group_last_lsn = nxt - 1
+        if self._retain_cap:
+            if hints is None:
+                for i, p in enumerate(payloads):
+                    self._retain_locked(first + i, p, None)
+            else:
+                for i, p in enumerate(payloads):
+                    self._retain_locked(first + i, p, hints.get(i))
+        return list(range(first, nxt))
 
     # -- records kept in memory for an in-process consumer -------------------------------
     def _retain_locked(self, lsn: int, payload, hint) -> None:

@@ -812,6 +812,31 @@ def test_async_appends_of_one_pass_of_the_loop_share_one_group(wal_dir, many):
         w.close()
 
 
+@pytest.mark.parametrize("call", ["append_many", "append_future"])
+def test_a_batch_with_a_payload_that_is_not_bytes_frames_nothing(wal_dir, call):
+    # All or nothing: the records before the bad one must not be framed (they would be written
+    # with nobody told), and no LSN may be taken, or the next append would reuse it.
+    w = wal.Wal(wal_dir)
+    try:
+        w.retain(100)
+        assert w.append(b"first") == 1
+        bad = [b"ok-1", b"ok-2", "not bytes", b"ok-3"]
+        loop = asyncio.new_event_loop()
+        try:
+            with pytest.raises(TypeError):
+                if call == "append_many":
+                    w.append_many(bad)
+                else:
+                    w.append_future(bad, loop)
+        finally:
+            loop.close()
+        assert w.append_many([b"second", b"third"]) == [2, 3]
+        assert w.take_retained(1, 10, 3) == [(1, b"first", None), (2, b"second", None), (3, b"third", None)]
+    finally:
+        w.close()
+    assert [r.payload for r in wal.WalReader(wal_dir).records()] == [b"first", b"second", b"third"]
+
+
 def test_retained_records_are_copies_of_what_was_framed(wal_dir):
     w = wal.Wal(wal_dir)
     try:

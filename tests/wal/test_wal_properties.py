@@ -229,3 +229,20 @@ def test_random_bytes_never_crash_the_reader(tmp_path, garbage, where, which):
         recs = read_all(d, mode="absolute")
         assert recs[-1].lsn == lsn and recs[-1].payload == b"after repair"
         assert [(r.lsn, r.payload) for r in recs[:-1]] == expected[recs[0].lsn - 1 : lsn - 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payloads=st.lists(st.one_of(st.binary(max_size=64), st.binary(min_size=100, max_size=3000)), max_size=20),
+    seed=st.integers(0, 2**32 - 1),
+    first_lsn=st.integers(1, 2**63 - 100),
+    prefix=st.binary(max_size=16),
+)
+def test_batch_framing_is_byte_for_byte_the_framing_of_each_record(payloads, seed, first_lsn, prefix):
+    out = bytearray(prefix)
+    nxt = fmt.frame_data_records(out, seed, first_lsn, payloads)
+    assert nxt == first_lsn + len(payloads)
+    expected = prefix + b"".join(
+        fmt.encode_record(seed, first_lsn + i, fmt.TYPE_DATA, p) for i, p in enumerate(payloads)
+    )
+    assert bytes(out) == expected
