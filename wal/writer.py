@@ -439,6 +439,9 @@ class Wal:
         with self._lock:
             self._check_open()
             lsns = self._encode_all_locked(payloads, hints)
+            if not lsns:  # nothing to wait for (no callback is attached yet: safe off-loop)
+                fut.set_result(lsns)
+                return fut
             self._appends += len(lsns)
             self._waiters.append((loop, fut, lsns))
             if self._flusher_idle and self._ring_loop is not loop:

@@ -837,6 +837,19 @@ def test_a_batch_with_a_payload_that_is_not_bytes_frames_nothing(wal_dir, call):
     assert [r.payload for r in wal.WalReader(wal_dir).records()] == [b"first", b"second", b"third"]
 
 
+def test_an_async_append_of_no_records_resolves_at_once(wal_dir):
+    w = wal.Wal(wal_dir)
+
+    async def main():
+        return await asyncio.wait_for(w.append_future([], asyncio.get_running_loop()), 5)
+
+    try:
+        assert asyncio.run(main()) == []
+        assert w.stats().appends == 0 and w.stats().groups == 0
+    finally:
+        w.close()
+
+
 def test_retained_records_are_copies_of_what_was_framed(wal_dir):
     w = wal.Wal(wal_dir)
     try:
