@@ -513,8 +513,9 @@ def calibrate(workdir: str) -> dict:
     """How fast this machine is right now, for reading this run's absolute figures.
 
     Two VMs of the same kind have run the same code 2.5x apart in speed: a target given in
-    events/s can only be judged on a run whose calibration matches the machine it was set on. CPU: a fixed pure-Python loop (best of 3). Disk: 4 KiB pwrite + fdatasync over
-    zero-filled blocks in the bench's working directory, 300 times.
+    events/s can only be judged on a run whose calibration matches the machine it was set on.
+    CPU: a fixed pure-Python loop (best of 3). Disk: 4 KiB pwrite + fdatasync over zero-filled
+    blocks in the bench's working directory, 300 times.
     """
     def spin(n: int) -> int:
         d = {}
