@@ -159,8 +159,9 @@ class StoreBackend:
         return None
 
     def _open_quick_reader(self) -> Optional[sqlite3.Connection]:
-        """A read-only SQLite connection for point lookups on the loop (3 us instead of 300 us
-        through the pooled engine and a thread hop). None for other databases."""
+        """A read-only SQLite connection for point lookups on the loop: a few to tens of µs, by
+        how warm its cache is, instead of about 300 µs through the pooled engine and a thread
+        hop. None for other databases."""
         path = self.store.config.sqlite_path
         if "://" in path or not os.path.exists(path):
             return None
