@@ -41,7 +41,7 @@ class Config:
     # Compact in a child process (its CPU then does not come out of the recorder's interpreter).
     # `tracedb serve` turns it on unless started with --compact-in-process.
     compact_worker: bool = False
-    compact_batch_records: int = 5000
+    compact_batch_records: int = 20000
     idle_timeout_s: float = 3600.0
     retention_days: float = 30.0
     prune_batch_traces: int = 500
