@@ -171,7 +171,7 @@ def test_help_ends_with_an_example(command):
 def test_bench_entry_point_runs(tdir):
     from tracedb.sidecar import bench
 
-    out = bench.run(clients=(2,), seconds=0.3, window=4, workdir=tdir, quiet=True)
+    out = bench.run(clients=(2,), seconds=0.3, window=4, workdir=tdir, quiet=True, warmup=0.2)
     r = out["sidecar"][2]
     assert r["acked"] > 0 and r["errors"] == 0 and r["server_exit"] == 0
     assert r["p50_ms"] <= r["p99_ms"] and r["rss_mb"] > 0

@@ -7,7 +7,10 @@ Each client is one connection recording executions of `events_per_execution` eve
 events, finish), keeping `window` requests in flight (pipelining, as the asyncio client does).
 An event counts once its acknowledgement arrives, i.e. once the server has fdatasync'ed it; its
 latency runs from the moment its request was handed to the socket to the moment its response
-was read. Server RSS is read from /proc (current and peak) at the end of each run.
+was read. The load runs `warmup` seconds before the measured `seconds`: what is acknowledged
+during the warm-up (while the server starts its compactor process, prepares its first spare WAL
+segment and its caches fill) is not counted. Server RSS is read from /proc (current and peak) at
+the end of each run.
 
 The load generator runs in this process, on the same machine as the server: on a 2-core machine
 the two share the CPUs, so the figures are for the whole system, not the server alone.
@@ -25,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import orjson
 
@@ -45,8 +48,10 @@ _ENVELOPE = orjson.dumps({"intent": "ProcessIntent", "payload": {"q": "capital o
 class _Loader(asyncio.Protocol):
     """One benchmark connection: pipelined requests with pre-formatted frames, FIFO acks."""
 
-    def __init__(self, idx: int, window: int, per_exec: int, stop_at: float, lat: list, done: asyncio.Future):
+    def __init__(self, idx: int, window: int, per_exec: int, measure_from: float, stop_at: float, lat: list,
+                 done: asyncio.Future):
         self.idx = idx
+        self.measure_from = measure_from
         self.window = window
         self.per_exec = per_exec
         self.stop_at = stop_at
@@ -115,10 +120,14 @@ class _Loader(asyncio.Protocol):
                     self.errors += 1
                     self.first_error = self.first_error or line
         pop = self.sent_at.popleft
-        lat = self.lat
-        for _ in range(k):
-            lat.append(now - pop())
-        self.acked_events += k
+        if now >= self.measure_from:
+            lat = self.lat
+            for _ in range(k):
+                lat.append(now - pop())
+            self.acked_events += k
+        else:  # still warming up
+            for _ in range(k):
+                pop()
         if self.stopping:
             if not self.sent_at and not self.done.done():
                 self.done.set_result(None)
@@ -132,24 +141,29 @@ class _Loader(asyncio.Protocol):
 
 
 async def drive(socket_path: str, clients: int, seconds: float, *, window: int = 32,
-                events_per_execution: int = 100) -> dict:
-    """Run `clients` pipelining connections against a server for `seconds`; return the figures."""
+                events_per_execution: int = 100, warmup: float = 1.0,
+                on_measure: Optional[Callable[[], None]] = None) -> dict:
+    """Run `clients` pipelining connections against a server for `warmup` + `seconds`; return
+    the figures of the last `seconds` (and of the drain of the requests still in flight then).
+    `on_measure` is called when the measured part begins (to read the server's CPU time)."""
     loop = asyncio.get_running_loop()
+    if on_measure is not None:
+        loop.call_later(warmup, on_measure)
     lat: list[float] = []
-    stop_at = time.perf_counter() + seconds
+    measure_from = time.perf_counter() + warmup
+    stop_at = measure_from + seconds
     loaders = []
     waits = []
-    # Warm up: the first connection and the first execution pay one-off costs.
     for i in range(clients):
         done = loop.create_future()
         waits.append(done)
         _t, proto = await loop.create_unix_connection(
-            lambda i=i, done=done: _Loader(i, window, events_per_execution, stop_at, lat, done), socket_path
+            lambda i=i, done=done: _Loader(i, window, events_per_execution, measure_from, stop_at, lat, done),
+            socket_path,
         )
         loaders.append(proto)
-    t0 = time.perf_counter()
     await asyncio.gather(*waits)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - measure_from
     for p in loaders:
         p.transport.close()
     lat.sort()
@@ -159,6 +173,7 @@ async def drive(socket_path: str, clients: int, seconds: float, *, window: int =
     return {
         "clients": clients,
         "window": window,
+        "warmup_s": warmup,
         "acked": acked,
         "errors": errors,
         "first_error": first_error.decode(errors="replace") if first_error else None,
@@ -267,10 +282,11 @@ def _cpu_s(pid: int) -> float:
 
 def run(clients: Sequence[int] = DEFAULT_CLIENTS, seconds: float = 3.0, *, window: int = 32,
         events_per_execution: int = 100, workdir: Optional[str] = None, quiet: bool = False,
-        compact: bool = True, server_args: Sequence[str] = ()) -> dict:
+        compact: bool = True, server_args: Sequence[str] = (), warmup: float = 1.0) -> dict:
     """Benchmark sidecar ingest over the Unix socket; one fresh `tracedb serve` per client count.
 
-    `window` is the number of requests each client keeps in flight; `compact=False` turns the
+    `window` is the number of requests each client keeps in flight; the first `warmup` seconds
+    of load are not counted (see the module docstring); `compact=False` turns the
     server's background compaction off, to measure the ingest path alone (the WAL then keeps
     everything until the next compaction).
 
@@ -290,10 +306,14 @@ def run(clients: Sequence[int] = DEFAULT_CLIENTS, seconds: float = 3.0, *, windo
             port = _free_port()
             proc, sock = start_server(data_dir, extra_args=[*server_args, "--metrics-port", str(port)], env=env)
             try:
-                cpu0 = _cpu_s(proc.pid)
-                r = asyncio.run(drive(sock, n, seconds, window=window,
-                                      events_per_execution=events_per_execution))
-                r["server_cpu_s"] = _cpu_s(proc.pid) - cpu0
+                cpu0 = [_cpu_s(proc.pid)]
+
+                def mark(pid=proc.pid, cpu0=cpu0) -> None:
+                    cpu0[0] = _cpu_s(pid)
+
+                r = asyncio.run(drive(sock, n, seconds, window=window, warmup=warmup,
+                                      events_per_execution=events_per_execution, on_measure=mark))
+                r["server_cpu_s"] = _cpu_s(proc.pid) - cpu0[0]
                 r["rss_mb"], r["rss_peak_mb"] = _rss_mb(proc.pid)
                 health = _health(port)
                 r["compaction_lag_records"] = health.get("compaction_lag_records")
