@@ -179,11 +179,20 @@ def _create_pg_engine(url: sa.engine.URL, busy_timeout_ms: int) -> Engine:
     return engine
 
 
+def _sqlite_json_loads(value):
+    """Read a JSON column of SQLite. A column declared JSON has NUMERIC affinity: SQLite stores
+    a document that is a bare number (a payload of `5` or `1.5`) as an INTEGER or REAL, and hands
+    back a number, not its text. It is the value already; anything else is JSON text."""
+    if isinstance(value, (int, float)):
+        return value
+    return orjson.loads(value)
+
+
 def _create_sqlite_engine(path: str, busy_timeout_ms: int, write: bool) -> Engine:
     engine = sa.create_engine(
         "sqlite:///" + os.path.abspath(path),
         json_serializer=_json_serializer,
-        json_deserializer=orjson.loads,
+        json_deserializer=_sqlite_json_loads,
         connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000.0},
     )
 

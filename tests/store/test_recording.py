@@ -424,3 +424,17 @@ def test_an_orjson_fragment_that_is_not_json_is_refused_and_changes_nothing(open
     assert ex.finish({"status": "success"}) == 2
     store.compact()
     assert store.get(ex.execution_id).events[0].payload == {"pre": "serialised"}
+
+
+def test_payloads_that_are_bare_json_numbers_read_back_once_compacted(open_store):
+    # A JSON column of SQLite has NUMERIC affinity: `5` is stored as the integer 5, not as text.
+    store = open_store()
+    ex = store.start("ProcessIntent", ENVELOPE)
+    values = [5, 0, -3, 1.5, 2**63 - 1, True, None, "7", [1.25]]
+    for v in values:
+        ex.event("tool.responded", v)
+    ex.finish({"status": "success", "payload": 42})
+    store.compact()
+    rec = store.get(ex.execution_id)
+    assert [e.payload for e in rec.events[:-1]] == values
+    assert rec.finalResponse == {"status": "success", "payload": 42}
