@@ -219,3 +219,40 @@ def _sweep_idle(store_server):
     rec = c.call({"id": 3, "op": "get", "execution_id": "exec-idle"})["record"]
     assert rec["header"]["replayableReason"] == "execution_incomplete"
     assert [e["seq"] for e in rec["events"]] == [1]
+
+
+@pytest.mark.parametrize("payload", [5, 0, -3, 1.5, 0.30000000000000004, 1e3, True, None, "s", [1, 2]])
+def test_an_event_whose_payload_is_not_an_object_reads_back_and_resends_as_a_duplicate(store_server, payload):
+    # SQLite stores a JSON document that is a bare number as a number (NUMERIC affinity): it
+    # must still read back, from memory and once compacted, and a resend must be recognised.
+    c = LineClient(sock_path(store_server.config.data_dir))
+    start(c, "exec-p")
+    ev = {"op": "event", "execution_id": "exec-p", "type": "tool.responded", "payload": payload, "seq": 1}
+    assert c.call({"id": 1, **ev}) == {"id": 1, "ok": True, "seq": 1}
+    c.call({"id": 2, "op": "finish", "execution_id": "exec-p", "response": {"status": "success"}})
+    store_server.call(lambda: store_server.backend.astore.compact())
+    rec = c.call({"id": 3, "op": "get", "execution_id": "exec-p"})
+    assert rec["ok"], rec
+    assert rec["record"]["events"][0]["payload"] == payload
+    assert c.call({"id": 4, **ev}) == {"id": 4, "ok": True, "seq": 1, "duplicate": True}
+
+
+def test_a_resend_is_a_duplicate_only_if_the_payload_is_the_same_json(store_server):
+    # Python's == says True == 1: a resent `true` where `1` was recorded is another event.
+    c = LineClient(sock_path(store_server.config.data_dir))
+    start(c, "exec-b")
+    ev = {"op": "event", "execution_id": "exec-b", "type": "tool.responded", "seq": 1}
+    c.call({"id": 1, **ev, "payload": {"n": 1, "l": [0]}})
+    store_server.call(lambda: store_server.backend.astore.compact())
+    assert c.call({"id": 2, **ev, "payload": {"n": True, "l": [0]}})["error"]["code"] == "seq_conflict"
+    assert c.call({"id": 3, **ev, "payload": {"n": 1, "l": [False]}})["error"]["code"] == "seq_conflict"
+    assert c.call({"id": 4, **ev, "payload": {"n": 1.0, "l": [0]}})["duplicate"] is True  # the same number
+
+
+def test_a_fork_at_seq_0_is_accepted(store_server):
+    c = LineClient(sock_path(store_server.config.data_dir))
+    start(c, "exec-parent")
+    r = start(c, "exec-child", rid=2, parent_execution_id="exec-parent", forked_at_seq=0)
+    assert r["ok"] and r["created"] is True, r
+    bad = start(c, "exec-child2", rid=3, parent_execution_id="exec-parent", forked_at_seq=-1)
+    assert bad["error"]["code"] == "bad_request" and ">= 0" in bad["error"]["message"]

@@ -237,13 +237,14 @@ def req_object(req: dict, name: str, *, required: bool = True) -> Optional[dict]
     return v
 
 
-def req_seq(req: dict, name: str = "seq") -> Optional[int]:
-    """An optional positive integer field (the expected seq of an event)."""
+def req_seq(req: dict, name: str = "seq", *, least: int = 1) -> Optional[int]:
+    """An optional integer field of at least `least`: the expected seq of an event (>= 1), or
+    the seq a fork starts after (>= 0: a fork at 0 keeps none of the parent's events)."""
     v = req.get(name)
     if v is None:
         return None
-    if type(v) is not int or v < 1:
-        raise _bad(f"`{name}` must be a positive integer")
+    if type(v) is not int or v < least:
+        raise _bad(f"`{name}` must be a positive integer" if least == 1 else f"`{name}` must be an integer >= {least}")
     return v
 
 

@@ -453,7 +453,7 @@ class Connection(asyncio.Protocol):
             envelope = P.req_object(req, "envelope")
             eid = P.req_execution_id(req, required=False)
             parent = P.req_execution_id(req, "parent_execution_id", required=False)
-            forked_at = P.req_seq(req, "forked_at_seq")
+            forked_at = P.req_seq(req, "forked_at_seq", least=0)
             return backend.stage_start(intent, envelope, eid, parent, forked_at)
         if op == "finish":
             counts["finish"] += 1

@@ -33,6 +33,23 @@ def seq_conflict(execution_id: str, message: str) -> P.ProtocolError:
     return P.ProtocolError(P.SEQ_CONFLICT, f"execution {execution_id!r}: {message}")
 
 
+
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON values are the same document. Python's `==` is not enough:
+    `True == 1` and `{"n": true} == {"n": 1}` hold, but a resent event whose payload says
+    `true` where the recorded one says `1` is another event. A number is the same number
+    whatever its spelling (`1000`, `1000.0` and `1e3`), as in JSON: SQLite hands a stored
+    `1e3` back as the integer 1000."""
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a is b
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_json(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(same_json, a, b))
+    if isinstance(a, (int, float)):
+        return isinstance(b, (int, float)) and a == b
+    return type(a) is type(b) and a == b
+
 class StoreBackend:
     """Serves the protocol from an AsyncStore opened on the data directory."""
 
@@ -193,7 +210,7 @@ class StoreBackend:
         rec = await self._recorded(execution_id)
         for e in rec.events:
             if e.seq == seq:
-                if e.type == type and e.payload == payload:
+                if e.type == type and same_json(e.payload, payload):
                     return Staged({"seq": seq, "duplicate": True})
                 raise seq_conflict(execution_id, f"seq {seq} holds another event ({e.type})")
         raise seq_conflict(execution_id, f"seq {seq} is taken but not recorded; next is {rec.events[-1].seq + 1 if rec.events else 1}")
