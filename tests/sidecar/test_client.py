@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import orjson
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from tracedb import errors as E
 from tracedb.sidecar.client import (
     Client,
+    OutcomeUnknownError,
     RecorderUnavailableError,
     SeqConflictError,
     connect,
@@ -226,3 +228,85 @@ def test_client_gives_up_after_the_reconnect_timeout(tdir):
     with pytest.raises(RecorderUnavailableError) as e:
         Client("unix:" + sock_path(tdir), reconnect_timeout_s=0.2)
     assert e.value.code == "unavailable"
+
+
+def test_an_event_by_id_without_seq_is_never_resent_once_it_may_be_recorded(store_server, tdir):
+    # Without a seq the server cannot tell a resend from a new event: resending could record it
+    # twice. The client says the outcome is unknown instead; with seq= it resends safely.
+    proxy = CuttingProxy(sock_path(store_server.config.data_dir), os.path.join(tdir, "proxy.sock"))
+    with Client("unix:" + proxy.path, reconnect_timeout_s=10) as client:
+        eid = client.start("ProcessIntent", ENV).execution_id
+        proxy.cut_after(0)  # the answer to the next request is lost with its connection
+        with pytest.raises(OutcomeUnknownError, match="may or may not be recorded"):
+            client.event(eid, "tool.requested", {"k": 1})
+        proxy.cut_after(0)
+        assert client.event(eid, "tool.responded", {"k": 2}, seq=2) == 2
+        proxy.cut_after(0)
+        with pytest.raises(OutcomeUnknownError):
+            client.finish(eid, {"status": "success"})
+        rec = client.get(eid)
+    assert [(e.seq, e.type) for e in rec.events] == [(1, "tool.requested"), (2, "tool.responded"), (3, "FINAL_RESPONSE")]
+    assert proxy.cuts == 3
+    proxy.close()
+
+
+def test_async_event_by_id_without_seq_fails_instead_of_being_resent(store_server, tdir):
+    proxy = CuttingProxy(sock_path(store_server.config.data_dir), os.path.join(tdir, "proxy.sock"))
+
+    async def main():
+        client = await connect_async("unix:" + proxy.path, reconnect_timeout_s=10)
+        eid = (await client.start("ProcessIntent", ENV)).execution_id
+        proxy.cut_after(0)
+        with pytest.raises(OutcomeUnknownError):
+            await client.event(eid, "tool.requested", {"k": 1})
+        assert await client.event(eid, "tool.responded", {"k": 2}, seq=2) == 2
+        rec = await client.get(eid)
+        await client.close()
+        return rec
+
+    rec = asyncio.run(main())
+    assert [(e.seq, e.payload) for e in rec.events] == [(1, {"k": 1}), (2, {"k": 2})]
+    proxy.close()
+
+
+def test_async_client_fails_pending_requests_the_restarted_recorder_refuses(tdir, serve_process):
+    # After a restart with another token, the reconnect's hello is refused: the requests waiting
+    # for it fail at once with that error, not after the watchdog with a misleading one.
+    from tracedb.sidecar.bench import _free_port
+
+    port = _free_port()
+    server = serve_process("--tcp", f"127.0.0.1:{port}", env={"TRACEDB_TOKEN": "tok-a"})
+
+    async def main():
+        client = await connect_async(f"tcp://127.0.0.1:{port}", token="tok-a", timeout_s=30, reconnect_timeout_s=30)
+        ex = await client.start("ProcessIntent", ENV)
+        assert server.terminate()[0] == 0
+        serve_process("--tcp", f"127.0.0.1:{port}", env={"TRACEDB_TOKEN": "tok-b"})
+        t0 = time.monotonic()
+        with pytest.raises(E.TraceDBError) as info:
+            await ex.event("tool.requested", {})
+        await client.close()
+        return info.value, time.monotonic() - t0
+
+    err, waited = asyncio.run(main())
+    assert getattr(err, "code", None) == "unauthorized" and waited < 10
+
+
+def test_async_client_fails_a_pending_request_over_the_restarted_recorders_frame_limit(tdir, serve_process):
+    server = serve_process()
+
+    async def main():
+        client = await connect_async("unix:" + server.socket, timeout_s=30, reconnect_timeout_s=30)
+        ex = await client.start("ProcessIntent", ENV)
+        assert server.terminate()[0] == 0
+        big = ex.event("tool.requested", {"blob": "x" * 100_000})  # waits for the reconnect
+        serve_process("--max-frame-bytes", "65536")
+        t0 = time.monotonic()
+        with pytest.raises(E.TraceDBError) as info:
+            await big
+        waited = time.monotonic() - t0
+        await client.close()
+        return info.value, waited
+
+    err, waited = asyncio.run(main())
+    assert getattr(err, "code", None) == "frame_too_large" and waited < 10

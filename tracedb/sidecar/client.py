@@ -21,6 +21,9 @@ on its disk) counts as dropped, for the sync and the asyncio client alike.
   resent start finds the execution and answers `created: false`.
 - `event` and `finish` carry the seq the client expects them to get: a resent one whose seq the
   server already recorded is answered with that original seq (`duplicate: true`), never appended.
+  `Execution` handles always send it. `Client.event(execution_id, ...)` and `finish` by id send
+  it when given `seq=`; without it such a request is never resent once it may have reached the
+  server: it fails with `OutcomeUnknownError` (check with `get`), rather than risk a second copy.
 - `invalidate` of an invalidated execution succeeds; `get` and `ping` only read.
 """
 
@@ -63,6 +66,26 @@ class RecorderUnavailableError(E.RecordingFailedError):
     """The recorder could not be reached (or kept refusing) within `reconnect_timeout_s`."""
 
     code = "unavailable"
+
+
+class OutcomeUnknownError(RecorderUnavailableError):
+    """The connection failed after an `event` or `finish` without `seq` was sent: it may or may
+    not be recorded, and resending it could record it twice."""
+
+
+def _resend_safe(req: dict) -> bool:
+    """Whether a request may be sent again after a failure: everything but an event or finish
+    without the seq that lets the server recognise a repeat."""
+    return req.get("op") not in ("event", "finish") or req.get("seq") is not None
+
+
+def _outcome_unknown(address: str, req: dict, cause) -> OutcomeUnknownError:
+    return OutcomeUnknownError(
+        f"the connection to the recorder at {address} failed after the {req.get('op')} request for "
+        f"{req.get('execution_id')!r} was sent ({cause}); it may or may not be recorded",
+        hint="read the execution with get() to see; pass seq= (Execution handles do) so that a "
+        "request can be resent without being recorded twice",
+    )
 
 
 class SeqConflictError(E.InvalidInputError):
@@ -297,9 +320,12 @@ class _SyncSidecar:
                         self.reconnects += 1
                     resp = self.conn.roundtrip(rid, frame)
                 except (OSError, ValueError) as e:  # reset, EOF, timeout, garbage: reconnect, resend
+                    sent = self.conn is not None  # else connecting failed: nothing was sent
                     if self.conn is not None:
                         self.conn.close()
                         self.conn = None
+                    if sent and not _resend_safe(req):
+                        raise _outcome_unknown(self.address, req, e) from e
                     deadline = deadline or time.monotonic() + self.reconnect_timeout_s
                     if time.monotonic() >= deadline:
                         raise RecorderUnavailableError(f"recorder at {self.address} failed: {e}") from e
@@ -431,7 +457,9 @@ class Client:
         return Execution(self, execution_id, envelope_hash, next_seq)
 
     def event(self, execution_id: str, type: str, payload: Any = None, *, seq: Optional[int] = None) -> int:
-        """Record one event of an execution by id; returns its seq once durable."""
+        """Record one event of an execution by id; returns its seq once durable. Give `seq` (the
+        seq it should get) to make it safe to resend: without it, a connection lost after sending
+        raises `OutcomeUnknownError` instead of resending (see the module doc)."""
         return self._event(execution_id, type, payload, seq)
 
     def _event(self, execution_id, type, payload, seq) -> int:
@@ -443,7 +471,8 @@ class Client:
         return self._remote.request(req, execution_id)["seq"]
 
     def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> int:
-        """Record an execution's final response by id; returns its seq once durable."""
+        """Record an execution's final response by id; returns its seq once durable. Without
+        `seq`, a lost connection raises `OutcomeUnknownError`, as for `event`."""
         return self._finish(execution_id, response, seq)
 
     def _finish(self, execution_id, response, seq) -> int:
@@ -510,15 +539,17 @@ def connect(sidecar: Optional[str] = None, **kwargs) -> Client:
 
 
 class _Pending:
-    __slots__ = ("rid", "frame", "future", "execution_id", "deadline", "sent_at")
+    __slots__ = ("rid", "req", "frame", "future", "execution_id", "deadline", "sent_at", "sent")
 
-    def __init__(self, rid, frame, future, execution_id):
+    def __init__(self, rid, req, frame, future, execution_id):
         self.rid = rid
+        self.req = req
         self.frame = frame
         self.future = future
         self.execution_id = execution_id
         self.deadline: Optional[float] = None
         self.sent_at = time.monotonic()  # when last written to a connection
+        self.sent = False  # written to a connection at least once
 
 
 class _AsyncSidecar:
@@ -574,17 +605,31 @@ class _AsyncSidecar:
                     err = resp.get("error") or {}
                     if err.get("code") in RETRYABLE:
                         raise ConnectionRefusedError(err.get("message"))
-                    raise error_from_wire(err)
+                    refused = error_from_wire(err)  # unauthorized: waiting will not help
+                    self._fail_all(refused)
+                    raise refused
                 self.max_frame_bytes = resp["limits"]["max_frame_bytes"]
                 self._writer = writer
                 self._reader_task = asyncio.get_running_loop().create_task(self._read(reader, writer))
                 if not initial:
                     self.reconnects += 1
                 # Resend, in order, everything not yet answered: the server recognises repeats.
+                # Not what it could not recognise, nor a frame over the server's limit now.
                 now = time.monotonic()
                 for p in list(self.pending.values()):
-                    p.sent_at = now
-                    writer.write(p.frame)
+                    if p.sent and not _resend_safe(p.req):
+                        self._fail_one(p, _outcome_unknown(self.address, p.req, "connection lost"))
+                    elif len(p.frame) > self.max_frame_bytes:
+                        self._fail_one(p, SidecarError(
+                            P.FRAME_TOO_LARGE,
+                            f"request of {len(p.frame)} bytes exceeds the server's frame limit of "
+                            f"{self.max_frame_bytes} (the recorder restarted with a lower one)",
+                            hint="raise `tracedb serve --max-frame-bytes`, or record large blobs by reference",
+                        ))
+                    else:
+                        p.sent_at = now
+                        p.sent = True
+                        writer.write(p.frame)
                 return
             except (OSError, ValueError, asyncio.TimeoutError) as e:
                 last = e
@@ -607,6 +652,10 @@ class _AsyncSidecar:
                 resp = orjson.loads(line)
                 p = self.pending.get(resp.get("id"))
                 if p is None:
+                    if resp.get("id") is None and not resp.get("ok"):
+                        # A frame the server could not read an id from: none this client sends.
+                        log.warning("tracedb: the recorder at %s answered an unreadable request: %s",
+                                    self.address, resp.get("error"))
                     continue  # an answer to a request answered before (resent twice)
                 if resp.get("ok"):
                     del self.pending[p.rid]
@@ -681,6 +730,11 @@ class _AsyncSidecar:
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
             self._connecting = task
 
+    def _fail_one(self, p: _Pending, err: BaseException) -> None:
+        del self.pending[p.rid]
+        if not p.future.done():
+            p.future.set_exception(err)
+
     def _fail_all(self, err: BaseException) -> None:
         pending, self.pending = self.pending, {}
         for p in pending.values():
@@ -695,9 +749,10 @@ class _AsyncSidecar:
         rid = req["id"] = self.next_id
         frame = _encode(req, self.max_frame_bytes)
         fut = asyncio.get_running_loop().create_future()
-        self.pending[rid] = _Pending(rid, frame, fut, execution_id)
+        p = self.pending[rid] = _Pending(rid, req, frame, fut, execution_id)
         if self._writer is not None:
             self._writer.write(frame)
+            p.sent = True
         else:
             self._start_reconnect()  # sent with the rest once connected
         if self._watchdog is None:
@@ -872,7 +927,9 @@ class AsyncClient:
         return AsyncExecution(self, execution_id, envelope_hash, next_seq)
 
     async def event(self, execution_id: str, type: str, payload: Any = None, *, seq: Optional[int] = None) -> int:
-        """Record one event of an execution by id; returns its seq once durable."""
+        """Record one event of an execution by id; returns its seq once durable. Give `seq` (the
+        seq it should get) to make it safe to resend: without it, a connection lost after sending
+        raises `OutcomeUnknownError` instead of resending (see the module doc)."""
         return await self._event(execution_id, type, payload, seq)
 
     def _event(self, execution_id, type, payload, seq, execution=None):
@@ -894,7 +951,8 @@ class AsyncClient:
         return _SeqAwaitable(fut, seq, execution)
 
     async def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> int:
-        """Record an execution's final response by id; returns its seq once durable."""
+        """Record an execution's final response by id; returns its seq once durable. Without
+        `seq`, a lost connection raises `OutcomeUnknownError`, as for `event`."""
         return await self._finish(execution_id, response, seq)
 
     def _finish(self, execution_id, response, seq, execution=None):
