@@ -256,3 +256,57 @@ def test_a_fork_at_seq_0_is_accepted(store_server):
     assert r["ok"] and r["created"] is True, r
     bad = start(c, "exec-child2", rid=3, parent_execution_id="exec-parent", forked_at_seq=-1)
     assert bad["error"]["code"] == "bad_request" and ">= 0" in bad["error"]["message"]
+
+
+def test_a_burst_of_resends_reads_the_record_once_and_sees_later_steps(store_server):
+    # A client resends its whole window after a reconnect: each resend is compared with the
+    # recorded step, and the record is read once for the burst, not once per request.
+    backend = store_server.backend
+    reads = []
+    recorded = backend._recorded
+
+    async def counting(execution_id):
+        reads.append(execution_id)
+        return await recorded(execution_id)
+
+    backend._recorded = counting
+    c = LineClient(sock_path(store_server.config.data_dir))
+    start(c, "exec-burst")
+    ev = {"op": "event", "execution_id": "exec-burst", "type": "tool.responded"}
+    for s in range(1, 51):
+        assert c.call({"id": s, **ev, "payload": {"i": s}, "seq": s})["seq"] == s
+    for s in range(1, 51):
+        assert c.call({"id": 100 + s, **ev, "payload": {"i": s}, "seq": s})["duplicate"] is True
+    assert len(reads) == 1
+    # Steps recorded after the record was read are read again when a resend reaches them.
+    assert c.call({"id": 200, **ev, "payload": {"i": 51}, "seq": 51})["seq"] == 51
+    assert c.call({"id": 201, **ev, "payload": {"i": 51}, "seq": 51})["duplicate"] is True
+    assert c.call({"id": 202, **ev, "payload": {"i": 0}, "seq": 51})["error"]["code"] == "seq_conflict"
+    assert len(reads) == 2
+
+
+def test_a_fork_start_resent_while_its_first_copy_is_checked_is_recognised(store_server):
+    # A fork start is checked against the database off the loop. The same start resent on
+    # another connection meanwhile (the client reconnected) waits for it, and so do the events
+    # sent behind it: `created: false` and the original seqs, never `execution_exists`.
+    c = LineClient(sock_path(store_server.config.data_dir))
+    start(c, "exec-parent")
+    c.call({"id": 2, "op": "event", "execution_id": "exec-parent", "type": "tool.requested", "payload": {}, "seq": 1})
+    for i in range(20):
+        eid = f"exec-fork-{i}"
+        a = LineClient(sock_path(store_server.config.data_dir))
+        b = LineClient(sock_path(store_server.config.data_dir))
+        req = {"id": 1, "op": "start", "intent": "ProcessIntent", "envelope": ENV, "execution_id": eid,
+               "parent_execution_id": "exec-parent", "forked_at_seq": 1}
+        ev = {"id": 2, "op": "event", "execution_id": eid, "type": "tool.responded", "payload": {"i": i}, "seq": 1}
+        a.send(req)
+        b.send(req)
+        a.send(ev)
+        b.send(ev)
+        ra = {r["id"]: r for r in (a.recv(), a.recv())}
+        rb = {r["id"]: r for r in (b.recv(), b.recv())}
+        assert all(r["ok"] for r in [*ra.values(), *rb.values()]), (ra, rb)
+        assert sorted([ra[1]["created"], rb[1]["created"]]) == [False, True]
+        assert ra[2]["seq"] == rb[2]["seq"] == 1
+        a.close()
+        b.close()

@@ -13,7 +13,7 @@ import asyncio
 import os
 import sqlite3
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any, Optional
 
 import wal
@@ -26,6 +26,10 @@ from .backend import IN_BATCH, BackendStats, Deferred, Staged
 
 
 _STATUS_SQL = "SELECT status FROM traces WHERE execution_id = ?"
+# Resent events are compared with the recorded ones: the recorded steps of this many executions
+# are kept, so that a burst of resends (a client's whole window after a reconnect) reads each
+# execution's record once instead of once per request.
+RESEND_CACHE_EXECUTIONS = 8
 
 
 def seq_conflict(execution_id: str, message: str) -> P.ProtocolError:
@@ -63,6 +67,11 @@ class StoreBackend:
         # (lsn, monotonic time) samples, to tell the age of the oldest record not compacted.
         self._appended: deque = deque()
         self._sample_at = 0.0
+        # execution id -> ({seq: (type, payload)}, last seq): recorded steps never change.
+        self._recorded_steps: OrderedDict = OrderedDict()
+        # execution id -> future done once a start for it, checked off the loop, is settled
+        # (staged or given up): a copy of that start resent meanwhile waits for it.
+        self._starting: dict[str, asyncio.Future] = {}
 
     # -- staging -------------------------------------------------------------------------
     def stage_event(self, execution_id: str, type: str, payload: Any, seq: Optional[int]):
@@ -134,6 +143,7 @@ class StoreBackend:
                     return Deferred(self._start(intent, envelope, execution_id, None, forked_at_seq))
                 return Deferred(self._existing(execution_id, intent, envelope))
         store.stage_start(self.batch, start)
+        self._recorded_steps.pop(start.execution_id, None)  # an id pruned and used again
         return Staged(self._started(start.execution_id, start.envelope_hash), IN_BATCH)
 
     def _db_status(self, execution_id: str):
@@ -205,24 +215,43 @@ class StoreBackend:
         await self._settled()
         return await self.astore.get(execution_id)
 
+    async def _steps_up_to(self, execution_id: str, seq: int) -> tuple[dict, int]:
+        """({seq: (type, payload)}, last seq) of the execution's durable steps, read again only
+        when `seq` lies beyond what was read before. Raises ExecutionNotFoundError."""
+        cache = self._recorded_steps
+        got = cache.get(execution_id)
+        if got is not None and seq <= got[1]:
+            cache.move_to_end(execution_id)
+            return got
+        rec = await self._recorded(execution_id)
+        got = ({e.seq: (e.type, e.payload) for e in rec.events}, rec.events[-1].seq if rec.events else 0)
+        cache[execution_id] = got
+        cache.move_to_end(execution_id)
+        while len(cache) > RESEND_CACHE_EXECUTIONS:
+            cache.popitem(last=False)
+        return got
+
     async def _resent(self, execution_id: str, seq: int, type: str, payload: Any) -> Staged:
         """A request whose seq was already taken: the original's seq if it is the same event."""
-        rec = await self._recorded(execution_id)
-        for e in rec.events:
-            if e.seq == seq:
-                if e.type == type and same_json(e.payload, payload):
-                    return Staged({"seq": seq, "duplicate": True})
-                raise seq_conflict(execution_id, f"seq {seq} holds another event ({e.type})")
-        raise seq_conflict(execution_id, f"seq {seq} is taken but not recorded; next is {rec.events[-1].seq + 1 if rec.events else 1}")
+        steps, last = await self._steps_up_to(execution_id, seq)
+        got = steps.get(seq)
+        if got is not None:
+            if got[0] == type and same_json(got[1], payload):
+                return Staged({"seq": seq, "duplicate": True})
+            raise seq_conflict(execution_id, f"seq {seq} holds another event ({got[0]})")
+        raise seq_conflict(execution_id, f"seq {seq} is taken but not recorded; next is {last + 1}")
 
     async def _unknown(self, execution_id: str, type: str, payload: Any, seq: Optional[int]):
         """An event for an execution not held in memory: a resend, closed, unknown, or starting."""
+        starting = self._starting.get(execution_id)
+        if starting is not None:  # its start is being checked off the loop: wait for it
+            await asyncio.shield(starting)
         if seq is not None:
             try:
-                rec = await self._recorded(execution_id)
+                _steps, last = await self._steps_up_to(execution_id, seq)
             except ExecutionNotFoundError:
-                rec = None
-            if rec is not None and rec.events and seq <= rec.events[-1].seq:
+                last = 0
+            if seq <= last:
                 return await self._resent(execution_id, seq, type, payload)
         nxt = self.store.next_seq(execution_id)
         if nxt is None:
@@ -252,20 +281,34 @@ class StoreBackend:
             start = store.reserve_start(intent, envelope, execution_id, parent_execution_id, forked_at_seq)
         except ExecutionExistsError:
             return await self._existing(execution_id, intent, envelope)
+        settled = self._starting[start.execution_id] = self.loop.create_future()
+        exists = False
         try:
             await self._run(store.check_new_in_db, start)
         except ExecutionExistsError:
             store.cancel_start(start)
-            return await self._existing(execution_id, intent, envelope)
+            exists = True
         except BaseException:
             store.cancel_start(start)
             raise
-        store.stage_start(self.batch, start)
+        else:
+            store.stage_start(self.batch, start)
+        finally:
+            del self._starting[start.execution_id]
+            settled.set_result(None)
+        if exists:
+            return await self._existing(execution_id, intent, envelope)
+        self._recorded_steps.pop(start.execution_id, None)  # an id pruned and used again
         return Staged(self._started(start.execution_id, start.envelope_hash), IN_BATCH)
 
     async def _existing(self, execution_id: str, intent: str, envelope: dict) -> Staged:
         """A start for an id that exists: a resent start if intent and envelope match."""
         envelope_hash = compute_envelope_hash(envelope)
+        starting = self._starting.get(execution_id)
+        if starting is not None:
+            # Its first copy is still being checked off the loop (a fork, or a start the quick
+            # read could not answer): answer this one once that one is staged or given up.
+            await asyncio.shield(starting)
         try:
             rec = await self._recorded(execution_id)
         except ExecutionNotFoundError:
