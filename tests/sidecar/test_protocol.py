@@ -283,6 +283,15 @@ def test_a_burst_of_resends_reads_the_record_once_and_sees_later_steps(store_ser
     assert c.call({"id": 201, **ev, "payload": {"i": 51}, "seq": 51})["duplicate"] is True
     assert c.call({"id": 202, **ev, "payload": {"i": 0}, "seq": 51})["error"]["code"] == "seq_conflict"
     assert len(reads) == 2
+    # Once the execution is closed (and forgotten by the compactor), events past its end are
+    # refused from what was read: a client resending a long window after a restart is answered
+    # at once, not one read of the whole record per request.
+    c.call({"id": 300, "op": "finish", "execution_id": "exec-burst", "response": {"status": "success"}, "seq": 52})
+    store_server.call(lambda: store_server.backend.astore.compact())
+    for s in range(53, 83):
+        r = c.call({"id": 300 + s, **ev, "payload": {"i": s}, "seq": s})
+        assert r["error"]["code"] == "execution_closed" and "completed" in r["error"]["message"]
+    assert len(reads) == 3
 
 
 def test_a_fork_start_resent_while_its_first_copy_is_checked_is_recognised(store_server):

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import wal
 
 from ..errors import ExecutionClosedError, ExecutionExistsError, ExecutionNotFoundError
+from ..models import TERMINAL_STATUSES
 from ..record import FINAL_RESPONSE, compute_envelope_hash
 from ..store import AsyncStore, StagedBatch, StageMiss
 from . import protocol as P
@@ -67,7 +68,8 @@ class StoreBackend:
         # (lsn, monotonic time) samples, to tell the age of the oldest record not compacted.
         self._appended: deque = deque()
         self._sample_at = 0.0
-        # execution id -> ({seq: (type, payload)}, last seq): recorded steps never change.
+        # execution id -> ({seq: (type, payload)}, last seq, status once closed else None):
+        # recorded steps never change, and a closed execution gets no more.
         self._recorded_steps: OrderedDict = OrderedDict()
         # execution id -> future done once a start for it, checked off the loop, is settled
         # (staged or given up): a copy of that start resent meanwhile waits for it.
@@ -215,16 +217,18 @@ class StoreBackend:
         await self._settled()
         return await self.astore.get(execution_id)
 
-    async def _steps_up_to(self, execution_id: str, seq: int) -> tuple[dict, int]:
-        """({seq: (type, payload)}, last seq) of the execution's durable steps, read again only
-        when `seq` lies beyond what was read before. Raises ExecutionNotFoundError."""
+    async def _steps_up_to(self, execution_id: str, seq: int) -> tuple[dict, int, Optional[str]]:
+        """({seq: (type, payload)}, last seq, status if closed) of the execution's durable
+        steps, read again only when `seq` lies beyond what was read before and the execution may
+        still grow. Raises ExecutionNotFoundError."""
         cache = self._recorded_steps
         got = cache.get(execution_id)
-        if got is not None and seq <= got[1]:
+        if got is not None and (seq <= got[1] or got[2] is not None):
             cache.move_to_end(execution_id)
             return got
         rec = await self._recorded(execution_id)
-        got = ({e.seq: (e.type, e.payload) for e in rec.events}, rec.events[-1].seq if rec.events else 0)
+        closed = rec.status if rec.status in TERMINAL_STATUSES and self.store.next_seq(execution_id) is None else None
+        got = ({e.seq: (e.type, e.payload) for e in rec.events}, rec.events[-1].seq if rec.events else 0, closed)
         cache[execution_id] = got
         cache.move_to_end(execution_id)
         while len(cache) > RESEND_CACHE_EXECUTIONS:
@@ -233,7 +237,7 @@ class StoreBackend:
 
     async def _resent(self, execution_id: str, seq: int, type: str, payload: Any) -> Staged:
         """A request whose seq was already taken: the original's seq if it is the same event."""
-        steps, last = await self._steps_up_to(execution_id, seq)
+        steps, last, _closed = await self._steps_up_to(execution_id, seq)
         got = steps.get(seq)
         if got is not None:
             if got[0] == type and same_json(got[1], payload):
@@ -248,11 +252,13 @@ class StoreBackend:
             await asyncio.shield(starting)
         if seq is not None:
             try:
-                _steps, last = await self._steps_up_to(execution_id, seq)
+                _steps, last, closed = await self._steps_up_to(execution_id, seq)
             except ExecutionNotFoundError:
-                last = 0
+                last, closed = 0, None
             if seq <= last:
                 return await self._resent(execution_id, seq, type, payload)
+            if closed is not None:
+                raise ExecutionClosedError(execution_id, closed)
         nxt = self.store.next_seq(execution_id)
         if nxt is None:
             status = await self._run(self.store.status_of, execution_id)
