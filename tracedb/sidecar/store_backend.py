@@ -38,7 +38,6 @@ def seq_conflict(execution_id: str, message: str) -> P.ProtocolError:
     return P.ProtocolError(P.SEQ_CONFLICT, f"execution {execution_id!r}: {message}")
 
 
-
 def same_json(a: Any, b: Any) -> bool:
     """Whether two decoded JSON values are the same document. Python's `==` is not enough:
     `True == 1` and `{"n": true} == {"n": 1}` hold, but a resent event whose payload says
@@ -54,6 +53,7 @@ def same_json(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)):
         return isinstance(b, (int, float)) and a == b
     return type(a) is type(b) and a == b
+
 
 class StoreBackend:
     """Serves the protocol from an AsyncStore opened on the data directory."""
