@@ -151,6 +151,19 @@ def _validate_id(value: Any, name: str) -> str:
     return value
 
 
+_I64 = 1 << 63
+
+
+def _check_bare_int(payload: int, type_: str) -> None:
+    """A payload that is a bare integer must fit in 64 signed bits: SQLite stores a JSON column's
+    bare number as a number (NUMERIC affinity), and one above 2**63 - 1 as an inexact REAL."""
+    if not -_I64 <= payload < _I64:
+        raise InvalidInputError(
+            f"payload of event {type_!r} is the bare integer {payload}, outside the 64-bit signed range",
+            hint="wrap it in an object ({\"value\": ...}) or a string: inside an object it is kept exactly",
+        )
+
+
 def _dumps(doc: dict, what: str, opts: int = _DUMP_OPTS, default=None, *, caller_json: bool = False) -> bytes:
     """`doc` as JSON. `caller_json`: it holds a value the caller passed in (a payload, an
     envelope, a response), which is parsed back once: an `orjson.Fragment` is written as it is,
@@ -484,6 +497,8 @@ class Store:
     def _event_doc(self, state: _State, type_: str, payload: Any, now: int) -> tuple[bytes, Optional[tuple]]:
         """The event's WAL record, and its compaction hint when the in-process compactor takes
         records from memory (see Compactor's `source`): what decoding the record would give."""
+        if type(payload) is int:
+            _check_bare_int(payload, type_)
         payload_json = _dumps(payload, f"payload of event {type_!r}", caller_json=True)
         data = encode_event(state.execution_id, state.next_seq, type_, payload_json, now)
         if not self._hinting:
@@ -912,6 +927,8 @@ class Store:
                 raise ExecutionClosedError(execution_id, state.status)
             seq = state.next_seq
             now = self.clock()
+            if type(payload) is int:
+                _check_bare_int(payload, type_)
             try:
                 payload_json = orjson.dumps(payload, option=_DUMP_OPTS)
             except TypeError as e:

@@ -310,3 +310,17 @@ def test_async_client_fails_a_pending_request_over_the_restarted_recorders_frame
 
     err, waited = asyncio.run(main())
     assert getattr(err, "code", None) == "frame_too_large" and waited < 10
+
+
+def test_a_sync_client_idle_across_a_restart_sends_an_event_without_seq_on_a_new_connection(tdir, serve_process):
+    # The server closed the idle connection when it stopped: an event without seq, which must
+    # not be resent once it may have arrived, is sent on a fresh connection instead of failing.
+    server = serve_process()
+    with Client("unix:" + server.socket, reconnect_timeout_s=10) as idle:
+        assert idle.ping()
+        assert server.terminate()[0] == 0
+        server = serve_process()
+        with Client("unix:" + server.socket) as other:
+            eid = other.start("ProcessIntent", ENV).execution_id
+        assert idle.event(eid, "tool.requested", {"k": 1}) == 1
+        assert [e.seq for e in idle.get(eid).events] == [1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import orjson
 import pytest
@@ -319,3 +320,53 @@ def test_a_fork_start_resent_while_its_first_copy_is_checked_is_recognised(store
         assert ra[2]["seq"] == rb[2]["seq"] == 1
         a.close()
         b.close()
+
+
+def test_a_bare_integer_payload_outside_64_bits_is_refused(store_server):
+    # SQLite would keep it as an inexact REAL; inside an object it is kept exactly.
+    c = LineClient(sock_path(store_server.config.data_dir))
+    start(c, "exec-big")
+    ev = {"op": "event", "execution_id": "exec-big", "type": "tool.responded", "seq": 1}
+    r = c.call({"id": 1, **ev, "payload": 2**64 - 1})
+    assert r["error"]["code"] == "bad_request" and "64-bit" in r["error"]["message"]
+    assert c.call({"id": 2, **ev, "payload": {"n": 2**64 - 1}})["seq"] == 1
+    assert c.call({"id": 3, **ev, "seq": 2, "payload": 2**63 - 1})["seq"] == 2
+    store_server.call(lambda: store_server.backend.astore.compact())
+    rec = c.call({"id": 4, "op": "get", "execution_id": "exec-big"})["record"]
+    assert [e["payload"] for e in rec["events"]] == [{"n": 2**64 - 1}, 2**63 - 1]
+
+
+def test_an_execution_invalidated_after_a_refusal_is_refused_with_its_new_status(store_server):
+    c = LineClient(sock_path(store_server.config.data_dir))
+    start(c, "exec-inv")
+    c.call({"id": 1, "op": "finish", "execution_id": "exec-inv", "response": {"status": "success"}, "seq": 1})
+    store_server.call(lambda: store_server.backend.astore.compact())  # the store forgets it
+    ev = {"op": "event", "execution_id": "exec-inv", "type": "tool.responded", "payload": {}, "seq": 2}
+    assert "is completed" in c.call({"id": 2, **ev})["error"]["message"]
+    assert c.call({"id": 3, "op": "invalidate", "execution_id": "exec-inv", "reason": "wrong answer"})["ok"]
+    assert "is invalidated" in c.call({"id": 4, **ev})["error"]["message"]
+
+
+def test_a_start_resent_while_its_first_copy_fails_gets_the_same_answer(store_server):
+    # The first copy of a fork of a missing parent fails while it is checked off the loop; the
+    # copy resent meanwhile must not be told the execution exists.
+    store = store_server.backend.store
+    check = store.check_new_in_db
+
+    def slow_check(start):
+        time.sleep(0.2)
+        return check(start)
+
+    store.check_new_in_db = slow_check
+    try:
+        req = {"id": 1, "op": "start", "intent": "ProcessIntent", "envelope": ENV, "execution_id": "exec-orphan",
+               "parent_execution_id": "exec-missing", "forked_at_seq": 0}
+        a = LineClient(sock_path(store_server.config.data_dir))
+        b = LineClient(sock_path(store_server.config.data_dir))
+        a.send(req)
+        time.sleep(0.05)
+        b.send(req)
+        assert a.recv()["error"]["code"] == "unknown_execution"
+        assert b.recv()["error"]["code"] == "unknown_execution"
+    finally:
+        store.check_new_in_db = check

@@ -438,3 +438,11 @@ def test_payloads_that_are_bare_json_numbers_read_back_once_compacted(open_store
     rec = store.get(ex.execution_id)
     assert [e.payload for e in rec.events[:-1]] == values
     assert rec.finalResponse == {"status": "success", "payload": 42}
+
+
+def test_a_bare_integer_payload_outside_64_bits_is_refused_embedded(open_store):
+    store = open_store()
+    ex = store.start("ProcessIntent", ENVELOPE)
+    with pytest.raises(tracedb.InvalidInputError, match="64-bit"):
+        ex.event("tool.responded", 2**63)
+    assert ex.event("tool.responded", {"n": 2**63}) == 1

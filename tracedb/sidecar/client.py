@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -234,8 +235,14 @@ class _SyncConn:
         self.max_frame_bytes = P.DEFAULT_MAX_FRAME_BYTES
 
     def roundtrip(self, rid: Any, frame: bytes) -> dict:
-        """Send one request frame and return the response with id `rid`."""
-        self.sock.sendall(frame)
+        """Send one request frame and return the response with id `rid`. An OSError raised
+        before the frame was wholly handed to the socket carries `not_sent = True`: the server
+        cannot have read a request that has no newline yet."""
+        try:
+            self.sock.sendall(frame)
+        except OSError as e:
+            e.not_sent = True
+            raise
         while True:
             nl = self.buf.find(b"\n")
             while nl < 0:
@@ -250,6 +257,15 @@ class _SyncConn:
             if resp.get("id") == rid or resp.get("id") is None:
                 return resp
             # A late answer to a request resent after a timeout: already handled.
+
+    def closed_by_peer(self) -> bool:
+        """True if the server closed this idle connection (it restarted, say): readable with
+        nothing pending means end of file. No request is in flight when this is asked."""
+        try:
+            readable, _w, _x = select.select([self.sock], [], [], 0)
+            return bool(readable) and not self.sock.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
 
     def close(self) -> None:
         """Close the socket."""
@@ -311,20 +327,25 @@ class _SyncSidecar:
             self.next_id += 1
             rid = req["id"] = self.next_id
             frame = _encode(req, self.max_frame_bytes)
+            safe = _resend_safe(req)
             deadline = None
             delay = 0.02
             while True:
                 try:
+                    if self.conn is not None and not safe and self.conn.closed_by_peer():
+                        self.conn.close()  # do not send what cannot be resent into a dead socket
+                        self.conn = None
                     if self.conn is None:
                         self._connect(deadline or time.monotonic() + self.reconnect_timeout_s)
                         self.reconnects += 1
                     resp = self.conn.roundtrip(rid, frame)
                 except (OSError, ValueError) as e:  # reset, EOF, timeout, garbage: reconnect, resend
-                    sent = self.conn is not None  # else connecting failed: nothing was sent
+                    # Not sent: connecting failed, or the frame never wholly left.
+                    sent = self.conn is not None and not getattr(e, "not_sent", False)
                     if self.conn is not None:
                         self.conn.close()
                         self.conn = None
-                    if sent and not _resend_safe(req):
+                    if sent and not safe:
                         raise _outcome_unknown(self.address, req, e) from e
                     deadline = deadline or time.monotonic() + self.reconnect_timeout_s
                     if time.monotonic() >= deadline:

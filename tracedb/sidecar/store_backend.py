@@ -99,6 +99,7 @@ class StoreBackend:
 
     def stage_invalidate(self, execution_id: str, reason: str):
         """Stage an invalidation; executions only the database knows are invalidated off the loop."""
+        self._recorded_steps.pop(execution_id, None)  # its cached status would be stale
         before = len(self.batch.payloads)
         if self.store.stage_invalidate(self.batch, execution_id, reason):
             if len(self.batch.payloads) > before:
@@ -136,7 +137,10 @@ class StoreBackend:
         try:
             start = store.reserve_start(intent, envelope, execution_id, None, forked_at_seq)
         except ExecutionExistsError:
-            return Deferred(self._existing(execution_id, intent, envelope))
+            return Deferred(self._existing(
+                execution_id, intent, envelope,
+                again=lambda: self._start(intent, envelope, execution_id, None, forked_at_seq),
+            ))
         if start.explicit and start.state is not None:
             known = self._db_status(start.execution_id)
             if known is not False:
@@ -286,7 +290,10 @@ class StoreBackend:
         try:
             start = store.reserve_start(intent, envelope, execution_id, parent_execution_id, forked_at_seq)
         except ExecutionExistsError:
-            return await self._existing(execution_id, intent, envelope)
+            return await self._existing(
+                execution_id, intent, envelope,
+                again=lambda: self._start(intent, envelope, execution_id, parent_execution_id, forked_at_seq),
+            )
         settled = self._starting[start.execution_id] = self.loop.create_future()
         exists = False
         try:
@@ -307,8 +314,9 @@ class StoreBackend:
         self._recorded_steps.pop(start.execution_id, None)  # an id pruned and used again
         return Staged(self._started(start.execution_id, start.envelope_hash), IN_BATCH)
 
-    async def _existing(self, execution_id: str, intent: str, envelope: dict) -> Staged:
-        """A start for an id that exists: a resent start if intent and envelope match."""
+    async def _existing(self, execution_id: str, intent: str, envelope: dict, again=None) -> Staged:
+        """A start for an id that exists: a resent start if intent and envelope match. `again`
+        (a coroutine function) runs the start anew if the copy it waited for gave up."""
         envelope_hash = compute_envelope_hash(envelope)
         starting = self._starting.get(execution_id)
         if starting is not None:
@@ -318,6 +326,8 @@ class StoreBackend:
         try:
             rec = await self._recorded(execution_id)
         except ExecutionNotFoundError:
+            if starting is not None and again is not None and self.store.next_seq(execution_id) is None:
+                return await again()  # the copy waited for gave up (its parent is missing, say)
             raise ExecutionExistsError(execution_id) from None  # another start still in flight
         if rec.header.envelopeHash != envelope_hash or rec.intent != intent:
             raise ExecutionExistsError(execution_id)
