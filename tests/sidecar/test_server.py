@@ -235,3 +235,21 @@ def test_a_failing_disk_fails_the_writes_in_flight_and_the_server_keeps_answerin
         assert status == 503 and body["status"] == "failed"
     finally:
         srv.stop()
+
+
+def test_with_recording_disabled_requests_are_answered_and_nothing_is_kept(tdir):
+    # `enabled = false` (TRACING_ENABLED=false): the server answers as if it recorded, writes
+    # nothing, and keeps serving the connection.
+    srv = make_server(tdir, ServerConfig(socket_path=sock_path(tdir), data_dir=tdir), backend="store", enabled=False)
+    try:
+        c = LineClient(sock_path(tdir))
+        env = {"intent": "ProcessIntent", "payload": {}}
+        r = c.call({"id": 1, "op": "start", "intent": "ProcessIntent", "envelope": env, "execution_id": "exec-off"})
+        assert r["ok"] and r["created"] is True
+        r = c.call({"id": 2, "op": "event", "execution_id": "exec-off", "type": "tool.requested", "payload": {}, "seq": 1})
+        assert r == {"id": 2, "ok": True, "seq": 1}
+        assert c.call({"id": 3, "op": "finish", "execution_id": "exec-off", "response": {"status": "success"}})["ok"]
+        assert c.call({"id": 4, "op": "get", "execution_id": "exec-off"})["error"]["code"] == "unknown_execution"
+        assert c.call({"id": 5, "op": "ping"})["ok"]
+    finally:
+        srv.stop()
