@@ -80,10 +80,10 @@ def _resend_safe(req: dict) -> bool:
     return req.get("op") not in ("event", "finish") or req.get("seq") is not None
 
 
-def _outcome_unknown(address: str, req: dict, cause) -> OutcomeUnknownError:
+def _outcome_unknown(address: str, op: str, execution_id, cause) -> OutcomeUnknownError:
     return OutcomeUnknownError(
-        f"the connection to the recorder at {address} failed after the {req.get('op')} request for "
-        f"{req.get('execution_id')!r} was sent ({cause}); it may or may not be recorded",
+        f"the connection to the recorder at {address} failed after the {op} request for "
+        f"{execution_id!r} was sent ({cause}); it may or may not be recorded",
         hint="read the execution with get() to see; pass seq= (Execution handles do) so that a "
         "request can be resent without being recorded twice",
     )
@@ -203,12 +203,16 @@ def _encode(req: dict, max_frame_bytes: int) -> bytes:
             hint="payloads must be JSON: dicts, lists, str, int (64-bit), float, bool, None",
         ) from None
     if len(frame) > max_frame_bytes:
-        raise SidecarError(
-            P.FRAME_TOO_LARGE,
-            f"request of {len(frame)} bytes exceeds the server's frame limit of {max_frame_bytes}",
-            hint="raise `tracedb serve --max-frame-bytes`, or record large blobs by reference",
-        )
+        raise _frame_too_large(len(frame), max_frame_bytes)
     return frame
+
+
+def _frame_too_large(size: int, max_frame_bytes: int, why: str = "") -> SidecarError:
+    return SidecarError(
+        P.FRAME_TOO_LARGE,
+        f"request of {size} bytes exceeds the server's frame limit of {max_frame_bytes}{why}",
+        hint="raise `tracedb serve --max-frame-bytes`, or record large blobs by reference",
+    )
 
 
 # -- sync ----------------------------------------------------------------------------------------
@@ -346,7 +350,7 @@ class _SyncSidecar:
                         self.conn.close()
                         self.conn = None
                     if sent and not safe:
-                        raise _outcome_unknown(self.address, req, e) from e
+                        raise _outcome_unknown(self.address, req["op"], req.get("execution_id"), e) from e
                     deadline = deadline or time.monotonic() + self.reconnect_timeout_s
                     if time.monotonic() >= deadline:
                         raise RecorderUnavailableError(f"recorder at {self.address} failed: {e}") from e
@@ -560,11 +564,12 @@ def connect(sidecar: Optional[str] = None, **kwargs) -> Client:
 
 
 class _Pending:
-    __slots__ = ("rid", "req", "frame", "future", "execution_id", "deadline", "sent_at", "sent")
+    __slots__ = ("rid", "op", "resend_safe", "frame", "future", "execution_id", "deadline", "sent_at", "sent")
 
     def __init__(self, rid, req, frame, future, execution_id):
         self.rid = rid
-        self.req = req
+        self.op = req["op"]
+        self.resend_safe = _resend_safe(req)
         self.frame = frame
         self.future = future
         self.execution_id = execution_id
@@ -638,14 +643,11 @@ class _AsyncSidecar:
                 # Not what it could not recognise, nor a frame over the server's limit now.
                 now = time.monotonic()
                 for p in list(self.pending.values()):
-                    if p.sent and not _resend_safe(p.req):
-                        self._fail_one(p, _outcome_unknown(self.address, p.req, "connection lost"))
+                    if p.sent and not p.resend_safe:
+                        self._fail_one(p, _outcome_unknown(self.address, p.op, p.execution_id, "connection lost"))
                     elif len(p.frame) > self.max_frame_bytes:
-                        self._fail_one(p, SidecarError(
-                            P.FRAME_TOO_LARGE,
-                            f"request of {len(p.frame)} bytes exceeds the server's frame limit of "
-                            f"{self.max_frame_bytes} (the recorder restarted with a lower one)",
-                            hint="raise `tracedb serve --max-frame-bytes`, or record large blobs by reference",
+                        self._fail_one(p, _frame_too_large(
+                            len(p.frame), self.max_frame_bytes, " (the recorder restarted with a lower one)"
                         ))
                     else:
                         p.sent_at = now

@@ -148,9 +148,22 @@ class StoreBackend:
                 if known is None:  # the quick read could not answer: ask off the loop
                     return Deferred(self._start(intent, envelope, execution_id, None, forked_at_seq))
                 return Deferred(self._existing(execution_id, intent, envelope))
-        store.stage_start(self.batch, start)
+        return self._stage_start(start)
+
+    def _stage_start(self, start) -> Staged:
+        """Stage a start checked to be new; answered once its batch is durable."""
+        self.store.stage_start(self.batch, start)
         self._recorded_steps.pop(start.execution_id, None)  # an id pruned and used again
         return Staged(self._started(start.execution_id, start.envelope_hash), IN_BATCH)
+
+    async def _after_start_of(self, execution_id: str) -> bool:
+        """Wait until a start of `execution_id` being checked off the loop (a fork, or a start the
+        quick read could not answer) is staged or given up; True if there was one."""
+        starting = self._starting.get(execution_id)
+        if starting is None:
+            return False
+        await asyncio.shield(starting)
+        return True
 
     def _db_status(self, execution_id: str):
         """False if the SQLite projection has no such execution, True if it has, None if unsure."""
@@ -256,9 +269,7 @@ class StoreBackend:
 
     async def _unknown(self, execution_id: str, type: str, payload: Any, seq: Optional[int]):
         """An event for an execution not held in memory: a resend, closed, unknown, or starting."""
-        starting = self._starting.get(execution_id)
-        if starting is not None:  # its start is being checked off the loop: wait for it
-            await asyncio.shield(starting)
+        await self._after_start_of(execution_id)
         if seq is not None:
             try:
                 _steps, last, closed = await self._steps_up_to(execution_id, seq)
@@ -309,29 +320,22 @@ class StoreBackend:
         except BaseException:
             store.cancel_start(start)
             raise
-        else:
-            store.stage_start(self.batch, start)
         finally:
             del self._starting[start.execution_id]
             settled.set_result(None)
         if exists:
             return await self._existing(execution_id, intent, envelope)
-        self._recorded_steps.pop(start.execution_id, None)  # an id pruned and used again
-        return Staged(self._started(start.execution_id, start.envelope_hash), IN_BATCH)
+        return self._stage_start(start)
 
     async def _existing(self, execution_id: str, intent: str, envelope: dict, again=None) -> Staged:
         """A start for an id that exists: a resent start if intent and envelope match. `again`
         (a coroutine function) runs the start anew if the copy it waited for gave up."""
         envelope_hash = compute_envelope_hash(envelope)
-        starting = self._starting.get(execution_id)
-        if starting is not None:
-            # Its first copy is still being checked off the loop (a fork, or a start the quick
-            # read could not answer): answer this one once that one is staged or given up.
-            await asyncio.shield(starting)
+        waited = await self._after_start_of(execution_id)  # its first copy, still being checked
         try:
             rec = await self._recorded(execution_id)
         except ExecutionNotFoundError:
-            if starting is not None and again is not None and self.store.next_seq(execution_id) is None:
+            if waited and again is not None and self.store.next_seq(execution_id) is None:
                 return await again()  # the copy waited for gave up (its parent is missing, say)
             raise ExecutionExistsError(execution_id) from None  # another start still in flight
         if rec.header.envelopeHash != envelope_hash or rec.intent != intent:
