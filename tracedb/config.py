@@ -37,6 +37,9 @@ class Config:
     wal_segment_size_bytes: int = 64 << 20
     # Keep a zero-filled spare segment ready (wal/FORMAT.md, "Preallocation"): cheaper fsyncs.
     wal_preallocate: bool = True
+    # asyncio callers (AsyncStore, `tracedb serve`): the event loop writes each group and starts
+    # its fdatasync through Linux native AIO, instead of handing both to the flusher thread.
+    wal_aio: bool = True
     compact_interval_ms: int = 200
     # Compact in a child process (its CPU then does not come out of the recorder's interpreter).
     # `tracedb serve` turns it on unless started with --compact-in-process.
@@ -86,6 +89,7 @@ _FILE_KEYS = {
     ("store", "busy_timeout_ms"): "busy_timeout_ms",
     ("wal", "segment_size_bytes"): "wal_segment_size_bytes",
     ("wal", "preallocate"): "wal_preallocate",
+    ("wal", "aio"): "wal_aio",
     ("compaction", "interval_ms"): "compact_interval_ms",
     ("compaction", "worker_process"): "compact_worker",
     ("compaction", "batch_records"): "compact_batch_records",

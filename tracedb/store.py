@@ -1365,6 +1365,7 @@ class AsyncStore:
 
     async def close(self) -> None:
         """Close the store (marks running executions incomplete, compacts, releases the lock)."""
+        self.store._wal.detach_loop()  # waits for at most the one fdatasync in flight
         await self._run(self.store.close)
 
 
@@ -1410,4 +1411,10 @@ async def open_store_async(data_dir=None, *, config=None, clock=None) -> AsyncSt
     loop = asyncio.get_running_loop()
     cfg = as_config(config, data_dir)
     store = await loop.run_in_executor(None, lambda: Store(cfg, clock=clock))
+    if cfg.wal_aio:
+        try:
+            store._wal.attach_loop()  # this loop flushes its own appends (wal.Wal.attach_loop)
+        except BaseException:
+            await loop.run_in_executor(None, store.close)
+            raise
     return AsyncStore(store)

@@ -5,6 +5,12 @@ single flusher thread takes the whole group, writes it with one write and makes 
 one fdatasync, then acknowledges every append of the group at once: blocked threads through a
 condition variable, asyncio callers through one `call_soon_threadsafe` per event loop per group.
 So concurrency raises the group size instead of the number of fsyncs.
+
+An event loop can take the flusher's place (`attach_loop`, which `open_async` calls): the loop
+then writes each group itself and starts its fdatasync through Linux native AIO (wal/aio.py),
+serves producers while the disk flushes, and acknowledges the group when the completion arrives
+on an eventfd it watches. The thread stays as the fallback: it flushes for blocking callers
+whenever the loop is not running, and finishes a loop's flush if the loop went away.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
+from . import aio as _aio
 from . import format as fmt
 from .errors import (
     PayloadTooLargeError,
@@ -115,6 +122,8 @@ class _Doorbell:
 
 
 _get_running_loop = asyncio._get_running_loop  # the running loop of this thread, or None (in C)
+_RESCUE = object()  # the flusher finishes the flush of a loop that went away
+_ROTATE = object()  # the flusher rotates for the attached loop
 
 
 def _in_running_loop() -> bool:
@@ -199,6 +208,16 @@ class Wal:
         self._last_group = 0
         self._lock_fd: Optional[int] = None
         self._fd: Optional[int] = None
+        # Who is writing and syncing a group now: None, "thread", "loop" (an fdatasync in
+        # flight through the syncer) or "rotating" (the flusher thread rotating for the loop).
+        self._owner: Optional[str] = None
+        self._watch = threading.Condition(self._lock)  # the thread's timed waits on the loop
+        self._aio_loop = None  # the attached event loop (attach_loop), or None
+        self._syncer = None
+        self._aio_job = None  # (bytes, waiters, last_lsn, rotate_to, t0) of the loop's flush
+        self._rotation = None  # (rotate_to, last_lsn) the flusher is to carry out for the loop
+        self._kick_pending = False  # a _kicked callback is queued in the attached loop
+        self._reap_lock = threading.Lock()  # one reaper of a completion: loop or thread
         os.makedirs(self.directory, exist_ok=True)
         self._acquire_lock()
         try:
@@ -383,10 +402,35 @@ class Wal:
             self._check_open()
             lsns = self._encode_all_locked(payloads, hints)
             self._appends += len(lsns)
-            if self._flusher_idle:
-                self._flusher_idle = False
-                self._bell.ring()
+            self._wake_locked()
         return lsns
+
+    def _wake_locked(self) -> None:
+        """After an append made outside the attached loop (under the lock): see that its
+        group gets flushed, by the attached loop while it runs, else by the flusher thread."""
+        if self._aio_loop is not None and self._loop_alive():
+            if self._owner is not None or self._kick_locked():
+                return  # the flush in flight (or the rotation) starts the next one when done
+        if self._flusher_idle:
+            self._flusher_idle = False
+            self._bell.ring()
+
+    def _kick_locked(self) -> bool:
+        """Ask the attached loop to flush the open group (under the lock); False if it is
+        closed."""
+        if self._kick_pending:
+            return True
+        try:
+            self._aio_loop.call_soon_threadsafe(self._kicked)
+        except RuntimeError:
+            return False
+        self._kick_pending = True
+        return True
+
+    def _kicked(self) -> None:
+        with self._lock:
+            self._kick_pending = False
+        self._loop_flush()
 
     def _wait_durable(self, lsn: int) -> None:
         with self._lock:
@@ -397,7 +441,12 @@ class Wal:
                     raise self._failed
                 if self._closed and not self._thread.is_alive():
                     raise WalClosedError(f"WAL {self.directory} closed before LSN {lsn} was synced")
-                self._synced.wait()
+                if self._aio_loop is None:
+                    self._synced.wait()
+                elif not self._synced.wait(0.1) and not self._loop_alive() and self._flusher_idle:
+                    # The attached loop stopped before it flushed this: the thread takes over.
+                    self._flusher_idle = False
+                    self._bell.ring()
 
     def append(self, payload: bytes, hint=None) -> int:
         """Append one record; return its LSN once it is durable (after fdatasync).
@@ -480,16 +529,21 @@ class Wal:
             self._ring_loop = loop
             loop.call_soon(self._ring_later, loop)
         else:  # not called from `loop` running in this thread: nothing would ring
-            self._flusher_idle = False
-            self._bell.ring()
+            self._wake_locked()
 
     def _ring_later(self, loop) -> None:
         with self._lock:
             if self._ring_loop is loop:
                 self._ring_loop = None
-            if self._flusher_idle and self._group:
+            if self._aio_loop is loop:
+                pass  # this loop flushes: below, outside the lock
+            elif self._flusher_idle and self._group:
                 self._flusher_idle = False
                 self._bell.ring()
+                return
+            else:
+                return
+        self._loop_flush()
 
     # -- the flusher ---------------------------------------------------------------------
     def _take_group_locked(self):
@@ -513,21 +567,50 @@ class Wal:
             self._encode_seed = fmt.salt_seed(salt)
         return group, waiters, last_lsn, rotate_to
 
+    def _loop_alive(self) -> bool:
+        """An event loop is attached and running: it flushes (under the lock)."""
+        loop = self._aio_loop
+        return loop is not None and loop.is_running() and not loop.is_closed()
+
     def _flusher(self) -> None:
         while True:
             with self._lock:
                 # Decide and take the group under one hold of the lock: a failure in between
                 # (mark_applied) empties the group, and an empty group must never be "synced".
-                if not self._group:
+                taken = None
+                if self._rotation is not None:  # the attached loop's, see _group_synced
+                    taken, rotation, self._rotation = _ROTATE, self._rotation, None
+                elif self._owner is not None:
+                    # The attached loop is flushing. Stay awake while it does (a blocking
+                    # caller rang): if the loop goes away mid-flush, finish its flush here.
+                    if self._owner == "loop" and not self._loop_alive():
+                        taken = _RESCUE
+                    else:
+                        self._flusher_idle = True  # appends of the loop schedule its flushes
+                        self._watch.wait(0.05)
+                        continue
+                elif not self._group:
                     if self._closed:
                         return
                     self._flusher_idle = True
-                    taken = None
+                elif self._loop_alive() and self._kick_locked():
+                    # The loop flushes the group; watch that it does.
+                    self._flusher_idle = True
+                    self._watch.wait(0.05)
+                    continue
                 else:
                     taken = self._take_group_locked()
+                    self._owner = "thread"
             if taken is None:
                 self._bell.wait()
                 continue
+            if taken is _RESCUE:
+                self._reap_loop_flush(block=True)
+                continue
+            if taken is _ROTATE:
+                if not self._rotate_and_release(*rotation):
+                    return
+                continue  # the next pass hands the open group back to the loop
             group, waiters, last_lsn, rotate_to = taken
             try:
                 t0 = time.perf_counter()
@@ -537,33 +620,168 @@ class Wal:
             except BaseException as e:  # noqa: BLE001 - every failure fails closed
                 self._fail("write/fdatasync", e, waiters)
                 return
+            if not self._group_synced(len(group), waiters, last_lsn, rotate_to, dt, None):
+                return
+
+    def _group_synced(self, nbytes: int, waiters, last_lsn: int, rotate_to, dt: float, loop) -> bool:
+        """A group's fdatasync succeeded: acknowledge it, then rotate if it was the last of
+        its segment (in the flusher thread when `loop`, the attached loop, is running this).
+        Leaves `_owner` set while a rotation runs. False if the rotation failed."""
+        with self._lock:
+            self._durable_lsn = last_lsn
+            self._groups += 1
+            self._bytes += nbytes
+            self._fsync_s += dt
+            if rotate_to is None:
+                self._segment_bytes += nbytes
+                self._owner = None
+            self._synced.notify_all()
+        self._last_group = len(waiters)
+        if not self._spare_requested and self.preallocate:
+            self._maybe_request_spare()
+        if loop is not None and rotate_to is None:
+            # Start the next group's fdatasync before acknowledging this one: the disk works
+            # while the loop runs the producers this acknowledgment wakes.
+            self._loop_flush()
+        self._ack(waiters, None)
+        if self._to_free is not None:
+            self._to_free = None
+        if self._on_group is not None:
+            try:
+                self._on_group(nbytes, dt)
+            except Exception:  # noqa: BLE001 - metrics must never break the log
+                pass
+        if rotate_to is None:
+            return True
+        if loop is not None:
+            # Its blocking calls (seal, fdatasync, rename, directory fsync) go to the flusher
+            # thread, which hands flushing back to the loop when it is done.
             with self._lock:
-                self._durable_lsn = last_lsn
-                self._groups += 1
-                self._bytes += len(group)
-                self._fsync_s += dt
-                if rotate_to is None:
-                    self._segment_bytes += len(group)
-                self._synced.notify_all()
-            self._last_group = len(waiters)
-            if not self._spare_requested and self.preallocate:
-                self._maybe_request_spare()
-            self._ack(waiters, None)
-            if self._to_free is not None:
-                self._to_free = None
-            if self._on_group is not None:
-                try:
-                    self._on_group(len(group), dt)
-                except Exception:  # noqa: BLE001 - metrics must never break the log
-                    pass
-            if rotate_to is not None:
-                # The group is durable and acknowledged; a failed rotation fails closed only
-                # the appends queued behind it (already framed for the next segment).
-                try:
-                    self._rotate(rotate_to, last_lsn)
-                except BaseException as e:  # noqa: BLE001
-                    self._fail("segment rotation", e, [])
-                    return
+                self._owner = "rotating"
+                self._rotation = (rotate_to, last_lsn)
+                self._flusher_idle = False
+                self._bell.ring()  # whether it sleeps on the bell ...
+                self._watch.notify()  # ... or watches the loop
+            return True
+        return self._rotate_and_release(rotate_to, last_lsn)
+
+    def _rotate_and_release(self, rotate_to, last_lsn: int) -> bool:
+        # The group is durable and acknowledged; a failed rotation fails closed only the
+        # appends queued behind it (already framed for the next segment).
+        try:
+            self._rotate(rotate_to, last_lsn)
+        except BaseException as e:  # noqa: BLE001
+            self._fail("segment rotation", e, [])
+            return False
+        with self._lock:
+            self._owner = None
+            self._synced.notify_all()
+        return True
+
+    # -- the attached event loop ---------------------------------------------------------
+    def attach_loop(self) -> bool:
+        """Let the running event loop flush the groups its appends fill (call it in the loop).
+
+        The loop writes each group and starts its fdatasync without blocking (wal/aio.py),
+        then acknowledges the group when the completion arrives; appends from other threads
+        and loops still work (the loop flushes theirs too). Returns False, changing nothing,
+        where the file system object offers no background fdatasync (`fs.async_syncer()` is
+        missing or returns None): the flusher thread then goes on flushing everything.
+        Call `detach_loop` in the loop before it stops; `close` does it when it can.
+        """
+        loop = asyncio.get_running_loop()
+        make = getattr(self.fs, "async_syncer", None)
+        syncer = make() if make is not None else None
+        if syncer is None:
+            return False
+        with self._lock:
+            if self._aio_loop is not None or self._failed is not None or self._closed:
+                syncer.close()
+                if self._aio_loop is not None:
+                    raise WalUsageError(f"WAL {self.directory} is already attached to an event loop")
+                self._check_open()
+            self._aio_loop = loop
+            self._syncer = syncer
+        loop.add_reader(syncer.fileno(), self._on_sync_done)
+        return True
+
+    @property
+    def loop_attached(self) -> bool:
+        """An event loop flushes this log (attach_loop)."""
+        return self._aio_loop is not None
+
+    def detach_loop(self) -> None:
+        """Give flushing back to the thread: finish the loop's flush in flight (waiting for
+        it), then stop watching the syncer. Call it in the attached loop, or once that loop
+        has stopped; a no-op when no loop is attached."""
+        loop = self._aio_loop
+        if loop is None:
+            return
+        if loop.is_running() and _get_running_loop() is not loop:
+            raise WalUsageError("detach_loop() must be called in the attached event loop while it runs")
+        with self._lock:
+            while self._owner == "rotating":
+                self._synced.wait()
+        self._reap_loop_flush(block=True, inline=True)
+        with self._lock:
+            syncer, self._syncer = self._syncer, None
+            self._aio_loop = None
+            if self._group and self._flusher_idle:
+                self._flusher_idle = False
+                self._bell.ring()
+        if not loop.is_closed():
+            loop.remove_reader(syncer.fileno())
+        syncer.close()
+
+    def _loop_flush(self) -> None:
+        """In the attached loop: write the open group and start its fdatasync, unless a
+        group is being flushed (its end starts the next one) or there is none."""
+        with self._lock:
+            if (
+                self._owner is not None or not self._group or self._failed is not None
+                or self._aio_loop is None or _get_running_loop() is not self._aio_loop
+            ):
+                return
+            group, waiters, last_lsn, rotate_to = self._take_group_locked()
+            self._owner = "loop"
+        t0 = time.perf_counter()
+        try:
+            write_all(self.fs, self._fd, group)
+            self._aio_job = (len(group), waiters, last_lsn, rotate_to, t0)
+            self._syncer.submit(self._fd)
+        except BaseException as e:  # noqa: BLE001 - every failure fails closed
+            self._aio_job = None
+            self._fail("write/fdatasync", e, waiters)
+
+    def _on_sync_done(self) -> None:
+        """The syncer's fd turned readable: finish the group whose fdatasync completed."""
+        self._reap_loop_flush(block=False)
+
+    def _reap_loop_flush(self, *, block: bool, inline: bool = False) -> bool:
+        """Finish the loop's flush in flight if its fdatasync completed (or wait for it when
+        `block`). True if a group was acknowledged and nothing (a rotation) is under way.
+        A rotation the group calls for goes to the flusher thread when called in the attached
+        loop, else (or when `inline`) runs right here."""
+        with self._reap_lock:
+            job = self._aio_job
+            syncer = self._syncer
+            if job is None or syncer is None:
+                if syncer is not None:
+                    syncer.reap(block=False)  # nothing in flight: only clears its fd
+                return False
+            outcome = syncer.reap(block=block)
+            if outcome is _aio.PENDING:
+                return False
+            self._aio_job = None
+        nbytes, waiters, last_lsn, rotate_to, t0 = job
+        if outcome is not None:
+            self._fail("write/fdatasync", outcome, waiters)
+            return False
+        dt = time.perf_counter() - t0
+        running = _get_running_loop()
+        loop = running if running is not None and running is self._aio_loop and not inline else None
+        ok = self._group_synced(nbytes, waiters, last_lsn, rotate_to, dt, loop)
+        return ok and rotate_to is None
 
     def _rotate(self, rotate_to, last_lsn: int) -> None:
         salt, number, first_lsn = rotate_to
@@ -662,7 +880,11 @@ class Wal:
         by_loop: dict = {}
         for loop, fut, lsns in waiters:
             by_loop.setdefault(loop, []).append((fut, lsns, exc))
+        running = _get_running_loop()
         for loop, batch in by_loop.items():
+            if loop is running:
+                _resolve_futures(batch)  # the attached loop acknowledging its own group
+                continue
             try:
                 loop.call_soon_threadsafe(_resolve_futures, batch)
             except RuntimeError:
@@ -674,6 +896,7 @@ class Wal:
             self._failed = err
             if from_flusher:
                 self._writing_lsn = 0  # no group is being written any more
+                self._owner = None
             rest = self._waiters
             self._waiters = []
             self._retained = []  # what was not durable never will be
@@ -739,7 +962,14 @@ class Wal:
             )
 
     def close(self) -> None:
-        """Flush what is queued, stop the flusher, release the lock. Safe to call twice."""
+        """Flush what is queued, stop the flusher, release the lock. Safe to call twice.
+
+        With an event loop attached, call it from that loop's thread (`AsyncWal.close` does)
+        or once the loop has stopped; from another thread while the loop runs, the loop keeps
+        flushing until the queue is empty and is then detached through a callback."""
+        loop = self._aio_loop
+        if loop is not None and (_get_running_loop() is loop or not loop.is_running()):
+            self.detach_loop()
         with self._lock:
             if self._closed:
                 return
@@ -748,6 +978,8 @@ class Wal:
             self._bell.ring()
         if threading.current_thread() is not self._thread:
             self._thread.join()
+        if self._aio_loop is not None:
+            self._detach_from_outside()
         if self._preparer is not None:
             self._spare_wanted.set()
             self._preparer.join()
@@ -761,6 +993,27 @@ class Wal:
                 pass
             self._fd = None
         self._release_lock()
+
+    def _detach_from_outside(self) -> None:
+        """close() from a thread other than the running attached loop's: detach in the loop."""
+        loop = self._aio_loop
+        done = threading.Event()
+
+        def detach() -> None:
+            try:
+                self.detach_loop()
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(detach)
+        except RuntimeError:  # closed meanwhile
+            self.detach_loop()
+            return
+        while not done.wait(0.05):
+            if not loop.is_running():  # stopped before it ran the callback
+                self.detach_loop()
+                return
 
     def __enter__(self) -> "Wal":
         return self
@@ -810,6 +1063,7 @@ class AsyncWal:
         return self.wal.stats()
 
     async def close(self) -> None:
+        self.wal.detach_loop()  # waits for at most the one fdatasync in flight
         await asyncio.get_running_loop().run_in_executor(None, self.wal.close)
 
 
@@ -818,8 +1072,18 @@ def open_wal(directory: str, **kwargs) -> Wal:
     return Wal(directory, **kwargs)
 
 
-async def open_async(directory: str, **kwargs) -> AsyncWal:
-    """Open the WAL for asyncio callers (recovery runs in a worker thread)."""
+async def open_async(directory: str, *, attach_loop: bool = True, **kwargs) -> AsyncWal:
+    """Open the WAL for asyncio callers (recovery runs in a worker thread).
+
+    With `attach_loop` (the default) the running loop flushes its groups itself where the
+    machine offers a background fdatasync (`Wal.attach_loop`); close it with `AsyncWal.close`
+    in that loop."""
     loop = asyncio.get_running_loop()
     wal = await loop.run_in_executor(None, lambda: Wal(directory, **kwargs))
+    if attach_loop:
+        try:
+            wal.attach_loop()
+        except BaseException:
+            wal.close()
+            raise
     return AsyncWal(wal)

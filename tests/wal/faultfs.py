@@ -25,6 +25,7 @@ import threading
 from collections import Counter
 from typing import Callable, Optional
 
+from wal.aio import ThreadSyncer
 from wal.fs import OsFileSystem
 
 IGNORED_NAMES = frozenset({"LOCK"})
@@ -89,6 +90,7 @@ class FaultFS:
         fail: Optional[dict[str, tuple[int, int]]] = None,
         disk_full_after: Optional[int] = None,
         before: Optional[Callable[[str, int], None]] = None,
+        async_syncer: bool = True,
     ):
         self.directory = os.path.abspath(directory)
         self.real = OsFileSystem()
@@ -96,6 +98,7 @@ class FaultFS:
         self.fail = dict(fail or {})
         self.disk_full_after = disk_full_after
         self.before = before
+        self.loop_sync = async_syncer
         self.crashed = False
         self.crash_op: Optional[str] = None
         self.calls: Counter = Counter()
@@ -230,6 +233,12 @@ class FaultFS:
             if self._in_dir(path) and os.path.exists(path):
                 self._forget(path)
             self.real.unlink(path)
+
+    def async_syncer(self):
+        """The background fdatasync an attached event loop uses (wal/aio.py): this layer's own
+        `fdatasync` in a helper thread, so the loop-driven path meets the same crash points
+        and injected errors. None when made with `async_syncer=False`."""
+        return ThreadSyncer(self) if self.loop_sync else None
 
     def fsync_dir(self, path: str) -> None:
         self._step("fsync_dir", os.path.basename(path))

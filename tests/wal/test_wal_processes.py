@@ -38,10 +38,10 @@ def _spawn(*args: str) -> subprocess.Popen:
     )
 
 
-def _run_and_kill(directory: str, round_no: int, kill_after: int) -> list[tuple[int, str]]:
+def _run_and_kill(directory: str, round_no: int, kill_after: int, engine: str) -> list[tuple[int, str]]:
     """Start a writer, SIGKILL it once it has acknowledged `kill_after` records; return every
     acknowledgement it printed."""
-    proc = _spawn("append", directory, str(round_no), "3", "3")
+    proc = _spawn("append", directory, str(round_no), "3", "3", engine)
     watchdog = threading.Timer(20, proc.kill)  # a hung writer fails the test instead of hanging it
     watchdog.start()
     try:
@@ -65,12 +65,15 @@ def _run_and_kill(directory: str, round_no: int, kill_after: int) -> list[tuple[
     return acks
 
 
-def test_a_sigkilled_writer_loses_no_acknowledged_record(tmp_path):
+@pytest.mark.parametrize("engine", ["loop", "thread"])
+def test_a_sigkilled_writer_loses_no_acknowledged_record(tmp_path, engine):
+    """Threads and asyncio tasks append; the tasks' event loop flushes (attached) or the
+    flusher thread does everything. 4 KiB segments: rotations all the time."""
     directory = str(tmp_path / "wal")
     rng = random.Random(0xC0FFEE)
     acknowledged: dict[int, str] = {}
     for round_no in range(10):
-        acks = _run_and_kill(directory, round_no, kill_after=rng.randint(1, 1500))
+        acks = _run_and_kill(directory, round_no, kill_after=rng.randint(1, 1500), engine=engine)
         for lsn, record_id in acks:
             assert acknowledged.setdefault(lsn, record_id) == record_id, f"LSN {lsn} acked twice"
         records = read_all(directory)

@@ -1,8 +1,10 @@
 """A WAL writer process for the kill and lock tests (run with sys.executable).
 
-    wal_kill_writer.py append DIR ROUND THREADS TASKS
+    wal_kill_writer.py append DIR ROUND THREADS TASKS [ENGINE]
         appends forever from THREADS threads (one of them with append_many) and TASKS asyncio
-        tasks; prints "LSN ID" for each record only after its append returned.
+        tasks; prints "LSN ID" for each record only after its append returned. ENGINE "loop"
+        (the default) attaches the tasks' event loop (Wal.attach_loop), "thread" leaves every
+        flush to the flusher thread.
     wal_kill_writer.py hold DIR
         opens the WAL, prints "ready PID", and holds the lock until stdin closes.
 """
@@ -32,7 +34,7 @@ def emit(lsn: int, record_id: str) -> None:
         sys.stdout.flush()
 
 
-def append_forever(directory: str, round_no: str, threads: int, tasks: int) -> None:
+def append_forever(directory: str, round_no: str, threads: int, tasks: int, engine: str = "loop") -> None:
     w = wal.Wal(directory, segment_size_bytes=4096)
 
     def producer(t: int) -> None:
@@ -61,6 +63,8 @@ def append_forever(directory: str, round_no: str, threads: int, tasks: int) -> N
 
     async def main() -> None:
         aw = wal.AsyncWal(w)
+        if engine == "loop" and not w.attach_loop():
+            raise SystemExit("this machine offers no background fdatasync")
         await asyncio.gather(*(task(aw, k) for k in range(tasks)))
 
     asyncio.run(main())
@@ -75,7 +79,7 @@ def hold(directory: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "append":
-        append_forever(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        append_forever(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), *sys.argv[6:7])
     elif sys.argv[1] == "hold":
         hold(sys.argv[2])
     else:
