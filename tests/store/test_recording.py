@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sys
 import threading
 from datetime import datetime, timezone
 
@@ -269,9 +270,14 @@ def test_sync_recording_inside_an_event_loop_says_what_to_call(open_store):
     asyncio.run(inside())
 
 
-def test_asyncio_twin_records_the_same_way(data_dir, clock):
+@pytest.mark.parametrize("aio", [True, False], ids=["loop-flushes", "thread-flushes"])
+def test_asyncio_twin_records_the_same_way(data_dir, clock, aio):
     async def scenario():
-        astore = await tracedb.open_async(data_dir, config={"compact_interval_ms": 0}, clock=clock)
+        cfg = {"compact_interval_ms": 0, "wal_aio": aio}
+        astore = await tracedb.open_async(data_dir, config=cfg, clock=clock)
+        w = astore.store._wal
+        # [wal] aio: the event loop flushes the WAL itself (Linux native AIO), else the thread.
+        assert w.loop_attached == (aio and sys.platform.startswith("linux"))
         try:
             ex = await astore.start("ProcessIntent", ENVELOPE, "exec-a1b2c3d4")
             assert ex.envelope_hash == seed_000_hash(ENVELOPE)
@@ -293,6 +299,7 @@ def test_asyncio_twin_records_the_same_way(data_dir, clock):
                 await astore.event("exec-nope", "tool.requested", {})
         finally:
             await astore.close()
+        assert not w.loop_attached
 
     asyncio.run(scenario())
 
