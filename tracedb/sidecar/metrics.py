@@ -96,7 +96,8 @@ class SidecarMetrics:
             log.warning("backend does not report WAL groups; fsync metrics stay empty")
 
     def observe_group(self, records: int, nbytes: int, fsync_s: float) -> None:
-        """Called from the WAL's flusher thread after each group commit (thread-safe)."""
+        """Called after each WAL group commit, by whoever flushed it: the flusher thread or the
+        event loop the WAL is attached to (thread-safe)."""
         self.fsync_seconds.observe(fsync_s)
         self.group_records.observe(records)
         self.group_bytes.observe(nbytes)
