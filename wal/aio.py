@@ -15,8 +15,9 @@ GIL traded back and forth at every group.
   helper thread. The fault-injecting file layer of the tests gives its crash points and injected
   errors to the loop-driven path through it.
 
-`reap()` returns `PENDING` while the flush runs, then `None` for success or the `OSError` it
-failed with. An error is handed to the caller once and never retried here.
+`reap()` returns `PENDING` while the flush runs, then `None` for success or the exception it
+failed with (an `OSError`, unless a file-system object raised something else). An error is
+handed to the caller once and never retried here.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import errno
 import os
 import platform
 import sys
+import tempfile
 import threading
 from typing import Optional, Union
 
@@ -85,12 +87,20 @@ def _os_error(err: int, what: str) -> OSError:
     return OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def outcome_of(res: int) -> Optional[OSError]:
+    """An io_event's `res` for an fdatasync: 0 is success, -errno the error it failed with."""
+    return None if res >= 0 else _os_error(-res, "fdatasync")
+
+
 class LinuxAioSyncer:
     """One fdatasync at a time through Linux native AIO; completion on an eventfd."""
 
     def __init__(self) -> None:
         nums = _SYSCALLS.get(platform.machine())
-        if not sys.platform.startswith("linux") or nums is None or sys.byteorder != "little":
+        if (
+            not sys.platform.startswith("linux") or nums is None or sys.byteorder != "little"
+            or ctypes.sizeof(ctypes.c_void_p) != 8  # a 32-bit userland on a 64-bit kernel
+        ):
             raise OSError(errno.ENOSYS, "Linux native AIO is not available on this machine")
         self._setup, self._destroy, self._getevents, self._submit = nums
         self._call = _syscall()
@@ -124,9 +134,14 @@ class LinuxAioSyncer:
         self._inflight = True
 
     def reap(self, block: bool = False) -> Union[None, OSError, object]:
-        """The finished fdatasync's outcome (None: success), or PENDING."""
+        """The finished fdatasync's outcome (None: success), or PENDING.
+
+        Without `block`, the eventfd is cleared before the completion is looked for: a
+        completion that lands after the look signals the eventfd again, so none is missed
+        and a count left by an earlier completion never keeps the fd readable."""
+        if not block:
+            self._drain_eventfd()
         if not self._inflight:
-            self._drain_eventfd()  # nothing in flight: a stale count only
             return PENDING
         while True:
             n = self._call(
@@ -140,9 +155,7 @@ class LinuxAioSyncer:
         if n == 0:
             return PENDING
         self._inflight = False
-        self._drain_eventfd()
-        res = self._event.res
-        return None if res >= 0 else _os_error(-res, "fdatasync")
+        return outcome_of(self._event.res)
 
     def _drain_eventfd(self) -> None:
         try:
@@ -200,19 +213,19 @@ class ThreadSyncer:
             try:
                 self._fs.fdatasync(fd)
                 outcome = None
-            except OSError as e:
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, which fails closed
                 outcome = e
             with self._lock:
                 self._outcome = outcome
-            # The fd first: a reaper that sees it readable before `_done` is set answers
-            # PENDING without clearing it, so it stays readable until the outcome is taken.
-            os.eventfd_write(self._efd, 1)
+            # `_done` before the fd: a reaper woken by the fd always finds the outcome.
             self._done.set()
+            os.eventfd_write(self._efd, 1)
 
     def reap(self, block: bool = False) -> Union[None, OSError, object]:
+        if not block:
+            self._drain()  # before looking: see LinuxAioSyncer.reap
         with self._lock:
             if self._job is None:
-                self._drain()  # nothing in flight: a stale count only
                 return PENDING
         if block:
             self._done.wait()
@@ -220,7 +233,6 @@ class ThreadSyncer:
             return PENDING
         with self._lock:
             outcome, self._outcome, self._job = self._outcome, PENDING, None
-        self._drain()
         return outcome
 
     def _drain(self) -> None:
@@ -242,10 +254,29 @@ class ThreadSyncer:
         os.close(self._efd)
 
 
-def default_syncer() -> Optional[LinuxAioSyncer]:
-    """A `LinuxAioSyncer`, or None where Linux native AIO cannot be had (other systems and
-    machines, or io_setup refused: aio-max-nr reached, or a seccomp profile blocks it)."""
+def default_syncer(directory: str) -> Optional[LinuxAioSyncer]:
+    """A `LinuxAioSyncer` that has fdatasynced a scratch file in `directory`, or None where
+    that cannot be had: another system or machine; io_setup refused (aio-max-nr reached, a
+    seccomp profile); or a kernel before 4.18 or a file system that does not take
+    IOCB_CMD_FDSYNC (io_submit answers EINVAL). The scratch file is another inode than the
+    log's segments, so an error here never consumes a write-back error they may carry."""
     try:
-        return LinuxAioSyncer()
+        syncer = LinuxAioSyncer()
     except OSError:
         return None
+    try:
+        fd, path = tempfile.mkstemp(prefix="aio-probe.", suffix=".tmp", dir=directory)
+        try:
+            os.write(fd, b"probe")
+            syncer.submit(fd)
+            err = syncer.reap(block=True)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        syncer.reap()  # clears the eventfd
+        if err is not None:
+            raise err
+    except OSError:
+        syncer.close()
+        return None
+    return syncer

@@ -36,11 +36,12 @@ class OsFileSystem:
     def unlink(self, path: str) -> None:
         os.unlink(path)
 
-    def async_syncer(self):
-        """An object that runs an fdatasync in the background (see wal/aio.py), or None."""
+    def async_syncer(self, directory: str):
+        """An object that runs an fdatasync of a file in `directory` in the background (see
+        wal/aio.py), or None where the system has none."""
         from .aio import default_syncer
 
-        return default_syncer()
+        return default_syncer(directory)
 
     def fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))

@@ -216,7 +216,7 @@ class Wal:
         self._syncer = None
         self._aio_job = None  # (bytes, waiters, last_lsn, rotate_to, t0) of the loop's flush
         self._rotation = None  # (rotate_to, last_lsn) the flusher is to carry out for the loop
-        self._kick_pending = False  # a _kicked callback is queued in the attached loop
+        self._kick_pending = None  # the attached loop while a _kicked callback is queued in it
         self._reap_lock = threading.Lock()  # one reaper of a completion: loop or thread
         os.makedirs(self.directory, exist_ok=True)
         self._acquire_lock()
@@ -418,18 +418,20 @@ class Wal:
     def _kick_locked(self) -> bool:
         """Ask the attached loop to flush the open group (under the lock); False if it is
         closed."""
-        if self._kick_pending:
+        loop = self._aio_loop
+        if self._kick_pending is loop:
             return True
         try:
-            self._aio_loop.call_soon_threadsafe(self._kicked)
+            loop.call_soon_threadsafe(self._kicked, loop)
         except RuntimeError:
             return False
-        self._kick_pending = True
+        self._kick_pending = loop  # a kick queued in a loop detached since does not count
         return True
 
-    def _kicked(self) -> None:
+    def _kicked(self, loop) -> None:
         with self._lock:
-            self._kick_pending = False
+            if self._kick_pending is loop:
+                self._kick_pending = None
         self._loop_flush()
 
     def _wait_durable(self, lsn: int) -> None:
@@ -583,7 +585,7 @@ class Wal:
                 elif self._owner is not None:
                     # The attached loop is flushing. Stay awake while it does (a blocking
                     # caller rang): if the loop goes away mid-flush, finish its flush here.
-                    if self._owner == "loop" and not self._loop_alive():
+                    if self._owner == "loop" and self._aio_job is not None and not self._loop_alive():
                         taken = _RESCUE
                     else:
                         self._flusher_idle = True  # appends of the loop schedule its flushes
@@ -605,7 +607,7 @@ class Wal:
                 self._bell.wait()
                 continue
             if taken is _RESCUE:
-                self._reap_loop_flush(block=True)
+                self._reap_loop_flush(block=True, rescue=True)
                 continue
             if taken is _ROTATE:
                 if not self._rotate_and_release(*rotation):
@@ -632,25 +634,27 @@ class Wal:
             self._groups += 1
             self._bytes += nbytes
             self._fsync_s += dt
-            if rotate_to is None:
-                self._segment_bytes += nbytes
-                self._owner = None
             self._synced.notify_all()
         self._last_group = len(waiters)
-        if not self._spare_requested and self.preallocate:
-            self._maybe_request_spare()
-        if loop is not None and rotate_to is None:
-            # Start the next group's fdatasync before acknowledging this one: the disk works
-            # while the loop runs the producers this acknowledgment wakes.
-            self._loop_flush()
-        self._ack(waiters, None)
-        if self._to_free is not None:
-            self._to_free = None
         if self._on_group is not None:
+            # Before the fd is released: the next group's report never overtakes this one.
             try:
                 self._on_group(nbytes, dt)
             except Exception:  # noqa: BLE001 - metrics must never break the log
                 pass
+        if not self._spare_requested and self.preallocate:
+            self._maybe_request_spare()
+        if rotate_to is None:
+            with self._lock:
+                self._segment_bytes += nbytes
+                self._owner = None
+            if loop is not None:
+                # Start the next group's fdatasync before acknowledging this one: the disk
+                # works while the loop runs the producers this acknowledgment wakes.
+                self._loop_flush()
+        self._ack(waiters, None)
+        if self._to_free is not None:
+            self._to_free = None
         if rotate_to is None:
             return True
         if loop is not None:
@@ -690,19 +694,32 @@ class Wal:
         Call `detach_loop` in the loop before it stops; `close` does it when it can.
         """
         loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._aio_loop is not None:
+                raise WalUsageError(f"WAL {self.directory} is already attached to an event loop")
+            self._check_open()
         make = getattr(self.fs, "async_syncer", None)
-        syncer = make() if make is not None else None
+        syncer = make(self.directory) if make is not None else None
         if syncer is None:
             return False
+        try:
+            loop.add_reader(syncer.fileno(), self._on_sync_done)
+        except BaseException:
+            syncer.close()
+            raise
         with self._lock:
-            if self._aio_loop is not None or self._failed is not None or self._closed:
-                syncer.close()
-                if self._aio_loop is not None:
+            refused = self._aio_loop is not None or self._failed is not None or self._closed
+            if not refused:
+                self._aio_loop = loop
+                self._syncer = syncer
+        if refused:  # attached, failed or closed meanwhile
+            loop.remove_reader(syncer.fileno())
+            syncer.close()
+            with self._lock:
+                if self._aio_loop is not None and self._aio_loop is not loop:
                     raise WalUsageError(f"WAL {self.directory} is already attached to an event loop")
                 self._check_open()
-            self._aio_loop = loop
-            self._syncer = syncer
-        loop.add_reader(syncer.fileno(), self._on_sync_done)
+            return False
         return True
 
     @property
@@ -712,8 +729,8 @@ class Wal:
 
     def detach_loop(self) -> None:
         """Give flushing back to the thread: finish the loop's flush in flight (waiting for
-        it), then stop watching the syncer. Call it in the attached loop, or once that loop
-        has stopped; a no-op when no loop is attached."""
+        it, and for a rotation under way), then stop watching the syncer. Call it in the
+        attached loop, or once that loop has stopped; a no-op when no loop is attached."""
         loop = self._aio_loop
         if loop is None:
             return
@@ -723,15 +740,19 @@ class Wal:
             while self._owner == "rotating":
                 self._synced.wait()
         self._reap_loop_flush(block=True, inline=True)
-        with self._lock:
-            syncer, self._syncer = self._syncer, None
-            self._aio_loop = None
-            if self._group and self._flusher_idle:
-                self._flusher_idle = False
-                self._bell.ring()
-        if not loop.is_closed():
-            loop.remove_reader(syncer.fileno())
-        syncer.close()
+        with self._reap_lock:  # nobody is reaping from the syncer while it is closed
+            with self._lock:
+                if self._aio_loop is not loop:
+                    return  # detached meanwhile, by another caller
+                syncer, self._syncer = self._syncer, None
+                self._aio_loop = None
+                self._kick_pending = None
+                if self._group and self._flusher_idle:
+                    self._flusher_idle = False
+                    self._bell.ring()
+            if not loop.is_closed():
+                loop.remove_reader(syncer.fileno())
+            syncer.close()
 
     def _loop_flush(self) -> None:
         """In the attached loop: write the open group and start its fdatasync, unless a
@@ -744,44 +765,45 @@ class Wal:
                 return
             group, waiters, last_lsn, rotate_to = self._take_group_locked()
             self._owner = "loop"
-        t0 = time.perf_counter()
+            self._aio_job = (len(group), waiters, last_lsn, rotate_to, time.perf_counter())
         try:
             write_all(self.fs, self._fd, group)
-            self._aio_job = (len(group), waiters, last_lsn, rotate_to, t0)
             self._syncer.submit(self._fd)
         except BaseException as e:  # noqa: BLE001 - every failure fails closed
-            self._aio_job = None
+            with self._reap_lock:
+                self._aio_job = None
             self._fail("write/fdatasync", e, waiters)
 
     def _on_sync_done(self) -> None:
         """The syncer's fd turned readable: finish the group whose fdatasync completed."""
         self._reap_loop_flush(block=False)
 
-    def _reap_loop_flush(self, *, block: bool, inline: bool = False) -> bool:
+    def _reap_loop_flush(self, *, block: bool, inline: bool = False, rescue: bool = False) -> None:
         """Finish the loop's flush in flight if its fdatasync completed (or wait for it when
-        `block`). True if a group was acknowledged and nothing (a rotation) is under way.
-        A rotation the group calls for goes to the flusher thread when called in the attached
-        loop, else (or when `inline`) runs right here."""
+        `block`). A rotation the group calls for goes to the flusher thread when called in the
+        attached loop, else (or when `inline`) runs right here. `rescue`: the flusher thread,
+        finishing the flush of a loop that stopped (re-checked here)."""
         with self._reap_lock:
             job = self._aio_job
             syncer = self._syncer
-            if job is None or syncer is None:
-                if syncer is not None:
-                    syncer.reap(block=False)  # nothing in flight: only clears its fd
-                return False
+            if syncer is None or (rescue and self._loop_alive()):
+                return
+            if job is None:
+                if not block:
+                    syncer.reap(block=False)  # the loop's callback: clears a stale count
+                return
             outcome = syncer.reap(block=block)
             if outcome is _aio.PENDING:
-                return False
+                return
             self._aio_job = None
         nbytes, waiters, last_lsn, rotate_to, t0 = job
         if outcome is not None:
             self._fail("write/fdatasync", outcome, waiters)
-            return False
+            return
         dt = time.perf_counter() - t0
         running = _get_running_loop()
         loop = running if running is not None and running is self._aio_loop and not inline else None
-        ok = self._group_synced(nbytes, waiters, last_lsn, rotate_to, dt, loop)
-        return ok and rotate_to is None
+        self._group_synced(nbytes, waiters, last_lsn, rotate_to, dt, loop)
 
     def _rotate(self, rotate_to, last_lsn: int) -> None:
         salt, number, first_lsn = rotate_to
@@ -978,8 +1000,9 @@ class Wal:
             self._bell.ring()
         if threading.current_thread() is not self._thread:
             self._thread.join()
-        if self._aio_loop is not None:
-            self._detach_from_outside()
+        loop = self._aio_loop
+        if loop is not None:
+            self._detach_from_outside(loop)
         if self._preparer is not None:
             self._spare_wanted.set()
             self._preparer.join()
@@ -994,9 +1017,8 @@ class Wal:
             self._fd = None
         self._release_lock()
 
-    def _detach_from_outside(self) -> None:
+    def _detach_from_outside(self, loop) -> None:
         """close() from a thread other than the running attached loop's: detach in the loop."""
-        loop = self._aio_loop
         done = threading.Event()
 
         def detach() -> None:
@@ -1012,8 +1034,11 @@ class Wal:
             return
         while not done.wait(0.05):
             if not loop.is_running():  # stopped before it ran the callback
-                self.detach_loop()
-                return
+                try:
+                    self.detach_loop()
+                    return
+                except WalUsageError:
+                    continue  # running again: it runs the callback
 
     def __enter__(self) -> "Wal":
         return self

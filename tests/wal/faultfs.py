@@ -234,7 +234,7 @@ class FaultFS:
                 self._forget(path)
             self.real.unlink(path)
 
-    def async_syncer(self):
+    def async_syncer(self, directory: str):
         """The background fdatasync an attached event loop uses (wal/aio.py): this layer's own
         `fdatasync` in a helper thread, so the loop-driven path meets the same crash points
         and injected errors. None when made with `async_syncer=False`."""
