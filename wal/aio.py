@@ -273,7 +273,7 @@ def default_syncer(directory: str) -> Optional[LinuxAioSyncer]:
         finally:
             os.close(fd)
             os.unlink(path)
-        syncer.reap()  # clears the eventfd
+        syncer.reap()  # clears the eventfd (a signal landing later only wakes the loop once)
         if err is not None:
             raise err
     except OSError:

@@ -217,6 +217,7 @@ class Wal:
         self._aio_job = None  # (bytes, waiters, last_lsn, rotate_to, t0) of the loop's flush
         self._rotation = None  # (rotate_to, last_lsn) the flusher is to carry out for the loop
         self._kick_pending = None  # the attached loop while a _kicked callback is queued in it
+        self._detaching = False  # detach_loop is under way: the loop starts no new flush
         self._reap_lock = threading.Lock()  # one reaper of a completion: loop or thread
         os.makedirs(self.directory, exist_ok=True)
         self._acquire_lock()
@@ -607,7 +608,9 @@ class Wal:
                 self._bell.wait()
                 continue
             if taken is _RESCUE:
-                self._reap_loop_flush(block=True, rescue=True)
+                if not self._reap_loop_flush(block=True, rescue=True):
+                    with self._lock:  # the loop runs again, or it was detached meanwhile
+                        self._watch.wait(0.05)
                 continue
             if taken is _ROTATE:
                 if not self._rotate_and_release(*rotation):
@@ -737,15 +740,23 @@ class Wal:
         if loop.is_running() and _get_running_loop() is not loop:
             raise WalUsageError("detach_loop() must be called in the attached event loop while it runs")
         with self._lock:
+            if self._aio_loop is not loop:
+                return
+            self._detaching = True  # the loop starts no flush from now on, even if it runs again
             while self._owner == "rotating":
                 self._synced.wait()
-        self._reap_loop_flush(block=True, inline=True)
+        # Finish the flush in flight. One the loop took just before, and has not submitted
+        # yet (it restarted in another thread), is waited for too.
+        while self._aio_job is not None:
+            if not self._reap_loop_flush(block=True, inline=True):
+                time.sleep(0.001)
         with self._reap_lock:  # nobody is reaping from the syncer while it is closed
             with self._lock:
                 if self._aio_loop is not loop:
                     return  # detached meanwhile, by another caller
                 syncer, self._syncer = self._syncer, None
                 self._aio_loop = None
+                self._detaching = False
                 self._kick_pending = None
                 if self._group and self._flusher_idle:
                     self._flusher_idle = False
@@ -761,14 +772,16 @@ class Wal:
             if (
                 self._owner is not None or not self._group or self._failed is not None
                 or self._aio_loop is None or _get_running_loop() is not self._aio_loop
+                or self._detaching
             ):
                 return
             group, waiters, last_lsn, rotate_to = self._take_group_locked()
             self._owner = "loop"
             self._aio_job = (len(group), waiters, last_lsn, rotate_to, time.perf_counter())
+            syncer = self._syncer
         try:
             write_all(self.fs, self._fd, group)
-            self._syncer.submit(self._fd)
+            syncer.submit(self._fd)
         except BaseException as e:  # noqa: BLE001 - every failure fails closed
             with self._reap_lock:
                 self._aio_job = None
@@ -778,32 +791,41 @@ class Wal:
         """The syncer's fd turned readable: finish the group whose fdatasync completed."""
         self._reap_loop_flush(block=False)
 
-    def _reap_loop_flush(self, *, block: bool, inline: bool = False, rescue: bool = False) -> None:
+    def _reap_loop_flush(self, *, block: bool, inline: bool = False, rescue: bool = False) -> bool:
         """Finish the loop's flush in flight if its fdatasync completed (or wait for it when
-        `block`). A rotation the group calls for goes to the flusher thread when called in the
-        attached loop, else (or when `inline`) runs right here. `rescue`: the flusher thread,
-        finishing the flush of a loop that stopped (re-checked here)."""
+        `block`); True if one was finished. A rotation the group calls for goes to the flusher
+        thread when called in the attached loop, else (or when `inline`) runs right here.
+        `rescue`: the flusher thread, finishing the flush of a loop that stopped (re-checked
+        here)."""
         with self._reap_lock:
             job = self._aio_job
             syncer = self._syncer
             if syncer is None or (rescue and self._loop_alive()):
-                return
+                return False
             if job is None:
                 if not block:
                     syncer.reap(block=False)  # the loop's callback: clears a stale count
-                return
+                return False
             outcome = syncer.reap(block=block)
             if outcome is _aio.PENDING:
-                return
+                return False
             self._aio_job = None
         nbytes, waiters, last_lsn, rotate_to, t0 = job
         if outcome is not None:
             self._fail("write/fdatasync", outcome, waiters)
-            return
+            return True
         dt = time.perf_counter() - t0
         running = _get_running_loop()
         loop = running if running is not None and running is self._aio_loop and not inline else None
-        self._group_synced(nbytes, waiters, last_lsn, rotate_to, dt, loop)
+        try:
+            self._group_synced(nbytes, waiters, last_lsn, rotate_to, dt, loop)
+        except BaseException as e:
+            # Interrupted (KeyboardInterrupt in the loop's thread) while it still owned the
+            # fd: fail closed rather than leave the fd owned by nobody who will release it.
+            if self._owner == "loop":
+                self._fail("acknowledging a group", e, waiters)
+            raise
+        return True
 
     def _rotate(self, rotate_to, last_lsn: int) -> None:
         salt, number, first_lsn = rotate_to
@@ -991,7 +1013,10 @@ class Wal:
         flushing until the queue is empty and is then detached through a callback."""
         loop = self._aio_loop
         if loop is not None and (_get_running_loop() is loop or not loop.is_running()):
-            self.detach_loop()
+            try:
+                self.detach_loop()
+            except WalUsageError:
+                pass  # it started running again: detached through it below
         with self._lock:
             if self._closed:
                 return

@@ -236,6 +236,73 @@ def test_a_kernel_error_from_the_background_fdatasync_fails_the_log_closed(wal_d
         assert w2.append(b"after") == recs[-1].lsn + 1
 
 
+@needs_aio
+def test_a_kernel_that_refuses_an_aio_fdatasync_keeps_the_thread(wal_dir, monkeypatch):
+    """Before Linux 4.18 io_submit answers EINVAL for IOCB_CMD_FDSYNC. The probe sees it on a
+    scratch file, so the log is never attached (it would fail closed on its first group)."""
+
+    def refuse(self, fd):
+        raise OSError(errno.EINVAL, "io_submit of fdatasync: Invalid argument")
+
+    monkeypatch.setattr(LinuxAioSyncer, "submit", refuse)
+
+    async def main():
+        aw = await wal.open_async(wal_dir)
+        try:
+            assert not aw.wal.loop_attached
+            assert await aw.append(b"a") == 1
+        finally:
+            await aw.close()
+
+    asyncio.run(main())
+    assert [r.payload for r in read_all(wal_dir)] == [b"a"]
+    assert [n for n in os.listdir(wal_dir) if "probe" in n] == [], "the scratch file is gone"
+
+
+def test_detaching_while_the_thread_rotates_for_the_loop_waits_for_the_rotation(wal_dir):
+    held = threading.Event()
+    release = threading.Event()
+
+    def before(kind: str, n: int) -> None:
+        if kind == "rename" and n == 2:  # the first rotation (rename 1 made the first segment)
+            held.set()
+            assert release.wait(30)
+
+    fs = FaultFS(wal_dir, before=before)
+
+    async def main():
+        aw = await wal.open_async(wal_dir, fs=fs, segment_size_bytes=256)
+        assert aw.wal.loop_attached
+        loop = asyncio.get_running_loop()
+        acked = []
+        try:
+            later = None
+            while not held.is_set():
+                later = aw.append(b"x" * 40)
+                while not later.done() and not held.is_set():
+                    await asyncio.sleep(0.002)
+                if later.done():
+                    acked.append(later.result())
+                    later = None
+            assert aw.wal._owner == "rotating"
+            later = later or aw.append(b"queued behind the rotation")
+            threading.Timer(0.2, release.set).start()
+            aw.wal.detach_loop()  # blocks until the rotation is done
+            assert release.is_set() and not aw.wal.loop_attached
+            assert aw.wal._owner in (None, "thread")
+            acked.append(await asyncio.wait_for(later, 10))
+            acked.append(await asyncio.wait_for(aw.append(b"after"), 10))
+            assert len(wal.list_segments(wal_dir)) >= 2
+        finally:
+            release.set()
+            await aw.close()
+        return acked
+
+    acked = asyncio.run(main())
+    assert acked == list(range(1, len(acked) + 1))
+    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == acked
+
+
 def test_without_a_background_fdatasync_the_thread_keeps_flushing(wal_dir):
     class Plain(OsFileSystem):
         def async_syncer(self, directory):
@@ -422,6 +489,42 @@ def test_a_blocking_close_racing_the_loops_own_close_releases_everything(wal_dir
         assert all(isinstance(r, (int, wal.WalClosedError)) for r in results), results
         with wal.Wal(wal_dir) as w:  # the lock, the fds and the syncer are released
             assert w.open_result.last_lsn >= sum(isinstance(r, int) for r in results)
+
+
+def test_a_loop_that_runs_again_while_it_is_being_detached_starts_no_flush(wal_dir):
+    """detach_loop from another thread while the loop is stopped; the loop runs a burst in the
+    middle of it. The burst's append must not start a flush the detach would then abandon
+    (its future would never resolve and the fd would stay owned): the thread flushes it."""
+    w = wal.Wal(wal_dir, fs=FaultFS(wal_dir))
+    loop = asyncio.new_event_loop()
+    try:
+
+        async def attach():
+            return w.attach_loop()
+
+        assert loop.run_until_complete(attach())
+        with w._lock:
+            w._detaching = True  # what detach_loop sets first, under the lock
+
+        async def burst():
+            fut = w.append_one_future(b"in the burst", asyncio.get_running_loop())
+            await asyncio.sleep(0.05)
+            return fut
+
+        fut = loop.run_until_complete(burst())
+        assert w._owner is None and w._aio_job is None and not fut.done()
+        w.detach_loop()
+        assert not w.loop_attached
+        assert loop.run_until_complete(asyncio.wait_for(fut, 10)) == 1
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("lsn", w.append(b"blocking")), daemon=True)
+        t.start()
+        t.join(10)
+        assert out == {"lsn": 2}
+    finally:
+        w.close()
+        loop.close()
+    assert [r.payload for r in read_all(wal_dir)] == [b"in the burst", b"blocking"]
 
 
 def test_attach_and_detach_are_checked(wal_dir):
