@@ -1365,7 +1365,7 @@ class AsyncStore:
 
     async def close(self) -> None:
         """Close the store (marks running executions incomplete, compacts, releases the lock)."""
-        self.store._wal.detach_loop()  # waits for at most the one fdatasync in flight
+        self.store._wal.detach_loop()  # waits for the fdatasync (or rotation) under way
         await self._run(self.store.close)
 
 

@@ -87,6 +87,14 @@ def _os_error(err: int, what: str) -> OSError:
     return OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def _clear(efd: int) -> None:
+    """Reset a nonblocking eventfd's count (nothing to do when it is 0)."""
+    try:
+        os.eventfd_read(efd)
+    except BlockingIOError:
+        pass
+
+
 def outcome_of(res: int) -> Optional[OSError]:
     """An io_event's `res` for an fdatasync: 0 is success, -errno the error it failed with."""
     return None if res >= 0 else _os_error(-res, "fdatasync")
@@ -140,7 +148,7 @@ class LinuxAioSyncer:
         completion that lands after the look signals the eventfd again, so none is missed
         and a count left by an earlier completion never keeps the fd readable."""
         if not block:
-            self._drain_eventfd()
+            _clear(self._efd)
         if not self._inflight:
             return PENDING
         while True:
@@ -156,12 +164,6 @@ class LinuxAioSyncer:
             return PENDING
         self._inflight = False
         return outcome_of(self._event.res)
-
-    def _drain_eventfd(self) -> None:
-        try:
-            os.read(self._efd, 8)
-        except BlockingIOError:
-            pass
 
     def close(self) -> None:
         """Wait for a flush in flight (io_destroy does), then free the context."""
@@ -223,7 +225,7 @@ class ThreadSyncer:
 
     def reap(self, block: bool = False) -> Union[None, OSError, object]:
         if not block:
-            self._drain()  # before looking: see LinuxAioSyncer.reap
+            _clear(self._efd)  # before looking: see LinuxAioSyncer.reap
         with self._lock:
             if self._job is None:
                 return PENDING
@@ -234,12 +236,6 @@ class ThreadSyncer:
         with self._lock:
             outcome, self._outcome, self._job = self._outcome, PENDING, None
         return outcome
-
-    def _drain(self) -> None:
-        try:
-            os.eventfd_read(self._efd)
-        except BlockingIOError:
-            pass
 
     def close(self) -> None:
         if self._closed:

@@ -124,6 +124,7 @@ class _Doorbell:
 _get_running_loop = asyncio._get_running_loop  # the running loop of this thread, or None (in C)
 _RESCUE = object()  # the flusher finishes the flush of a loop that went away
 _ROTATE = object()  # the flusher rotates for the attached loop
+_WATCH = object()  # the flusher waits a little while the attached loop flushes
 
 
 def _in_running_loop() -> bool:
@@ -409,9 +410,12 @@ class Wal:
     def _wake_locked(self) -> None:
         """After an append made outside the attached loop (under the lock): see that its
         group gets flushed, by the attached loop while it runs, else by the flusher thread."""
-        if self._aio_loop is not None and self._loop_alive():
-            if self._owner is not None or self._kick_locked():
-                return  # the flush in flight (or the rotation) starts the next one when done
+        if self._loop_alive() and (self._owner is not None or self._kick_locked()):
+            return  # the flush in flight (or the rotation) starts the next one when done
+        self._ring_locked()
+
+    def _ring_locked(self) -> None:
+        """Wake the flusher thread if it sleeps (under the lock): a ring is a syscall."""
         if self._flusher_idle:
             self._flusher_idle = False
             self._bell.ring()
@@ -446,10 +450,8 @@ class Wal:
                     raise WalClosedError(f"WAL {self.directory} closed before LSN {lsn} was synced")
                 if self._aio_loop is None:
                     self._synced.wait()
-                elif not self._synced.wait(0.1) and not self._loop_alive() and self._flusher_idle:
-                    # The attached loop stopped before it flushed this: the thread takes over.
-                    self._flusher_idle = False
-                    self._bell.ring()
+                elif not self._synced.wait(0.1) and not self._loop_alive():
+                    self._ring_locked()  # the attached loop stopped: the thread takes over
 
     def append(self, payload: bytes, hint=None) -> int:
         """Append one record; return its LSN once it is durable (after fdatasync).
@@ -538,15 +540,11 @@ class Wal:
         with self._lock:
             if self._ring_loop is loop:
                 self._ring_loop = None
-            if self._aio_loop is loop:
-                pass  # this loop flushes: below, outside the lock
-            elif self._flusher_idle and self._group:
-                self._flusher_idle = False
-                self._bell.ring()
-                return
-            else:
-                return
-        self._loop_flush()
+            flush_here = self._aio_loop is loop  # this loop flushes, below, outside the lock
+            if not flush_here and self._group:
+                self._ring_locked()
+        if flush_here:
+            self._loop_flush()
 
     # -- the flusher ---------------------------------------------------------------------
     def _take_group_locked(self):
@@ -586,24 +584,21 @@ class Wal:
                 elif self._owner is not None:
                     # The attached loop is flushing. Stay awake while it does (a blocking
                     # caller rang): if the loop goes away mid-flush, finish its flush here.
-                    if self._owner == "loop" and self._aio_job is not None and not self._loop_alive():
-                        taken = _RESCUE
-                    else:
-                        self._flusher_idle = True  # appends of the loop schedule its flushes
-                        self._watch.wait(0.05)
-                        continue
+                    rescue = self._owner == "loop" and self._aio_job is not None and not self._loop_alive()
+                    taken = _RESCUE if rescue else _WATCH
                 elif not self._group:
                     if self._closed:
                         return
                     self._flusher_idle = True
                 elif self._loop_alive() and self._kick_locked():
-                    # The loop flushes the group; watch that it does.
-                    self._flusher_idle = True
-                    self._watch.wait(0.05)
-                    continue
+                    taken = _WATCH  # the loop flushes the group; watch that it does
                 else:
                     taken = self._take_group_locked()
                     self._owner = "thread"
+                if taken is _WATCH:
+                    self._flusher_idle = True  # the loop's own appends schedule its flushes
+                    self._watch.wait(0.05)
+                    continue
             if taken is None:
                 self._bell.wait()
                 continue
@@ -698,9 +693,7 @@ class Wal:
         """
         loop = asyncio.get_running_loop()
         with self._lock:
-            if self._aio_loop is not None:
-                raise WalUsageError(f"WAL {self.directory} is already attached to an event loop")
-            self._check_open()
+            self._check_attachable_locked()
         make = getattr(self.fs, "async_syncer", None)
         syncer = make(self.directory) if make is not None else None
         if syncer is None:
@@ -710,20 +703,21 @@ class Wal:
         except BaseException:
             syncer.close()
             raise
-        with self._lock:
-            refused = self._aio_loop is not None or self._failed is not None or self._closed
-            if not refused:
+        try:
+            with self._lock:
+                self._check_attachable_locked()  # attached, failed or closed meanwhile
                 self._aio_loop = loop
                 self._syncer = syncer
-        if refused:  # attached, failed or closed meanwhile
+        except BaseException:
             loop.remove_reader(syncer.fileno())
             syncer.close()
-            with self._lock:
-                if self._aio_loop is not None and self._aio_loop is not loop:
-                    raise WalUsageError(f"WAL {self.directory} is already attached to an event loop")
-                self._check_open()
-            return False
+            raise
         return True
+
+    def _check_attachable_locked(self) -> None:
+        if self._aio_loop is not None:
+            raise WalUsageError(f"WAL {self.directory} is already attached to an event loop")
+        self._check_open()
 
     @property
     def loop_attached(self) -> bool:
@@ -758,9 +752,8 @@ class Wal:
                 self._aio_loop = None
                 self._detaching = False
                 self._kick_pending = None
-                if self._group and self._flusher_idle:
-                    self._flusher_idle = False
-                    self._bell.ring()
+                if self._group:
+                    self._ring_locked()
             if not loop.is_closed():
                 loop.remove_reader(syncer.fileno())
             syncer.close()
@@ -771,8 +764,7 @@ class Wal:
         with self._lock:
             if (
                 self._owner is not None or not self._group or self._failed is not None
-                or self._aio_loop is None or _get_running_loop() is not self._aio_loop
-                or self._detaching
+                or _get_running_loop() is not self._aio_loop or self._detaching
             ):
                 return
             group, waiters, last_lsn, rotate_to = self._take_group_locked()
@@ -816,7 +808,7 @@ class Wal:
             return True
         dt = time.perf_counter() - t0
         running = _get_running_loop()
-        loop = running if running is not None and running is self._aio_loop and not inline else None
+        loop = running if not inline and running is self._aio_loop else None  # None: no loop
         try:
             self._group_synced(nbytes, waiters, last_lsn, rotate_to, dt, loop)
         except BaseException as e:
@@ -1113,7 +1105,7 @@ class AsyncWal:
         return self.wal.stats()
 
     async def close(self) -> None:
-        self.wal.detach_loop()  # waits for at most the one fdatasync in flight
+        self.wal.detach_loop()  # waits for the fdatasync (or rotation) under way
         await asyncio.get_running_loop().run_in_executor(None, self.wal.close)
 
 

@@ -81,6 +81,21 @@ class CountingFaultFS(FaultFS):
         return Counting(self)
 
 
+def check_the_thread_flushes(wal_dir: str, fs=None) -> None:
+    """open_async leaves the loop unattached, and the log still works (the thread flushes)."""
+
+    async def main():
+        aw = await wal.open_async(wal_dir, fs=fs)
+        try:
+            assert not aw.wal.loop_attached
+            assert await aw.append(b"a") == 1
+        finally:
+            await aw.close()
+
+    asyncio.run(main())
+    assert [r.payload for r in read_all(wal_dir)] == [b"a"]
+
+
 # -- the kernel interface ------------------------------------------------------------------
 @needs_aio
 def test_linux_aio_fdatasync_completes_on_its_eventfd_and_reports_errors(tmp_path):
@@ -245,17 +260,7 @@ def test_a_kernel_that_refuses_an_aio_fdatasync_keeps_the_thread(wal_dir, monkey
         raise OSError(errno.EINVAL, "io_submit of fdatasync: Invalid argument")
 
     monkeypatch.setattr(LinuxAioSyncer, "submit", refuse)
-
-    async def main():
-        aw = await wal.open_async(wal_dir)
-        try:
-            assert not aw.wal.loop_attached
-            assert await aw.append(b"a") == 1
-        finally:
-            await aw.close()
-
-    asyncio.run(main())
-    assert [r.payload for r in read_all(wal_dir)] == [b"a"]
+    check_the_thread_flushes(wal_dir)
     assert [n for n in os.listdir(wal_dir) if "probe" in n] == [], "the scratch file is gone"
 
 
@@ -308,16 +313,7 @@ def test_without_a_background_fdatasync_the_thread_keeps_flushing(wal_dir):
         def async_syncer(self, directory):
             return None
 
-    async def main():
-        aw = await wal.open_async(wal_dir, fs=Plain())
-        try:
-            assert not aw.wal.loop_attached
-            assert await aw.append(b"a") == 1
-        finally:
-            await aw.close()
-
-    asyncio.run(main())
-    assert [r.payload for r in read_all(wal_dir)] == [b"a"]
+    check_the_thread_flushes(wal_dir, fs=Plain())
 
 
 @pytest.mark.parametrize("use_fault_fs", [False, True], ids=["os", "faultfs"])
