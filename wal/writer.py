@@ -47,6 +47,12 @@ _ZERO_CHUNK = bytes(1 << 20)
 # Memory a kept record costs besides its payload: its tuple, the bytes object, a hint.
 _RETAIN_OVERHEAD = 256
 _SPARE_SYNC_BYTES = 1 << 20
+# The single-record append frames in place: these are wal.format's own pieces.
+_pack_tail = fmt._REC_TAIL.pack
+_pack_crc = fmt._U32.pack
+_crc32c = fmt.crc32c
+_MASK_DELTA = fmt._MASK_DELTA
+_ZERO_PAD = bytes(fmt.ALIGN)
 
 
 @dataclass(frozen=True)
@@ -513,7 +519,16 @@ class Wal:
             if self._failed is not None or self._closed:
                 self._check_open()
             lsn = self._next_lsn
-            self._group += fmt.encode_record(self._encode_seed, lsn, fmt.TYPE_DATA, payload)
+            # fmt.encode_record(seed, lsn, TYPE_DATA, payload), written out into the group
+            pad = -(fmt.RECORD_HEADER_SIZE + n) & 7
+            tail = _pack_tail(n, lsn, fmt.TYPE_DATA, pad, 0)
+            c = _crc32c(payload, _crc32c(tail, self._encode_seed))
+            group = self._group
+            group += _pack_crc(((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF)
+            group += tail
+            group += payload
+            if pad:
+                group += _ZERO_PAD[:pad]
             self._next_lsn = lsn + 1
             self._group_last_lsn = lsn
             if self._retain_cap:
@@ -913,14 +928,24 @@ class Wal:
             self._spare_event.set()
 
     def _ack(self, waiters, exc) -> None:
-        by_loop: dict = {}
-        for loop, fut, lsns in waiters:
-            by_loop.setdefault(loop, []).append((fut, lsns, exc))
+        """Resolve (or fail) `waiters`: those of the running loop right here, those of any
+        other loop with one `call_soon_threadsafe` per loop."""
         running = _get_running_loop()
-        for loop, batch in by_loop.items():
-            if loop is running:
-                _resolve_futures(batch)  # the attached loop acknowledging its own group
-                continue
+        elsewhere: Optional[dict] = None
+        for w in waiters:
+            loop, fut, lsns = w
+            if loop is not running:
+                if elsewhere is None:
+                    elsewhere = {}
+                elsewhere.setdefault(loop, []).append((fut, lsns, exc))
+            elif not fut.done():  # the attached loop acknowledging its own group
+                if exc is None:
+                    fut.set_result(lsns)
+                else:
+                    fut.set_exception(exc)
+        if elsewhere is None:
+            return
+        for loop, batch in elsewhere.items():
             try:
                 loop.call_soon_threadsafe(_resolve_futures, batch)
             except RuntimeError:

@@ -246,3 +246,27 @@ def test_batch_framing_is_byte_for_byte_the_framing_of_each_record(payloads, see
         fmt.encode_record(seed, first_lsn + i, fmt.TYPE_DATA, p) for i, p in enumerate(payloads)
     )
     assert bytes(out) == expected
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(payloads=st.lists(st.binary(max_size=40), min_size=1, max_size=24), attach=st.booleans())
+def test_single_async_appends_write_byte_for_byte_the_framing_of_each_record(tmp_path, payloads, attach):
+    """AsyncWal.append frames each record in place (its own hot path): the segment on disk is
+    exactly its header followed by `encode_record` of every payload, whoever flushes it."""
+    d = fresh_dir(tmp_path)
+
+    async def main():
+        aw = await wal.open_async(d, attach_loop=attach)
+        try:
+            return await asyncio.gather(*(aw.append(p) for p in payloads))
+        finally:
+            await aw.close()
+
+    assert asyncio.run(main()) == list(range(1, len(payloads) + 1))
+    (path,) = segment_paths(d)
+    data = read_bytes(path)
+    header = fmt.decode_segment_header(data)
+    seed = fmt.salt_seed(header.salt)
+    expected = b"".join(fmt.encode_record(seed, i + 1, fmt.TYPE_DATA, p) for i, p in enumerate(payloads))
+    assert data[: fmt.SEGMENT_HEADER_SIZE + len(expected)] == data[: fmt.SEGMENT_HEADER_SIZE] + expected
+    assert not any(data[fmt.SEGMENT_HEADER_SIZE + len(expected) :])
