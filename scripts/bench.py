@@ -74,10 +74,13 @@ def ratio(label: str, a: float, b: float) -> None:
 # -- WAL ---------------------------------------------------------------------------------
 
 
-def bench_wal_async(workdir: str, producers: int, seconds: float, attach_loop: bool = True) -> dict:
+def bench_wal_async(
+    workdir: str, producers: int, seconds: float, attach_loop: bool = True, warmup: float = 0.0
+) -> dict:
     """Acknowledged events/s and ack latency: `producers` asyncio tasks, one append at a time.
     `attach_loop`: the event loop flushes through Linux AIO (the default of `wal.open_async`);
-    False: the flusher thread does."""
+    False: the flusher thread does. The first `warmup` seconds are not counted: the log's
+    first segment is a plain file until the first zero-filled spare is ready."""
     d = tempfile.mkdtemp(dir=workdir)
     payloads = [orjson.dumps(event_payload(i)) for i in range(256)]
 
@@ -86,51 +89,63 @@ def bench_wal_async(workdir: str, producers: int, seconds: float, attach_loop: b
         engine = "loop" if aw.wal.loop_attached else "thread"
         lat: list[float] = []
         count = 0
-        stop = time.perf_counter() + seconds
+        t0 = time.perf_counter() + warmup
+        stop = t0 + seconds
+        groups0 = [0, 0]
 
         async def producer(k: int):
             nonlocal count
             pc = time.perf_counter
             p = payloads[k % 256]
+            while pc() < t0:
+                await aw.append(p)
             while pc() < stop:
                 t = pc()
                 await aw.append(p)
                 lat.append(pc() - t)
                 count += 1
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(producer(k) for k in range(producers)))
-        elapsed = time.perf_counter() - t0
-        stats = aw.stats()
-        await aw.close()
-        return count / elapsed, lat, stats, engine
+        async def mark() -> None:
+            await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
+            s0 = aw.stats()
+            groups0[:] = [s0.appends, s0.groups]
 
-    rate, lat, stats, engine = asyncio.run(main())
+        await asyncio.gather(mark(), *(producer(k) for k in range(producers)))
+        elapsed = time.perf_counter() - t0
+        s1 = aw.stats()
+        appends, groups = s1.appends - groups0[0], s1.groups - groups0[1]
+        await aw.close()
+        return count / elapsed, lat, appends / max(1, groups), engine
+
+    rate, lat, avg_group, engine = asyncio.run(main())
     shutil.rmtree(d)
     return row(
         f"tracedb WAL, {producers} producers" + ("" if attach_loop else ", flusher thread"),
         rate,
         lat,
-        f"avg group {stats.appends / max(1, stats.groups):.1f}, flushed by the {engine}",
+        f"avg group {avg_group:.1f}, flushed by the {engine}",
     )
 
 
-def _threads(n: int, seconds: float, make_worker: Callable[[int], Callable[[], None]]):
+def _threads(n: int, seconds: float, make_worker: Callable[[int], Callable[[], None]], warmup: float = 0.0):
+    """`n` threads calling their worker in a loop; the first `warmup` seconds are not counted."""
     lat: list[list[float]] = [[] for _ in range(n)]
-    stop = time.perf_counter() + seconds
     workers = [make_worker(k) for k in range(n)]
+    t0 = time.perf_counter() + warmup
+    stop = t0 + seconds
 
     def run(k: int):
         pc = time.perf_counter
         w = workers[k]
         mine = lat[k]
+        while pc() < t0:
+            w()
         while pc() < stop:
             t = pc()
             w()
             mine.append(pc() - t)
 
     ts = [threading.Thread(target=run, args=(k,)) for k in range(n)]
-    t0 = time.perf_counter()
     for t in ts:
         t.start()
     for t in ts:
@@ -140,7 +155,7 @@ def _threads(n: int, seconds: float, make_worker: Callable[[int], Callable[[], N
     return len(flat) / elapsed, flat
 
 
-def bench_intentusnet(workdir: str, producers: int, seconds: float) -> dict:
+def bench_intentusnet(workdir: str, producers: int, seconds: float, warmup: float = 0.0) -> dict:
     """IntentusNet's own WALWriter (fsync per append), or an equivalent loop if not installed."""
     d = tempfile.mkdtemp(dir=workdir)
     try:
@@ -167,12 +182,12 @@ def bench_intentusnet(workdir: str, producers: int, seconds: float) -> dict:
             return append
 
         label = f"JSONL fsync-per-append loop, {producers} thr"
-    rate, lat = _threads(producers, seconds, make)
+    rate, lat = _threads(producers, seconds, make, warmup)
     shutil.rmtree(d)
     return row(label, rate, lat)
 
 
-def bench_sqlite_commit(workdir: str, seconds: float) -> dict:
+def bench_sqlite_commit(workdir: str, seconds: float, warmup: float = 0.0) -> dict:
     """SQLite, one transaction per event, journal_mode=WAL, synchronous=FULL."""
     d = tempfile.mkdtemp(dir=workdir)
     con = sqlite3.connect(os.path.join(d, "b.db"), isolation_level=None, check_same_thread=False)
@@ -191,7 +206,7 @@ def bench_sqlite_commit(workdir: str, seconds: float) -> dict:
 
         return append
 
-    rate, lat = _threads(1, seconds, make)
+    rate, lat = _threads(1, seconds, make, warmup)
     con.close()
     shutil.rmtree(d)
     return row("SQLite commit per event (WAL, synchronous=FULL)", rate, lat)
@@ -214,11 +229,12 @@ def bench_recovery_scan(workdir: str, records: int) -> dict:
 
 def section_wal(args, workdir: str) -> None:
     print("\n== WAL: acknowledged events (ack only after fdatasync), ~200-byte JSON events")
-    s = args.seconds
-    ours = {n: bench_wal_async(workdir, n, s) for n in (1, 8, 64)}
-    threaded = bench_wal_async(workdir, 64, s, attach_loop=False)
-    base = {n: bench_intentusnet(workdir, n, s) for n in (1, 8, 64)}
-    sqlite_row = bench_sqlite_commit(workdir, s)
+    print(f"  each run: {args.warmup:g} s of load before the measured {args.seconds:g} s, in a new log")
+    s, w = args.seconds, args.warmup
+    ours = {n: bench_wal_async(workdir, n, s, warmup=w) for n in (1, 8, 64)}
+    threaded = bench_wal_async(workdir, 64, s, attach_loop=False, warmup=w)
+    base = {n: bench_intentusnet(workdir, n, s, w) for n in (1, 8, 64)}
+    sqlite_row = bench_sqlite_commit(workdir, s, w)
     scan_row = bench_recovery_scan(workdir, args.scan_records)
     for n in (1, 8, 64):
         ratio(f"WAL {n} producers / fsync-per-append {n} thr", ours[n]["rate"], base[n]["rate"])
@@ -485,8 +501,8 @@ def section_sidecar(args, workdir: str) -> None:
         ingest["events_per_s"],
         extra=f"p50 {ingest['p50_ms']:.2f} ms  p99 {ingest['p99_ms']:.2f} ms  RSS {ingest['rss_peak_mb']:.0f} MB",
     )
-    base = bench_intentusnet(workdir, 32, args.seconds)
-    sqlite_row = bench_sqlite_commit(workdir, args.seconds)
+    base = bench_intentusnet(workdir, 32, args.seconds, args.warmup)
+    sqlite_row = bench_sqlite_commit(workdir, args.seconds, args.warmup)
     ratio("sidecar 32 clients / fsync-per-append 32 thr", rows[32]["rate"], base["rate"])
     ratio("sidecar 32 clients / SQLite commit per event", rows[32]["rate"], sqlite_row["rate"])
     print("  targets: >= 100,000 ev/s with 32 clients at p99 <= 10 ms; RSS <= 150 MB")
@@ -576,7 +592,7 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     ap.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
     ap.add_argument("--warmup", type=float, default=1.0,
-                    help="sidecar runs: seconds of load before the measured part (not counted)")
+                    help="WAL and sidecar runs: seconds of load before the measured part (not counted)")
     ap.add_argument("--scan-records", type=int, default=1_000_000)
     ap.add_argument("--executions", type=int, default=4000, help="executions (x50 events) for store runs")
     ap.add_argument("--quick", action="store_true", help="short runs (a smoke test, not figures)")
