@@ -46,7 +46,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from itertools import islice
 from typing import Callable, Optional
 
 import orjson
@@ -478,14 +477,15 @@ class Compactor:
         if self._reader is None:
             self._reader = wal.WalReader(self.wal_dir, from_lsn=self.applied_lsn + 1)
         if self._gen is None:
-            # One pass over the log for the whole call: the reader reads the rest of a
-            # segment each time it is called, so calling it per batch would be quadratic.
-            self._gen = self._reader.records(to_lsn=to_lsn)
+            # One pass over the log for the whole call: each call of the reader reads the rest
+            # of its segment piece anew, so calling it per batch would read it many times.
+            self._gen = self._reader.batches(self.batch_records, to_lsn)
         applied = self.applied_lsn
-        recs = [r for r in islice(self._gen, self.batch_records) if r.lsn > applied]
-        if not recs:
-            return None
-        return self._apply(recs, False)
+        for batch in self._gen:
+            recs = [r for r in batch if r.lsn > applied]
+            if recs:
+                return self._apply(recs, False)
+        return None
 
     def _close_gen(self) -> None:
         if self._gen is not None:

@@ -23,6 +23,8 @@ _NO_LIMIT = 1 << 64
 _CHUNK_BYTES = 8 << 20  # a segment is read in pieces: a preallocated one is mostly zeros
 _ZERO_HEAD = bytes(fmt.RECORD_HEADER_SIZE)
 _NONZERO = re.compile(rb"[^\x00]")
+_RECORDS_BATCH = 512  # records() reads this many ahead of its consumer
+_SCAN_BATCH = 65536
 
 
 def _zeros_from(path: str, offset: int) -> bool:
@@ -315,20 +317,68 @@ class WalReader:
 
     # -- iteration -----------------------------------------------------------------------
     def records(self, to_lsn: Optional[int] = None) -> Iterator[Record]:
-        """Yield DATA records with from_lsn <= lsn <= to_lsn, continuing from the last call."""
+        """Yield DATA records with from_lsn <= lsn <= to_lsn, continuing from the last call.
+
+        A consumer that stops early (closing the generator, or dropping it) leaves the reader
+        just after the last record it was given: the next call starts there.
+        """
+        for batch in self._batches(to_lsn, _RECORDS_BATCH, True):
+            given = 0
+            try:
+                for rec in batch:
+                    given += 1
+                    yield rec
+            finally:
+                if given < len(batch):
+                    self._rewind(batch[given], len(batch) - given)
+
+    def batches(self, max_records: int, to_lsn: Optional[int] = None) -> Iterator[list[Record]]:
+        """Yield the same records as `records`, in lists of at most `max_records` (shorter at
+        the end of a segment); the reader's progress is saved at the end of each list."""
+        if max_records < 1:
+            raise WalUsageError(f"max_records must be at least 1, not {max_records}")
+        return self._batches(to_lsn, max_records, True)
+
+    def skip_to_end(self) -> int:
+        """Read (and check) every record to the end of the log, keeping none; how many DATA
+        records from `from_lsn` on were read. `last_lsn`, `damages` and `sealed_last` say the
+        rest, as after iterating `records`."""
+        return sum(len(lsns) for lsns in self._batches(None, _SCAN_BATCH, False))
+
+    def _rewind(self, first_unread: Record, unread: int) -> None:
+        """Step back to `first_unread`, the first of `unread` records handed over in a batch
+        but never consumed (the batch came from the current segment)."""
+        self._offset = first_unread.offset
+        self._expected = first_unread.lsn
+        self.last_lsn = first_unread.lsn - 1
+        self.records_read -= unread
+        self._need = 0
+
+    def _batches(self, to_lsn: Optional[int], max_records: int, payloads: bool) -> Iterator[list]:
+        """The reading loop: lists of Records (of LSNs when not `payloads`), at most
+        `max_records` each, never spanning two segments; progress is saved before each list
+        is handed over, so a consumer may stop after any list."""
         if self._stopped:
             return
         if self._seg is None and not self._start():
             if self.damages:
                 self._stopped = True
             return
+        out: list = []
         while True:
             if to_lsn is not None and self._expected > to_lsn:
+                if out:
+                    self.records_read += len(out)
+                    yield out
                 return
             seg = self._seg
             try:
                 f = open(seg.path, "rb")
             except FileNotFoundError:
+                if out:  # records of this segment read before: theirs, whatever comes next
+                    self.records_read += len(out)
+                    yield out
+                    out = []
                 # Every record of it was read, then it was deleted as applied (mark_applied):
                 # go on in the segment that starts where this one ended.
                 nxt = self._successor_starting_at(self._expected)
@@ -351,8 +401,9 @@ class WalReader:
             off = 0
             seed = self._seed
             expected = self._expected
+            last = self.last_lsn
             from_lsn = self.from_lsn
-            sealed = False
+            sealed = 0  # the end of the SEAL record, once found
             damage = None
             check = _check_record
             limit = to_lsn if to_lsn is not None else _NO_LIMIT
@@ -360,9 +411,21 @@ class WalReader:
             crc32c = fmt.crc32c
             word = _U64.unpack_from
             name = seg.name
+            add = out.append
+            left = max_records - len(out)
             while off < end:
                 if expected > limit:
                     break
+                if not left:
+                    # A full list: hand it over, then go on in this piece of the file.
+                    self._offset = base + off
+                    self._expected = expected
+                    self.last_lsn = last
+                    self.records_read += len(out)
+                    yield out
+                    out = []
+                    add = out.append
+                    left = max_records
                 # Fast path, inlined: a valid DATA record with the expected LSN. Anything else
                 # goes through _check_record, which says precisely what is wrong.
                 if end - off >= 20:
@@ -379,13 +442,14 @@ class WalReader:
                     ):
                         c = crc32c(buf[off + 4 : off + 20 + n], seed)
                         if ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF == crc:
-                            expected = lsn + 1
-                            self.last_lsn = lsn
-                            self._offset = base + rec_end
-                            self._expected = expected
+                            expected = last = lsn
+                            expected += 1
                             if lsn >= from_lsn:
-                                self.records_read += 1
-                                yield _new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off))
+                                left -= 1
+                                if payloads:
+                                    add(_new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)))
+                                else:
+                                    add(lsn)
                             off = rec_end
                             continue
                 if not at_eof:
@@ -427,28 +491,38 @@ class WalReader:
                     ):
                         damage = f"end of segment after its SEAL record, found {size - base - rec_end} more bytes"
                         break
-                    sealed = True
-                    off = rec_end
+                    # Progress stays at the SEAL until the next segment is open: a consumer
+                    # that stops at the list handed over below reads the SEAL again next time.
+                    sealed = rec_end
                     break
-                # Progress is saved before the yield so that a consumer that stops early resumes
-                # after this record, not on it.
-                self.last_lsn = lsn
-                expected = lsn + 1
-                self._offset = base + rec_end
-                self._expected = expected
+                expected = last = lsn
+                expected += 1
                 if lsn >= from_lsn:
-                    self.records_read += 1
-                    yield _new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off))
+                    left -= 1
+                    if payloads:
+                        add(_new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)))
+                    else:
+                        add(lsn)
                 off = rec_end
             self._offset = base + off
             self._expected = expected
-            if self._need:
-                continue
+            self.last_lsn = last
+            if self._need or (
+                not at_eof and not zero_end and damage is None and not sealed and expected <= limit
+            ):
+                continue  # the next piece of this segment: the list goes on
+            if out:
+                # Before the damage is reported, or the next segment is opened: what was read
+                # up to here is handed over first.
+                self.records_read += len(out)
+                yield out
+                out = []
             if damage is not None:
                 if not self._handle_damage(seg, buf, base, off, end, seed, expected, damage):
                     return
                 continue
             if sealed:
+                self._offset = base + sealed
                 self.sealed_last = True
                 nxt = self._next_segment(seg)
                 if nxt is None:
@@ -540,10 +614,10 @@ def scan(directory: str, *, mode: RecoveryMode | str = RecoveryMode.TOLERATE_TAI
         raise WalUsageError(f"no WAL directory at {directory}")
     reader = WalReader(directory, mode=mode)
     result = ScanResult()
-    for rec in reader.records():
+    for lsns in reader._batches(None, _SCAN_BATCH, False):
         if result.first_lsn is None:
-            result.first_lsn = rec.lsn
-        result.records += 1
+            result.first_lsn = lsns[0]
+        result.records += len(lsns)
     result.last_lsn = reader.last_lsn
     result.segments = len(list_segments(directory))
     result.sealed_last = reader.sealed_last

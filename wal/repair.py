@@ -51,8 +51,7 @@ def repair(directory: str, *, fs=None) -> RepairResult:
     lock_fd = acquire_dir_lock(os.path.abspath(directory))
     try:
         reader = WalReader(directory, mode=RecoveryMode.POINT_IN_TIME)
-        for _ in reader.records():
-            pass
+        reader.skip_to_end()
         if not reader.damages:
             return RepairResult(None, reader.last_lsn, None, None, (), ())
         damage = reader.damages[0]

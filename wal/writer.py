@@ -266,8 +266,7 @@ class Wal:
         if len(segs) > 1:
             # Start the reader inside the last segment: earlier ones are the compactor's to read.
             reader._segments = lambda: [last]  # type: ignore[method-assign]
-        for _ in reader.records():
-            pass
+        reader.skip_to_end()
         end = reader._offset if reader._seg is not None else fmt.SEGMENT_HEADER_SIZE
         if reader._seg is None:
             # The last segment's header is damaged: never a torn tail (see FORMAT.md).

@@ -8,7 +8,7 @@ import tempfile
 from contextlib import nullcontext
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import wal
@@ -270,3 +270,72 @@ def test_single_async_appends_write_byte_for_byte_the_framing_of_each_record(tmp
     expected = b"".join(fmt.encode_record(seed, i + 1, fmt.TYPE_DATA, p) for i, p in enumerate(payloads))
     assert data[: fmt.SEGMENT_HEADER_SIZE + len(expected)] == data[: fmt.SEGMENT_HEADER_SIZE] + expected
     assert not any(data[fmt.SEGMENT_HEADER_SIZE + len(expected) :])
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(
+    payloads=st.lists(st.binary(max_size=60), min_size=1, max_size=60),
+    segment_size=st.sampled_from([100, 300, 1 << 20]),
+    read_ahead=st.sampled_from([1, 2, 3, 7, 512]),
+    stops=st.lists(st.integers(0, 9), min_size=1, max_size=12),
+    drop=st.booleans(),
+    from_lsn=st.integers(1, 10),
+)
+# Stopping right after the last record of a sealed segment: the SEAL is read again next time.
+@example(payloads=[b"", b"", b""], segment_size=100, read_ahead=2, stops=[3], drop=False, from_lsn=1)
+def test_a_consumer_that_stops_early_resumes_just_after_the_last_record_it_was_given(
+    tmp_path, monkeypatch, payloads, segment_size, read_ahead, stops, drop, from_lsn
+):
+    """records() reads ahead of its consumer in batches; stopping mid-batch (closing the
+    generator, or dropping it) steps the reader back, so every record comes once, in order."""
+    d = fresh_dir(tmp_path)
+    write_log(d, payloads, segment_size_bytes=segment_size)
+    monkeypatch.setattr(wal.reader, "_RECORDS_BATCH", read_ahead)
+    reader = wal.WalReader(d, from_lsn=from_lsn)
+    got = []
+    for take in stops:
+        gen = reader.records()
+        for rec in gen:
+            got.append(rec)
+            if len(got) % 10 == take:
+                break
+        if drop:
+            del gen  # CPython closes a dropped generator at once
+        else:
+            gen.close()
+        assert reader.records_read == len(got)
+        if got:
+            assert reader.last_lsn == got[-1].lsn
+    got += list(reader.records())
+    expected = [(i + 1, p) for i, p in enumerate(payloads)][from_lsn - 1 :]
+    assert [(r.lsn, r.payload) for r in got] == expected
+    assert reader.records_read == len(expected)
+    if expected:
+        assert reader.last_lsn == len(payloads)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(
+    payloads=st.lists(st.binary(max_size=60), max_size=60),
+    segment_size=st.sampled_from([100, 300, 1 << 20]),
+    max_records=st.integers(1, 9),
+    from_lsn=st.integers(1, 10),
+)
+def test_batches_hold_the_records_in_order_within_one_segment_each(
+    tmp_path, payloads, segment_size, max_records, from_lsn
+):
+    d = fresh_dir(tmp_path)
+    write_log(d, payloads, segment_size_bytes=segment_size)
+    batches = list(wal.WalReader(d, from_lsn=from_lsn).batches(max_records))
+    assert all(0 < len(b) <= max_records for b in batches)
+    assert all(len({r.segment for r in b}) == 1 for b in batches)
+    flat = [r for b in batches for r in b]
+    assert flat == read_all(d, from_lsn=from_lsn)
+    result = wal.scan(d)
+    assert (result.records, result.first_lsn, result.last_lsn) == (
+        len(payloads), 1 if payloads else None, len(payloads)
+    )
+    skipper = wal.WalReader(d, from_lsn=from_lsn)
+    assert skipper.skip_to_end() == len(flat) == skipper.records_read
+    if flat:
+        assert skipper.last_lsn == len(payloads)
