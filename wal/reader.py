@@ -9,6 +9,7 @@ import enum
 import os
 import re
 import struct
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Optional
 
@@ -23,7 +24,11 @@ _NO_LIMIT = 1 << 64
 _CHUNK_BYTES = 8 << 20  # a segment is read in pieces: a preallocated one is mostly zeros
 _ZERO_HEAD = bytes(fmt.RECORD_HEADER_SIZE)
 _NONZERO = re.compile(rb"[^\x00]")
-_RECORDS_BATCH = 512  # records() reads this many ahead of its consumer
+# records() checks at most this many records ahead of its consumer, a record costing one more
+# for each 4 KiB of payload (so about 2 MiB of payloads at most, or one larger record).
+_RECORDS_AHEAD = 512
+_RECORDS_AHEAD_SHIFT = 12
+_COUNT_ONLY = 64  # a shift that leaves one per record whatever its size
 _SCAN_BATCH = 65536
 
 
@@ -239,6 +244,7 @@ class WalReader:
         self._expected = 0
         self._need = 0
         self._stopped = False
+        self._iteration: Optional[weakref.ref] = None  # the last records() generator
 
     # -- segment bookkeeping -------------------------------------------------------------
     def _segments(self) -> list[SegmentInfo]:
@@ -319,10 +325,22 @@ class WalReader:
     def records(self, to_lsn: Optional[int] = None) -> Iterator[Record]:
         """Yield DATA records with from_lsn <= lsn <= to_lsn, continuing from the last call.
 
-        A consumer that stops early (closing the generator, or dropping it) leaves the reader
-        just after the last record it was given: the next call starts there.
+        The reader checks records a stretch ahead of its consumer (at most 512 records, or
+        about 2 MiB of payloads). A consumer that stops early (closing the generator, or
+        dropping it) leaves the reader just after the last record it was given: the next call
+        starts there, and so does a new call while an earlier iteration is left suspended
+        (that one is closed). `last_lsn` and `records_read` count the stretch already checked
+        while an iteration runs; once it is done or closed they count what was given.
         """
-        for batch in self._batches(to_lsn, _RECORDS_BATCH, True):
+        earlier = self._iteration() if self._iteration is not None else None
+        if earlier is not None:
+            earlier.close()  # it steps the reader back to what its consumer took
+        gen = self._records(to_lsn)
+        self._iteration = weakref.ref(gen)
+        return gen
+
+    def _records(self, to_lsn: Optional[int]) -> Iterator[Record]:
+        for batch in self._batches(to_lsn, _RECORDS_AHEAD, _RECORDS_AHEAD_SHIFT, True):
             given = 0
             try:
                 for rec in batch:
@@ -337,13 +355,13 @@ class WalReader:
         the end of a segment); the reader's progress is saved at the end of each list."""
         if max_records < 1:
             raise WalUsageError(f"max_records must be at least 1, not {max_records}")
-        return self._batches(to_lsn, max_records, True)
+        return self._batches(to_lsn, max_records, _COUNT_ONLY, True)
 
     def skip_to_end(self) -> int:
         """Read (and check) every record to the end of the log, keeping none; how many DATA
         records from `from_lsn` on were read. `last_lsn`, `damages` and `sealed_last` say the
         rest, as after iterating `records`."""
-        return sum(len(lsns) for lsns in self._batches(None, _SCAN_BATCH, False))
+        return sum(len(lsns) for lsns in self._batches(None, _SCAN_BATCH, _COUNT_ONLY, False))
 
     def _rewind(self, first_unread: Record, unread: int) -> None:
         """Step back to `first_unread`, the first of `unread` records handed over in a batch
@@ -354,10 +372,16 @@ class WalReader:
         self.records_read -= unread
         self._need = 0
 
-    def _batches(self, to_lsn: Optional[int], max_records: int, payloads: bool) -> Iterator[list]:
-        """The reading loop: lists of Records (of LSNs when not `payloads`), at most
-        `max_records` each, never spanning two segments; progress is saved before each list
-        is handed over, so a consumer may stop after any list."""
+    def _batches(
+        self, to_lsn: Optional[int], budget: int, shift: int, payloads: bool
+    ) -> Iterator[list]:
+        """The reading loop: lists of Records (of LSNs when not `payloads`), never spanning
+        two segments. A record of n payload bytes costs 1 + (n >> shift) of a list's `budget`
+        (a shift of 64 or more: one each); a list ends once its budget is spent.
+
+        Progress is saved before each list is handed over, so a consumer may stop after any
+        list. Records checked for the next list are never lost: if anything raises before that
+        list is handed over, the reader steps back to its first record."""
         if self._stopped:
             return
         if self._seg is None and not self._start():
@@ -365,189 +389,203 @@ class WalReader:
                 self._stopped = True
             return
         out: list = []
-        while True:
-            if to_lsn is not None and self._expected > to_lsn:
-                if out:
-                    self.records_read += len(out)
-                    yield out
-                return
-            seg = self._seg
-            try:
-                f = open(seg.path, "rb")
-            except FileNotFoundError:
-                if out:  # records of this segment read before: theirs, whatever comes next
-                    self.records_read += len(out)
-                    yield out
-                    out = []
-                # Every record of it was read, then it was deleted as applied (mark_applied):
-                # go on in the segment that starts where this one ended.
-                nxt = self._successor_starting_at(self._expected)
-                if nxt is None:
-                    raise
-                if not self._open_segment(nxt, self._expected):
-                    self._stopped = True
+        left = budget  # what is left of the budget of the list being filled
+        handed = (self._offset, self._expected, self.last_lsn)  # the end of the last list
+        try:
+            while True:
+                if to_lsn is not None and self._expected > to_lsn:
+                    if out:
+                        self.records_read += len(out)
+                        yield out
                     return
-                continue
-            with f:
-                size = os.fstat(f.fileno()).st_size
-                f.seek(self._offset)
-                data = f.read(max(_CHUNK_BYTES, self._need))
-            self._need = 0
-            base = self._offset
-            buf = memoryview(data)
-            end = len(data)
-            at_eof = base + end >= size
-            zero_end = False
-            off = 0
-            seed = self._seed
-            expected = self._expected
-            last = self.last_lsn
-            from_lsn = self.from_lsn
-            sealed = 0  # the end of the SEAL record, once found
-            damage = None
-            check = _check_record
-            limit = to_lsn if to_lsn is not None else _NO_LIMIT
-            unpack = fmt.REC_HEAD.unpack_from
-            crc32c = fmt.crc32c
-            word = _U64.unpack_from
-            name = seg.name
-            add = out.append
-            left = max_records - len(out)
-            while off < end:
-                if expected > limit:
-                    break
-                if not left:
-                    # A full list: hand it over, then go on in this piece of the file.
-                    self._offset = base + off
-                    self._expected = expected
-                    self.last_lsn = last
-                    self.records_read += len(out)
-                    yield out
-                    out = []
-                    add = out.append
-                    left = max_records
-                # Fast path, inlined: a valid DATA record with the expected LSN. Anything else
-                # goes through _check_record, which says precisely what is wrong.
-                if end - off >= 20:
-                    crc, n, lsn, rtype, pad, res = unpack(buf, off)
-                    rec_end = off + 20 + n + pad
-                    if (
-                        rtype == 1
-                        and lsn == expected
-                        and rec_end <= end
-                        and n <= _MAX
-                        and not res
-                        and pad == (-(20 + n)) & 7
-                        and (not pad or not word(buf, rec_end - 8)[0] >> (64 - 8 * pad))
-                    ):
-                        c = crc32c(buf[off + 4 : off + 20 + n], seed)
-                        if ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF == crc:
-                            expected = last = lsn
-                            expected += 1
-                            if lsn >= from_lsn:
-                                left -= 1
-                                if payloads:
-                                    add(_new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)))
-                                else:
-                                    add(lsn)
-                            off = rec_end
-                            continue
-                if not at_eof:
-                    # A record cut by the end of this piece of the file: read on from it.
-                    if end - off < 20:
-                        self._need = 2 * _CHUNK_BYTES
-                        break
-                    n = fmt.REC_HEAD.unpack_from(buf, off)[1]
-                    if n <= _MAX and off + 28 + n > end:
-                        self._need = n + 28
-                        break
-                if buf[off : off + 20] == _ZERO_HEAD and (
-                    _NONZERO.search(buf, off) is None
-                    and (at_eof or _zeros_from(seg.path, base + end))
-                ):
-                    zero_end = True  # preallocated space: the end of the written data
-                    break
-                got = check(buf, off, end, seed, expected)
-                if got.__class__ is str:
-                    if not at_eof:
-                        # Classify damage against the whole rest of the file.
-                        with open(seg.path, "rb") as f:
-                            f.seek(base)
-                            data = f.read()
-                        buf = memoryview(data)
-                        end = len(data)
-                        at_eof = True
-                        got = check(buf, off, end, seed, expected)
-                        if got.__class__ is not str:
-                            continue
-                    damage = got
-                    break
-                lsn, rtype, n, rec_end = got
-                if rtype == fmt.TYPE_SEAL:
-                    # Zeros after the SEAL: preallocated space the writer had not yet cut when
-                    # it stopped, possible only before it created the next segment.
-                    if base + rec_end != size and not (
-                        self._is_last(seg) and _zeros_from(seg.path, base + rec_end)
-                    ):
-                        damage = f"end of segment after its SEAL record, found {size - base - rec_end} more bytes"
-                        break
-                    # Progress stays at the SEAL until the next segment is open: a consumer
-                    # that stops at the list handed over below reads the SEAL again next time.
-                    sealed = rec_end
-                    break
-                expected = last = lsn
-                expected += 1
-                if lsn >= from_lsn:
-                    left -= 1
-                    if payloads:
-                        add(_new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)))
-                    else:
-                        add(lsn)
-                off = rec_end
-            self._offset = base + off
-            self._expected = expected
-            self.last_lsn = last
-            if self._need or (
-                not at_eof and not zero_end and damage is None and not sealed and expected <= limit
-            ):
-                continue  # the next piece of this segment: the list goes on
-            if out:
-                # Before the damage is reported, or the next segment is opened: what was read
-                # up to here is handed over first.
-                self.records_read += len(out)
-                yield out
-                out = []
-            if damage is not None:
-                if not self._handle_damage(seg, buf, base, off, end, seed, expected, damage):
-                    return
-                continue
-            if sealed:
-                self._offset = base + sealed
-                self.sealed_last = True
-                nxt = self._next_segment(seg)
-                if nxt is None:
-                    return
-                self.sealed_last = False
-                if not self._open_segment(nxt, expected):
-                    self._stopped = True
-                    return
-                continue
-            if to_lsn is not None and expected > to_lsn:
-                return
-            if not at_eof and not zero_end:
-                continue  # the next piece of this segment
-            if not self._is_last(seg):
-                # Only the last segment may be unsealed. The writer seals a segment before it
-                # creates the next one, so a segment that grew since it was read is re-read.
-                if os.path.getsize(seg.path) > size:
+                seg = self._seg
+                try:
+                    f = open(seg.path, "rb")
+                except FileNotFoundError:
+                    if out:  # records of this segment read before: theirs, whatever comes next
+                        self.records_read += len(out)
+                        batch, out = out, []
+                        left = budget
+                        handed = (self._offset, self._expected, self.last_lsn)
+                        yield batch
+                    # Every record of it was read, then it was deleted as applied (mark_applied):
+                    # go on in the segment that starts where this one ended.
+                    nxt = self._successor_starting_at(self._expected)
+                    if nxt is None:
+                        raise
+                    if not self._open_segment(nxt, self._expected):
+                        self._stopped = True
+                        return
                     continue
-                if not self._handle_damage(
-                    seg, buf, base, off, end, seed, expected,
-                    "a SEAL record at the end of a segment that has a successor",
+                with f:
+                    size = os.fstat(f.fileno()).st_size
+                    f.seek(self._offset)
+                    data = f.read(max(_CHUNK_BYTES, self._need))
+                self._need = 0
+                base = self._offset
+                buf = memoryview(data)
+                end = len(data)
+                at_eof = base + end >= size
+                zero_end = False
+                off = 0
+                seed = self._seed
+                expected = self._expected
+                last = self.last_lsn
+                from_lsn = self.from_lsn
+                sealed = 0  # the end of the SEAL record, once found
+                damage = None
+                check = _check_record
+                limit = to_lsn if to_lsn is not None else _NO_LIMIT
+                unpack = fmt.REC_HEAD.unpack_from
+                crc32c = fmt.crc32c
+                word = _U64.unpack_from
+                name = seg.name
+                add = out.append
+                while off < end:
+                    if expected > limit:
+                        break
+                    if left <= 0:
+                        # A full list: hand it over, then go on in this piece of the file.
+                        self._offset = base + off
+                        self._expected = expected
+                        self.last_lsn = last
+                        self.records_read += len(out)
+                        batch, out = out, []
+                        add = out.append
+                        left = budget
+                        handed = (self._offset, expected, last)
+                        yield batch
+                    # Fast path, inlined: a valid DATA record with the expected LSN. Anything
+                    # else goes through _check_record, which says precisely what is wrong.
+                    if end - off >= 20:
+                        crc, n, lsn, rtype, pad, res = unpack(buf, off)
+                        rec_end = off + 20 + n + pad
+                        if (
+                            rtype == 1
+                            and lsn == expected
+                            and rec_end <= end
+                            and n <= _MAX
+                            and not res
+                            and pad == (-(20 + n)) & 7
+                            and (not pad or not word(buf, rec_end - 8)[0] >> (64 - 8 * pad))
+                        ):
+                            c = crc32c(buf[off + 4 : off + 20 + n], seed)
+                            if ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF == crc:
+                                expected = last = lsn
+                                expected += 1
+                                if lsn >= from_lsn:
+                                    left -= 1 + (n >> shift)
+                                    if payloads:
+                                        add(_new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)))
+                                    else:
+                                        add(lsn)
+                                off = rec_end
+                                continue
+                    if not at_eof:
+                        # A record cut by the end of this piece of the file: read on from it.
+                        if end - off < 20:
+                            self._need = 2 * _CHUNK_BYTES
+                            break
+                        n = fmt.REC_HEAD.unpack_from(buf, off)[1]
+                        if n <= _MAX and off + 28 + n > end:
+                            self._need = n + 28
+                            break
+                    if buf[off : off + 20] == _ZERO_HEAD and (
+                        _NONZERO.search(buf, off) is None
+                        and (at_eof or _zeros_from(seg.path, base + end))
+                    ):
+                        zero_end = True  # preallocated space: the end of the written data
+                        break
+                    got = check(buf, off, end, seed, expected)
+                    if got.__class__ is str:
+                        if not at_eof:
+                            # Classify damage against the whole rest of the file.
+                            with open(seg.path, "rb") as f:
+                                f.seek(base)
+                                data = f.read()
+                            buf = memoryview(data)
+                            end = len(data)
+                            at_eof = True
+                            got = check(buf, off, end, seed, expected)
+                            if got.__class__ is not str:
+                                continue
+                        damage = got
+                        break
+                    lsn, rtype, n, rec_end = got
+                    if rtype == fmt.TYPE_SEAL:
+                        # Checked below, once the records before it are handed over. Progress
+                        # stays at the SEAL until the next segment is open: a consumer that
+                        # stops at that list reads the SEAL again next time.
+                        sealed = rec_end
+                        break
+                    expected = last = lsn
+                    expected += 1
+                    if lsn >= from_lsn:
+                        left -= 1 + (n >> shift)
+                        if payloads:
+                            add(_new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)))
+                        else:
+                            add(lsn)
+                    off = rec_end
+                self._offset = base + off
+                self._expected = expected
+                self.last_lsn = last
+                if self._need or (
+                    not at_eof and not zero_end and damage is None and not sealed and expected <= limit
                 ):
+                    continue  # the next piece of this segment: the list goes on
+                if out:
+                    # Before the damage is reported, or the next segment is opened: what was
+                    # read up to here is handed over first.
+                    self.records_read += len(out)
+                    batch, out = out, []
+                    left = budget
+                    handed = (self._offset, self._expected, self.last_lsn)
+                    yield batch
+                # Zeros after the SEAL: preallocated space the writer had not yet cut when it
+                # stopped, possible only before it created the next segment.
+                if sealed and base + sealed != size and not (
+                    self._is_last(seg) and _zeros_from(seg.path, base + sealed)
+                ):
+                    damage = f"end of segment after its SEAL record, found {size - base - sealed} more bytes"
+                    sealed = 0
+                if damage is not None:
+                    if not self._handle_damage(seg, buf, base, off, end, seed, expected, damage):
+                        return
+                    continue
+                if sealed:
+                    self._offset = base + sealed
+                    self.sealed_last = True
+                    nxt = self._next_segment(seg)
+                    if nxt is None:
+                        return
+                    self.sealed_last = False
+                    if not self._open_segment(nxt, expected):
+                        self._stopped = True
+                        return
+                    continue
+                if to_lsn is not None and expected > to_lsn:
                     return
-                continue
-            return  # clean end of the segment's current bytes
+                if not at_eof and not zero_end:
+                    continue  # the next piece of this segment
+                if not self._is_last(seg):
+                    # Only the last segment may be unsealed. The writer seals a segment before
+                    # it creates the next one, so a segment that grew since it was read is
+                    # re-read.
+                    if os.path.getsize(seg.path) > size:
+                        continue
+                    if not self._handle_damage(
+                        seg, buf, base, off, end, seed, expected,
+                        "a SEAL record at the end of a segment that has a successor",
+                    ):
+                        return
+                    continue
+                return  # clean end of the segment's current bytes
+        except BaseException:
+            if out:  # checked, never handed over: the next call reads them again
+                self._offset, self._expected, self.last_lsn = handed
+                self._need = 0
+            raise
 
     def _successor_starting_at(self, lsn: int) -> Optional[SegmentInfo]:
         for s in self._segments():
@@ -614,7 +652,7 @@ def scan(directory: str, *, mode: RecoveryMode | str = RecoveryMode.TOLERATE_TAI
         raise WalUsageError(f"no WAL directory at {directory}")
     reader = WalReader(directory, mode=mode)
     result = ScanResult()
-    for lsns in reader._batches(None, _SCAN_BATCH, False):
+    for lsns in reader._batches(None, _SCAN_BATCH, _COUNT_ONLY, False):
         if result.first_lsn is None:
             result.first_lsn = lsns[0]
         result.records += len(lsns)

@@ -290,7 +290,7 @@ def test_a_consumer_that_stops_early_resumes_just_after_the_last_record_it_was_g
     generator, or dropping it) steps the reader back, so every record comes once, in order."""
     d = fresh_dir(tmp_path)
     write_log(d, payloads, segment_size_bytes=segment_size)
-    monkeypatch.setattr(wal.reader, "_RECORDS_BATCH", read_ahead)
+    monkeypatch.setattr(wal.reader, "_RECORDS_AHEAD", read_ahead)
     reader = wal.WalReader(d, from_lsn=from_lsn)
     got = []
     for take in stops:
