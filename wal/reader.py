@@ -388,6 +388,16 @@ class WalReader:
             if self.damages:
                 self._stopped = True
             return
+        if self.sealed_last:
+            # The last call ended at the SEAL of the last segment: the writer creates the next
+            # segment just after it writes a SEAL, so look for it again.
+            nxt = self._next_segment(self._seg)
+            if nxt is None:
+                return
+            self.sealed_last = False
+            if not self._open_segment(nxt, self._expected):
+                self._stopped = True
+                return
         out: list = []
         left = budget  # what is left of the budget of the list being filled
         handed = (self._offset, self._expected, self.last_lsn)  # the end of the last list

@@ -90,3 +90,20 @@ def test_records_checked_but_not_given_are_read_again_after_a_failed_read(wal_di
     got += [rec.payload for rec in reader.records()]
     assert got == payloads
     assert reader.records_read == 30 and reader.last_lsn == 30 and not reader.damages
+
+
+def test_a_reader_that_stopped_at_the_last_seal_goes_on_once_the_next_segment_exists(wal_dir):
+    # The writer seals a segment, then creates the next one: a reader in between ends at the
+    # SEAL with no successor, and its next call must go on into that successor, not report
+    # the sealed segment as corrupt.
+    write_log(wal_dir, [b"p%d" % i for i in range(1, 11)], segment_size_bytes=100)
+    last = wal.list_segments(wal_dir)[-1]
+    held = last.path + ".held"
+    os.rename(last.path, held)
+    reader = wal.WalReader(wal_dir)
+    before = [r.lsn for r in reader.records()]
+    assert before == list(range(1, last.first_lsn)) and reader.sealed_last
+    assert [r.lsn for r in reader.records()] == [] and reader.sealed_last  # still no successor
+    os.rename(held, last.path)
+    assert [r.lsn for r in reader.records()] == list(range(last.first_lsn, 11))
+    assert not reader.damages and reader.last_lsn == 10
