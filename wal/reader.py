@@ -244,7 +244,7 @@ class WalReader:
         self._expected = 0
         self._need = 0
         self._stopped = False
-        self._iteration: Optional[weakref.ref] = None  # the last records() generator
+        self._iteration: Optional[weakref.ref] = None  # the last iteration begun (_begin)
 
     # -- segment bookkeeping -------------------------------------------------------------
     def _segments(self) -> list[SegmentInfo]:
@@ -328,14 +328,19 @@ class WalReader:
         The reader checks records a stretch ahead of its consumer (at most 512 records, or
         about 2 MiB of payloads). A consumer that stops early (closing the generator, or
         dropping it) leaves the reader just after the last record it was given: the next call
-        starts there, and so does a new call while an earlier iteration is left suspended
-        (that one is closed). `last_lsn` and `records_read` count the stretch already checked
-        while an iteration runs; once it is done or closed they count what was given.
+        starts there, and so does a new call (of this or `batches`, `skip_to_end`) while an
+        earlier iteration is left suspended: that one is closed. `last_lsn` and `records_read`
+        count the stretch already checked while an iteration runs; once it is done or closed
+        they count what was given.
         """
+        return self._begin(self._records(to_lsn))
+
+    def _begin(self, gen: Iterator) -> Iterator:
+        """Make `gen` the reader's one iteration: an earlier one left suspended is closed
+        (a records() generator steps the reader back to what its consumer took)."""
         earlier = self._iteration() if self._iteration is not None else None
         if earlier is not None:
-            earlier.close()  # it steps the reader back to what its consumer took
-        gen = self._records(to_lsn)
+            earlier.close()
         self._iteration = weakref.ref(gen)
         return gen
 
@@ -355,13 +360,14 @@ class WalReader:
         the end of a segment); the reader's progress is saved at the end of each list."""
         if max_records < 1:
             raise WalUsageError(f"max_records must be at least 1, not {max_records}")
-        return self._batches(to_lsn, max_records, _COUNT_ONLY, True)
+        return self._begin(self._batches(to_lsn, max_records, _COUNT_ONLY, True))
 
     def skip_to_end(self) -> int:
         """Read (and check) every record to the end of the log, keeping none; how many DATA
         records from `from_lsn` on were read. `last_lsn`, `damages` and `sealed_last` say the
         rest, as after iterating `records`."""
-        return sum(len(lsns) for lsns in self._batches(None, _SCAN_BATCH, _COUNT_ONLY, False))
+        lists = self._begin(self._batches(None, _SCAN_BATCH, _COUNT_ONLY, False))
+        return sum(len(lsns) for lsns in lists)
 
     def _rewind(self, first_unread: Record, unread: int) -> None:
         """Step back to `first_unread`, the first of `unread` records handed over in a batch

@@ -931,8 +931,7 @@ class Wal:
         other loop with one `call_soon_threadsafe` per loop."""
         running = _get_running_loop()
         elsewhere: Optional[dict] = None
-        for w in waiters:
-            loop, fut, lsns = w
+        for loop, fut, lsns in waiters:
             if loop is not running:
                 if elsewhere is None:
                     elsewhere = {}

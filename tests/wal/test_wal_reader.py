@@ -107,3 +107,13 @@ def test_a_reader_that_stopped_at_the_last_seal_goes_on_once_the_next_segment_ex
     os.rename(held, last.path)
     assert [r.lsn for r in reader.records()] == list(range(last.first_lsn, 11))
     assert not reader.damages and reader.last_lsn == 10
+
+
+def test_records_after_a_suspended_batches_iteration_neither_repeats_nor_skips(wal_dir):
+    write_log(wal_dir, [b"p%d" % i for i in range(1, 21)], segment_size_bytes=1 << 20)
+    reader = wal.WalReader(wal_dir)
+    lists = reader.batches(4)
+    first = [r.lsn for r in next(lists)]
+    rest = [r.lsn for r in reader.records()]
+    assert list(lists) == []  # closed by records()
+    assert (first, rest) == ([1, 2, 3, 4], list(range(5, 21)))
