@@ -473,6 +473,7 @@ class WalReader:
                         yield batch
                     # Fast path, inlined: a valid DATA record with the expected LSN. Anything
                     # else goes through _check_record, which says precisely what is wrong.
+                    valid = False
                     if end - off >= 20:
                         crc, n, lsn, rtype, pad, res = unpack(buf, off)
                         rec_end = off + 20 + n + pad
@@ -486,54 +487,45 @@ class WalReader:
                             and (not pad or not word(buf, rec_end - 8)[0] >> (64 - 8 * pad))
                         ):
                             c = crc32c(buf[off + 4 : off + 20 + n], seed)
-                            if ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF == crc:
-                                expected = last = lsn
-                                expected += 1
-                                if lsn >= from_lsn:
-                                    left -= 1 + (n >> shift)
-                                    if payloads:
-                                        add(_new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)))
-                                    else:
-                                        add(lsn)
-                                off = rec_end
-                                continue
-                    if not at_eof:
-                        # A record cut by the end of this piece of the file: read on from it.
-                        if end - off < 20:
-                            self._need = 2 * _CHUNK_BYTES
-                            break
-                        n = fmt.REC_HEAD.unpack_from(buf, off)[1]
-                        if n <= _MAX and off + 28 + n > end:
-                            self._need = n + 28
-                            break
-                    if buf[off : off + 20] == _ZERO_HEAD and (
-                        _NONZERO.search(buf, off) is None
-                        and (at_eof or _zeros_from(seg.path, base + end))
-                    ):
-                        zero_end = True  # preallocated space: the end of the written data
-                        break
-                    got = check(buf, off, end, seed, expected)
-                    if got.__class__ is str:
+                            valid = ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF == crc
+                    if not valid:
                         if not at_eof:
-                            # Classify damage against the whole rest of the file.
-                            with open(seg.path, "rb") as f:
-                                f.seek(base)
-                                data = f.read()
-                            buf = memoryview(data)
-                            end = len(data)
-                            at_eof = True
-                            got = check(buf, off, end, seed, expected)
-                            if got.__class__ is not str:
-                                continue
-                        damage = got
-                        break
-                    lsn, rtype, n, rec_end = got
-                    if rtype == fmt.TYPE_SEAL:
-                        # Checked below, once the records before it are handed over. Progress
-                        # stays at the SEAL until the next segment is open: a consumer that
-                        # stops at that list reads the SEAL again next time.
-                        sealed = rec_end
-                        break
+                            # A record cut by the end of this piece of the file: read on from it.
+                            if end - off < 20:
+                                self._need = 2 * _CHUNK_BYTES
+                                break
+                            n = fmt.REC_HEAD.unpack_from(buf, off)[1]
+                            if n <= _MAX and off + 28 + n > end:
+                                self._need = n + 28
+                                break
+                        if buf[off : off + 20] == _ZERO_HEAD and (
+                            _NONZERO.search(buf, off) is None
+                            and (at_eof or _zeros_from(seg.path, base + end))
+                        ):
+                            zero_end = True  # preallocated space: the end of the written data
+                            break
+                        got = check(buf, off, end, seed, expected)
+                        if got.__class__ is str:
+                            if not at_eof:
+                                # Classify damage against the whole rest of the file.
+                                with open(seg.path, "rb") as f:
+                                    f.seek(base)
+                                    data = f.read()
+                                buf = memoryview(data)
+                                end = len(data)
+                                at_eof = True
+                                got = check(buf, off, end, seed, expected)
+                                if got.__class__ is not str:
+                                    continue
+                            damage = got
+                            break
+                        lsn, rtype, n, rec_end = got
+                        if rtype == fmt.TYPE_SEAL:
+                            # Checked below, once the records before it are handed over. Progress
+                            # stays at the SEAL until the next segment is open: a consumer that
+                            # stops at that list reads the SEAL again next time.
+                            sealed = rec_end
+                            break
                     expected = last = lsn
                     expected += 1
                     if lsn >= from_lsn:
