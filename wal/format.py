@@ -94,13 +94,24 @@ def padding_for(payload_len: int) -> int:
 _ZEROS = bytes(ALIGN)
 
 
-def encode_record(seed: int, lsn: int, rtype: int, payload: bytes) -> bytes:
-    """One framed record; `seed` is `salt_seed(segment salt)`."""
+def frame_record(out: bytearray, seed: int, lsn: int, rtype: int, payload) -> None:
+    """Append one framed record to `out`; `seed` is `salt_seed(segment salt)`."""
     n = len(payload)
     pad = -(RECORD_HEADER_SIZE + n) % ALIGN
     tail = _REC_TAIL.pack(n, lsn, rtype, pad, 0)
-    crc = crc32c(payload, crc32c(tail, seed))
-    return b"".join((_U32.pack(mask(crc)), tail, payload, _ZEROS[:pad]))
+    c = crc32c(payload, crc32c(tail, seed))
+    out += _U32.pack(((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF)  # mask()
+    out += tail
+    out += payload
+    if pad:
+        out += _ZEROS[:pad]
+
+
+def encode_record(seed: int, lsn: int, rtype: int, payload: bytes) -> bytes:
+    """One framed record, as bytes (see `frame_record`)."""
+    out = bytearray()
+    frame_record(out, seed, lsn, rtype, payload)
+    return bytes(out)
 
 
 def frame_data_records(out: bytearray, seed: int, first_lsn: int, payloads) -> int:

@@ -47,12 +47,7 @@ _ZERO_CHUNK = bytes(1 << 20)
 # Memory a kept record costs besides its payload: its tuple, the bytes object, a hint.
 _RETAIN_OVERHEAD = 256
 _SPARE_SYNC_BYTES = 1 << 20
-# The single-record append frames in place: these are wal.format's own pieces.
-_pack_tail = fmt._REC_TAIL.pack
-_pack_crc = fmt._U32.pack
-_crc32c = fmt.crc32c
-_MASK_DELTA = fmt._MASK_DELTA
-_ZERO_PAD = bytes(fmt.ALIGN)
+_frame_record = fmt.frame_record  # the single async append's framing, looked up once
 
 
 @dataclass(frozen=True)
@@ -518,16 +513,7 @@ class Wal:
             if self._failed is not None or self._closed:
                 self._check_open()
             lsn = self._next_lsn
-            # fmt.encode_record(seed, lsn, TYPE_DATA, payload), written out into the group
-            pad = -(fmt.RECORD_HEADER_SIZE + n) & 7
-            tail = _pack_tail(n, lsn, fmt.TYPE_DATA, pad, 0)
-            c = _crc32c(payload, _crc32c(tail, self._encode_seed))
-            group = self._group
-            group += _pack_crc(((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF)
-            group += tail
-            group += payload
-            if pad:
-                group += _ZERO_PAD[:pad]
+            _frame_record(self._group, self._encode_seed, lsn, fmt.TYPE_DATA, payload)
             self._next_lsn = lsn + 1
             self._group_last_lsn = lsn
             if self._retain_cap:
