@@ -91,7 +91,7 @@ def bench_wal_async(
         count = 0
         t0 = time.perf_counter() + warmup
         stop = t0 + seconds
-        groups0 = [0, 0]
+        at_start = [0, 0]  # appends and groups when the measured part began
 
         async def producer(k: int):
             nonlocal count
@@ -108,12 +108,12 @@ def bench_wal_async(
         async def mark() -> None:
             await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
             s0 = aw.stats()
-            groups0[:] = [s0.appends, s0.groups]
+            at_start[:] = [s0.appends, s0.groups]
 
         await asyncio.gather(mark(), *(producer(k) for k in range(producers)))
         elapsed = time.perf_counter() - t0
         s1 = aw.stats()
-        appends, groups = s1.appends - groups0[0], s1.groups - groups0[1]
+        appends, groups = s1.appends - at_start[0], s1.groups - at_start[1]
         await aw.close()
         return count / elapsed, lat, appends / max(1, groups), engine
 
