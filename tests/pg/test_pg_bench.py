@@ -1,10 +1,10 @@
-"""The bench hook scripts/bench calls: it runs, counts every event, and cleans up after itself."""
+"""The PostgreSQL bench scripts/bench calls (benchmarks/pg.py): it runs, counts every event, and cleans up after itself."""
 
 from __future__ import annotations
 
 import pytest
 
-from tracedb import bench_pg
+from benchmarks import pg as bench_pg
 
 pytestmark = pytest.mark.postgres
 

@@ -75,10 +75,10 @@ class ServeProcess:
             stderr=subprocess.PIPE,
             env=full_env,
         )
-        from tracedb.sidecar.bench import _accepts
+        from benchmarks.sidecar import accepts
 
         deadline = time.monotonic() + 60
-        while not _accepts(self.socket):
+        while not accepts(self.socket):
             if self.proc.poll() is not None:
                 out, err = self.proc.communicate()
                 raise RuntimeError(f"tracedb serve exited {self.proc.returncode}: {err.decode()[-2000:]}")

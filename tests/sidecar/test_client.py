@@ -272,9 +272,9 @@ def test_async_event_by_id_without_seq_fails_instead_of_being_resent(store_serve
 def test_async_client_fails_pending_requests_the_restarted_recorder_refuses(tdir, serve_process):
     # After a restart with another token, the reconnect's hello is refused: the requests waiting
     # for it fail at once with that error, not after the watchdog with a misleading one.
-    from tracedb.sidecar.bench import _free_port
+    from benchmarks.sidecar import free_port
 
-    port = _free_port()
+    port = free_port()
     server = serve_process("--tcp", f"127.0.0.1:{port}", env={"TRACEDB_TOKEN": "tok-a"})
 
     async def main():

@@ -169,7 +169,7 @@ def test_help_ends_with_an_example(command):
 
 
 def test_bench_entry_point_runs(tdir):
-    from tracedb.sidecar import bench
+    from benchmarks import sidecar as bench
 
     out = bench.run(clients=(2,), seconds=0.3, window=4, workdir=tdir, quiet=True, warmup=0.2)
     r = out["sidecar"][2]

@@ -1,6 +1,7 @@
 """tracedb benchmarks: this project and its baselines side by side, in one run, with ratios.
 
-Run through `scripts/bench` (which sets up the virtualenv). The machines are shared and noisy:
+Run through `scripts/bench` (which sets up the virtualenv), or `python -m benchmarks.run` from
+the project root, with the same options. The machines are shared and noisy:
 compare the ratios printed by one run, not absolute figures across runs.
 """
 
@@ -14,7 +15,6 @@ import platform
 import shutil
 import sqlite3
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -22,10 +22,9 @@ from typing import Callable
 
 import orjson
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import wal
 
-import wal  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RESULTS: dict = {}
 
@@ -445,7 +444,7 @@ def section_store(args, workdir: str) -> None:
 
 def section_replay(args, workdir: str) -> None:
     import tracedb
-    from tracedb.replay import bench as rb
+    from benchmarks import replay as rb
 
     print("\n== Replay: exact replay in-process, batch replay from the store")
     iters = 20_000 if args.quick else 200_000
@@ -471,7 +470,7 @@ def section_replay(args, workdir: str) -> None:
 
 
 def section_sidecar(args, workdir: str) -> None:
-    from tracedb.sidecar import bench as sb
+    from benchmarks import sidecar as sb
 
     print("\n== Sidecar: ingest over the Unix socket (ack after fdatasync), a fresh `tracedb serve` each,"
           f" {args.warmup:g} s of load before the measured {args.seconds:g} s")
@@ -521,7 +520,7 @@ def section_pg(args, workdir: str) -> None:
     if not url:
         print("  skipped: TRACEDB_TEST_PG_URL is not set (scripts/bench sets it for the local server)")
         return
-    from tracedb import bench_pg
+    from benchmarks import pg as bench_pg
 
     result = bench_pg.run(url, events=20_000 if args.quick else 200_000, recorders=(1, 4), workdir=workdir)
     for line in bench_pg.report_lines(result):

@@ -1,11 +1,11 @@
 """Benchmark: compaction into PostgreSQL from 1 and from N concurrent recorders, next to SQLite.
 
-    from tracedb import bench_pg
-    result = bench_pg.run("postgresql+psycopg://postgres@127.0.0.1:5432/test", events=200_000)
-    for line in bench_pg.report_lines(result):
+    from benchmarks import pg
+    result = pg.run("postgresql+psycopg://postgres@127.0.0.1:5432/test", events=200_000)
+    for line in pg.report_lines(result):
         print(line)
 
-or `python -m tracedb.bench_pg URL [--events N] [--recorders 1,4]`.
+or, from the project root, `python -m benchmarks.pg URL [--events N] [--recorders 1,4]`.
 
 Each configuration gets a fresh schema of its own in the database the URL names (created, then
 dropped; nothing else in the database is touched). Its `events` are split evenly over the
@@ -37,7 +37,7 @@ def _fill_wal(wal_dir: str, prefix: str, executions: int, events_per: int) -> in
     """A WAL holding `executions` executions of `events_per` events (the last a finish)."""
     import wal
 
-    from .record import compute_envelope_hash
+    from tracedb import compute_envelope_hash
 
     w = wal.open_wal(wal_dir)
     batch: list[bytes] = []
@@ -69,8 +69,8 @@ def _compact_worker(target: str, wal_dir: str, recorder_id: str, batch_records: 
     others, compact its whole WAL, report (start, end, steps) on the monotonic clock."""
     import wal
 
-    from . import db
-    from .compactor import Compactor
+    from tracedb import db
+    from tracedb.compactor import Compactor
 
     engine = db.create_engine(target, write=True)
     try:
@@ -145,7 +145,7 @@ def run(
     {"postgresql": {"1": {...}, "4": {...}}, "sqlite": {"1": {...}}, "server": "...",
     "scaling": 4 vs 1, "pg_vs_sqlite": 1 recorder PostgreSQL vs SQLite}, each entry
     {"recorders", "events", "seconds", "events_per_s"}."""
-    from . import db
+    from tracedb import db
 
     work = tempfile.mkdtemp(prefix="tracedb-bench-pg-", dir=workdir)
     admin = db.create_engine(pg_url)
@@ -199,7 +199,7 @@ def report_lines(result: dict) -> list[str]:
 
 
 def main() -> None:
-    """`python -m tracedb.bench_pg URL`: run and print."""
+    """`python -m benchmarks.pg URL`: run and print."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("url", nargs="?", default=os.environ.get("TRACEDB_TEST_PG_URL"),
                     help="PostgreSQL URL (default: $TRACEDB_TEST_PG_URL)")

@@ -1,7 +1,9 @@
 """Sidecar ingest benchmark: a real `tracedb serve` process, N concurrent clients on its Unix socket.
 
-    from tracedb.sidecar import bench
-    result = bench.run(clients=(1, 8, 32), seconds=3.0)
+    from benchmarks import sidecar
+    result = sidecar.run(clients=(1, 8, 32), seconds=3.0)
+
+or, from the project root, `python -m benchmarks.sidecar [seconds] [window]`.
 
 Each client is one connection recording executions of `events_per_execution` events (start,
 events, finish), keeping `window` requests in flight (pipelining, as the asyncio client does).
@@ -214,7 +216,7 @@ def start_server(data_dir: str, *, extra_args: Sequence[str] = (), timeout_s: fl
            "--log-level", "warning", *extra_args]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + timeout_s
-    while not _accepts(sock):
+    while not accepts(sock):
         if proc.poll() is not None:
             raise RuntimeError(f"tracedb serve exited with {proc.returncode} before listening")
         if time.monotonic() > deadline:
@@ -224,7 +226,7 @@ def start_server(data_dir: str, *, extra_args: Sequence[str] = (), timeout_s: fl
     return proc, sock
 
 
-def _accepts(path: str) -> bool:
+def accepts(path: str) -> bool:
     """True once a server accepts connections on the Unix socket `path` (a stale file does not)."""
     if not os.path.exists(path):
         return False
@@ -250,7 +252,7 @@ def stop_server(proc: subprocess.Popen, timeout_s: float = 60.0) -> int:
         return proc.wait()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     s = socket.socket()
     try:
         s.bind(("127.0.0.1", 0))
@@ -303,7 +305,7 @@ def run(clients: Sequence[int] = DEFAULT_CLIENTS, seconds: float = 3.0, *, windo
         for n in clients:
             data_dir = os.path.join(base, f"c{n}")
             os.makedirs(data_dir)
-            port = _free_port()
+            port = free_port()
             proc, sock = start_server(data_dir, extra_args=[*server_args, "--metrics-port", str(port)], env=env)
             try:
                 cpu0 = [_cpu_s(proc.pid)]
@@ -337,6 +339,6 @@ def run(clients: Sequence[int] = DEFAULT_CLIENTS, seconds: float = 3.0, *, windo
     return {"sidecar": results}
 
 
-if __name__ == "__main__":  # python -m tracedb.sidecar.bench [seconds] [window]
+if __name__ == "__main__":  # python -m benchmarks.sidecar [seconds] [window]
     run(seconds=float(sys.argv[1]) if len(sys.argv) > 1 else 3.0,
         window=int(sys.argv[2]) if len(sys.argv) > 2 else 32)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from ..record import FINAL_RESPONSE, ExecutionEvent, ExecutionHeader, ExecutionRecord, compute_envelope_hash
-from .exact import ReplayEngine, batch_replay
+from tracedb import ExecutionEvent, ExecutionHeader, ExecutionRecord, compute_envelope_hash
+from tracedb.record import FINAL_RESPONSE
+from tracedb.replay import ReplayEngine, batch_replay
 
 
 def sample_record(
