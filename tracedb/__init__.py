@@ -5,7 +5,7 @@
         ex = store.start("ProcessIntent", {"intent": "ProcessIntent", "payload": {...}})
         ex.event("INTENT_RECEIVED", {"intent": "ProcessIntent"})
         ex.finish({"status": "success"})
-        record = store.get(ex.execution_id)      # seed 000's ExecutionRecord; record.to_dict()
+        record = store.get(ex.execution_id)      # an ExecutionRecord; record.to_dict()
 """
 
 from __future__ import annotations
@@ -47,17 +47,21 @@ def open(data_dir=None, *, config=None, clock=None):
 
 async def open_async(data_dir=None, *, config=None, clock=None):
     """The asyncio twin of `open`: `astore = await tracedb.open_async(data_dir)`."""
-    from .store import open_store_async
+    from .store_async import open_store_async
 
     return await open_store_async(data_dir, config=config, clock=clock)
 
 
 def __getattr__(name):
     # The store pulls in SQLAlchemy and Alembic; load it only when asked for.
-    if name in ("Store", "AsyncStore", "Execution", "AsyncExecution"):
+    if name in ("Store", "Execution"):
         from . import store
 
         return getattr(store, name)
+    if name in ("AsyncStore", "AsyncExecution"):
+        from . import store_async
+
+        return getattr(store_async, name)
     if name == "CompactResult":
         from .compactor import CompactResult
 

@@ -6,20 +6,8 @@ transaction. A crash anywhere leaves either the whole batch with its LSN or none
 is applied exactly once. Only after the commit is durable (synchronous=FULL) may WAL segments below
 the applied LSN be deleted.
 
-The WAL records are written by `tracedb.store`. An event, the bulk of a log, is framed so that
-its payload goes into `trace_steps` as the JSON text the recorder serialised, never decoded and
-encoded again here:
-
-    0x01, JSON array [id, seq, type, t], "\n", payload JSON      (see `encode_event`)
-
-Every other record is one orjson document (and so is an event written by an older tracedb):
-
-    {"op": "start", "id", "intent", "envelope", "hash", "t", ["parent", "fork_seq"]}
-    {"op": "event", "id", "seq", "type", "payload", "t"}
-    {"op": "finish", "id", "seq", "response", "t"}            -> a FINAL_RESPONSE step
-    {"op": "invalidate", "id", "reason", "t"}
-    {"op": "incomplete", "id", "why", "t"}
-    {"op": "recording_failure", "id", "detail", "t"}
+The records are written by `tracedb.store` in the format `tracedb.codec` defines. An event's payload
+goes into `trace_steps` as the JSON text the recorder serialised, never decoded and encoded again.
 
 An operator may invalidate a trace directly in the database while a recorder runs (`tracedb
 invalidate`); every status change below is therefore guarded so that it never overwrites
@@ -55,6 +43,7 @@ from sqlalchemy.engine import Engine
 import wal
 
 from . import db
+from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_INVALIDATE, OP_RECORDING_FAILURE, OP_START
 from .errors import IntegrityError
 from .models import compaction_checkpoint, trace_steps, traces
 from .record import (
@@ -70,13 +59,6 @@ from .record import (
 )
 
 log = logging.getLogger(__name__)
-
-OP_START = "start"
-OP_EVENT = "event"
-OP_FINISH = "finish"
-OP_INVALIDATE = "invalidate"
-OP_INCOMPLETE = "incomplete"
-OP_RECORDING_FAILURE = "recording_failure"
 
 # Test-only: "<point>:<batch>" makes the compactor stop at that point of that batch (1-based),
 # announce it on stdout and wait to be killed. Points: before_commit (inside the transaction,
@@ -108,25 +90,6 @@ def _row_of(eid: str, new: dict, upd: dict) -> dict:
 def _rows(flat, width: int = STEP_WIDTH) -> list[tuple]:
     """Rows laid end to end, `width` values each, as a list of tuples."""
     return [tuple(flat[i : i + width]) for i in range(0, len(flat), width)]
-
-
-EVENT_TAG = 0x01  # never the first byte of a JSON document
-
-
-def encode_event(execution_id: str, seq: int, type_: str, payload_json: bytes, t: int) -> bytes:
-    """One event's WAL record; `payload_json` is the payload already serialised (orjson)."""
-    # JSON escapes newlines inside strings, so the first b"\n" ends the header.
-    return b"\x01" + orjson.dumps((execution_id, seq, type_, t)) + b"\n" + payload_json
-
-
-def decode_record(raw: bytes) -> dict:
-    """One WAL record as a document, events in the shape {"op": "event", "id", "seq", "type",
-    "payload", "t"} (for tools and tests; the compactor itself never decodes event payloads)."""
-    if raw[:1] == b"\x01":
-        cut = raw.index(b"\n")
-        eid, seq, type_, t = orjson.loads(raw[1:cut])
-        return {"op": OP_EVENT, "id": eid, "seq": seq, "type": type_, "payload": orjson.loads(raw[cut + 1 :]), "t": t}
-    return orjson.loads(raw)
 
 
 @dataclass(frozen=True)
@@ -463,7 +426,7 @@ class Compactor:
             if on_batch is not None:
                 on_batch(self.applied_lsn)
             if mark_applied is not None:
-                deleted += self._maybe_mark_applied(mark_applied)
+                deleted += self.release_wal(mark_applied)
             if progress is not None:
                 progress(done, total)
         self._close_gen()
@@ -523,7 +486,8 @@ class Compactor:
         self.applied_lsn = applied_lsn
         self._reader = None
 
-    def _maybe_mark_applied(self, mark_applied: Callable[[int], int]) -> int:
+    def release_wal(self, mark_applied: Callable[[int], int]) -> int:
+        """Let the WAL delete the segments wholly applied; returns how many it deleted."""
         # mark_applied writes and fsyncs the APPLIED file: call it only when a sealed segment
         # lies wholly below the applied LSN and can actually be deleted.
         nxt_lsn = self.applied_lsn + 1
@@ -592,21 +556,10 @@ class Compactor:
         return len(recs), len(steps) // STEP_WIDTH, len(new), len(upd), skipped
 
     def _apply_doc(self, d: dict, lsn: int, new: dict, upd: dict, steps: list) -> None:
-        """One record other than a framed event: start, finish, a status change, or an event
-        in the JSON form older versions wrote."""
+        """One record other than a framed event: start, finish, or a status change."""
         op = d["op"]
         eid = d["id"]
-        if op == OP_EVENT:
-            seq = d["seq"]
-            t = d["t"]
-            payload = d.get("payload")
-            steps += (eid, seq, d["type"], _dumps(payload), t, lsn)
-            row = _row_of(eid, new, upd)
-            row["last_seq"] = seq
-            row["updated_at_ns"] = t
-            if d["type"] == ROUTER_DECISION:
-                row["router_decision"] = payload
-        elif op == OP_START:
+        if op == OP_START:
             t = d["t"]
             new[eid] = {
                 "execution_id": eid,

@@ -13,10 +13,7 @@ from typing import Any, Optional
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-# Status and reason strings are short; ids are caller-chosen strings, bounded so that PostgreSQL
-# indexes stay small and a runaway id is refused at the API instead of in the database.
-ID_LENGTH = 128
-TYPE_LENGTH = 128
+from .validation import ID_LENGTH, TYPE_LENGTH
 
 
 class Trace(SQLModel, table=True):

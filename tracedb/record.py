@@ -1,4 +1,4 @@
-"""The execution record in the shape of IntentusNet's ExecutionRecord (seeds 000 and 002).
+"""The execution record in the shape of IntentusNet's ExecutionRecord (header, envelope, events, final response).
 
 These are plain frozen-ish dataclasses, independent of the database: the store builds them from
 rows, the replay engines consume them, `to_dict()` gives the wire/CLI JSON shape.
@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-# Event types of seed 002 (router lifecycle) and seed 004 (LLM / tool calls).
+# Event types: an intent router's lifecycle, and LLM / tool calls.
 INTENT_RECEIVED = "INTENT_RECEIVED"
 AGENT_ATTEMPT_START = "AGENT_ATTEMPT_START"
 AGENT_ATTEMPT_END = "AGENT_ATTEMPT_END"
@@ -23,7 +23,7 @@ LLM_RESPONDED = "llm.responded"
 TOOL_REQUESTED = "tool.requested"
 TOOL_RESPONDED = "tool.responded"
 
-SEED_002_EVENT_TYPES = frozenset(
+ROUTER_EVENT_TYPES = frozenset(
     {
         INTENT_RECEIVED,
         AGENT_ATTEMPT_START,
@@ -33,9 +33,9 @@ SEED_002_EVENT_TYPES = frozenset(
         FINAL_RESPONSE,
     }
 )
-SEED_004_EVENT_TYPES = frozenset({LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED})
+CALL_EVENT_TYPES = frozenset({LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED})
 
-# Execution status and replayability (seed 000's four states).
+# Execution status and replayability (the four replayability states).
 STATUS_RUNNING = "running"
 STATUS_COMPLETED = "completed"
 STATUS_INCOMPLETE = "incomplete"
@@ -55,7 +55,7 @@ REPLAYABLE_REASONS = (
 
 
 def utc_iso(ns: int, *, timespec: str = "microseconds") -> str:
-    """Nanoseconds since the epoch as ISO 8601 UTC with a trailing Z (seed 002's form)."""
+    """Nanoseconds since the epoch as ISO 8601 UTC with a trailing Z (IntentusNet's form)."""
     from datetime import datetime, timezone
 
     dt = datetime.fromtimestamp(ns / 1e9, tz=timezone.utc)
@@ -96,7 +96,7 @@ class TraceSummary:
 
 
 def compute_envelope_hash(envelope: dict) -> str:
-    """Hash an intent envelope exactly as seed 000 does: routingMetadata left out, canonical JSON."""
+    """Hash an intent envelope exactly as IntentusNet does: routingMetadata left out, canonical JSON."""
     stable = {k: v for k, v in envelope.items() if k not in ["routingMetadata"]}
     canonical = json.dumps(
         stable,
@@ -151,8 +151,8 @@ class ExecutionHeader:
 class ExecutionRecord:
     """One execution: header, envelope, router decision, events in seq order, final response.
 
-    `status`, `intent` and the lineage fields are tracedb's additions beside the seed's shape;
-    `to_dict()` carries them under their own keys and never changes the seed's keys.
+    `status`, `intent` and the lineage fields are tracedb's additions beside IntentusNet's shape;
+    `to_dict()` carries them under their own keys and never changes IntentusNet's keys.
     """
 
     header: ExecutionHeader

@@ -1,13 +1,11 @@
-"""The embedded trace store: record executions durably, read them back, keep the projection fresh.
+"""The embedded store: record executions durably, read them back, keep the projection fresh.
 
 Recording path: validate in memory (no database query), give the event its seq under the
-execution's lock, append one orjson document to the WAL, return once it is fdatasynced. Holding
-the execution's lock across the append makes seq order equal LSN order for each execution, while
-appends of different executions share the WAL's group commit.
-
-The store keeps a map of the executions it is recording (status, next seq). Closed executions stay
-in it until the compactor has applied their last record, so a closed execution is refused without a
-database query, and an explicit id is never started twice.
+execution's lock, append one record to the WAL, return once it is fdatasynced. Holding the
+execution's lock across the hand-over makes seq order equal LSN order for each execution, while
+appends of different executions share the WAL's group commit. One implementation numbers and
+closes executions for every path (`stage_*`): the sync API appends each record at once, the
+asyncio API (`tracedb.store_async`) queues it, the sidecar frames many into one `StagedBatch`.
 
 A background thread compacts the WAL into SQLite every `compact_interval_ms` (sooner when a batch
 is waiting), notices traces invalidated from the CLI, and marks executions idle for
@@ -22,28 +20,27 @@ import logging
 import os
 import re
 import socket
-import sys
 import threading
 import time
 import uuid
 from typing import Any, Callable, Mapping, Optional
 
-import orjson
 import sqlalchemy as sa
 
 import wal
 
-from . import db, queries, recovery, retention
-from .compactor import (
-    OP_FINISH,
+from . import db, reads, recovery, retention
+from .codec import (
     OP_INCOMPLETE,
     OP_INVALIDATE,
     OP_RECORDING_FAILURE,
-    OP_START,
-    CompactResult,
-    Compactor,
+    STATUS_TEXT_KEY,
     encode_event,
+    encode_finish,
+    encode_start,
+    encode_status,
 )
+from .compactor import CompactResult, Compactor
 from .config import Config, as_config
 from .errors import (
     ExecutionClosedError,
@@ -56,11 +53,10 @@ from .errors import (
     StoreInUseError,
     UsageError,
 )
-from .models import ID_LENGTH, TYPE_LENGTH, traces
+from . import handles
+from .models import traces
 from .record import (
     FINAL_RESPONSE,
-    SEED_002_EVENT_TYPES,
-    SEED_004_EVENT_TYPES,
     STATUS_COMPLETED,
     STATUS_INCOMPLETE,
     STATUS_INVALIDATED,
@@ -71,53 +67,24 @@ from .record import (
 )
 from .recovery import RecoverResult
 from .retention import PruneResult
+from .state import PENDING_LSN, ExecutionState, ExecutionTable, StagedBatch, StagedStart, StageMiss
+from .validation import (
+    KNOWN_EVENT_TYPES,
+    payload_json,
+    validate_event_type,
+    validate_id,
+    validate_response,
+    validate_text,
+)
 from .verify import VerifyResult, verify as _verify
 
 log = logging.getLogger(__name__)
 
 RECORDER_ID_FILE = "RECORDER_ID"
-_STARTING = "starting"
 # In-process compaction keeps this many batches (compact_batch_records) of just-appended records
 # in memory for the compactor (see Store._keep_records_in_memory).
 RETAIN_BATCHES = 8
-_PENDING_LSN = sys.maxsize  # a closing record enqueued, its LSN not yet durable
-_NAMESPACED_TYPE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)+$")
-_ID = re.compile(r"^[\x21-\x7e]+$")
-_DUMP_OPTS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
-# The envelope is hashed with json.dumps(default=str) (seed 000); store it the same way so that
-# `verify` recomputes the same hash from the stored envelope.
-_ENVELOPE_OPTS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_NON_STR_KEYS
-
-
-class _State:
-    """An execution this store is recording (or closed, until its last record is compacted)."""
-
-    __slots__ = ("execution_id", "status", "next_seq", "last_activity_ns", "last_lsn", "lock", "start_fut")
-
-    def __init__(self, execution_id: str, now_ns: int):
-        self.execution_id = execution_id
-        self.status = _STARTING
-        self.next_seq = 1
-        self.last_activity_ns = now_ns
-        self.last_lsn = 0
-        self.lock = threading.Lock()
-        self.start_fut = None  # the queued start record of an asyncio start, until durable
-
-
-async def _when_durable(fut: "asyncio.Future", on_lsn, on_failure=None) -> int:
-    """Wait for a queued WAL record; `on_lsn(lsn)` runs when it is durable, even if the waiting
-    task is cancelled meanwhile (the wait is shielded: cancelling the caller never cancels the
-    record, which the WAL writes anyway). `on_failure()` runs if the WAL failed instead."""
-
-    def done(f: "asyncio.Future") -> None:
-        if not f.cancelled() and f.exception() is None:
-            on_lsn(f.result()[0])
-        elif on_failure is not None:
-            on_failure()
-
-    fut.add_done_callback(done)
-    (lsn,) = await asyncio.shield(fut)
-    return lsn
+_TOO_LARGE_HINT = "store large blobs elsewhere and record a reference"
 
 
 def _in_running_loop() -> bool:
@@ -126,64 +93,6 @@ def _in_running_loop() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def validate_event_type(type_: Any) -> str:
-    """Seed 002's types, seed 004's, or any namespaced type ("myapp.cache.hit")."""
-    if not isinstance(type_, str):
-        raise InvalidInputError(f"event type must be a string, not {type(type_).__name__}")
-    if type_ in SEED_002_EVENT_TYPES or type_ in SEED_004_EVENT_TYPES:
-        return type_
-    if len(type_) <= TYPE_LENGTH and _NAMESPACED_TYPE.match(type_):
-        return type_
-    raise InvalidInputError(
-        f"unknown event type {type_!r}",
-        hint="use one of " + ", ".join(sorted(SEED_002_EVENT_TYPES | SEED_004_EVENT_TYPES))
-        + ", or a namespaced type such as 'myapp.cache.hit'",
-    )
-
-
-def _validate_id(value: Any, name: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > ID_LENGTH or not _ID.match(value):
-        raise InvalidInputError(
-            f"{name} must be 1 to {ID_LENGTH} printable ASCII characters without spaces, got {value!r}"
-        )
-    return value
-
-
-_I64 = 1 << 63
-
-
-def _check_bare_int(payload: int, type_: str) -> None:
-    """A payload that is a bare integer must fit in 64 signed bits: SQLite stores a JSON column's
-    bare number as a number (NUMERIC affinity), and one above 2**63 - 1 as an inexact REAL."""
-    if not -_I64 <= payload < _I64:
-        raise InvalidInputError(
-            f"payload of event {type_!r} is the bare integer {payload}, outside the 64-bit signed range",
-            hint="wrap it in an object ({\"value\": ...}) or a string: inside an object it is kept exactly",
-        )
-
-
-def _dumps(doc: dict, what: str, opts: int = _DUMP_OPTS, default=None, *, caller_json: bool = False) -> bytes:
-    """`doc` as JSON. `caller_json`: it holds a value the caller passed in (a payload, an
-    envelope, a response), which is parsed back once: an `orjson.Fragment` is written as it is,
-    and one that is not JSON would leave the execution's record unreadable for good."""
-    try:
-        out = orjson.dumps(doc, default=default, option=opts)
-    except TypeError as e:
-        raise InvalidInputError(
-            f"{what} is not JSON-serialisable: {e}",
-            hint="pass dicts, lists, strings, numbers, booleans and None only",
-        ) from None
-    if caller_json:
-        try:
-            orjson.loads(out)
-        except orjson.JSONDecodeError as e:
-            raise InvalidInputError(
-                f"{what} does not serialise to valid JSON ({e})",
-                hint="an orjson.Fragment must hold valid JSON; pass plain values instead",
-            ) from None
-    return out
 
 
 def _resolve_recorder_id(cfg: Config) -> str:
@@ -204,6 +113,41 @@ def _resolve_recorder_id(cfg: Config) -> str:
     return rid
 
 
+def check_record_size(data: bytes) -> bytes:
+    """Refuse a record the WAL would refuse, before anything is numbered or written."""
+    if len(data) > wal.MAX_PAYLOAD_BYTES:
+        raise InvalidInputError(
+            f"record of {len(data)} bytes exceeds the WAL's limit of {wal.MAX_PAYLOAD_BYTES}",
+            hint=_TOO_LARGE_HINT,
+        )
+    return data
+
+
+class Execution(handles.Execution):
+    """One execution being recorded in the embedded store: `event()`, then `finish()`."""
+
+    def mark_recording_failure(self, detail: str) -> None:
+        """Flag this execution not replayable (recording_failure)."""
+        self.recorder.mark_recording_failure(self.execution_id, detail)
+
+    @property
+    def store(self) -> "Store":
+        """The store it records into."""
+        return self.recorder
+
+
+class _AppendNow:
+    """The sync API's sink: each record is appended and durable before `put` returns."""
+
+    __slots__ = ("store",)
+
+    def __init__(self, store: "Store"):
+        self.store = store
+
+    def put(self, data: bytes, hint, state, closing: bool) -> int:
+        return self.store._append(data, hint)
+
+
 class Store:
     """A data directory opened for recording. Use `tracedb.open(data_dir)`; a context manager."""
 
@@ -218,8 +162,9 @@ class Store:
         self.clock = clock or time.time_ns
         self.data_dir = config.data_dir
         self._closed = False
-        self._lock = threading.Lock()  # guards self._states
-        self._states: dict[str, _State] = {}
+        self._lock = threading.Lock()  # guards closing
+        self._executions = ExecutionTable()
+        self._now = _AppendNow(self)
         self._compact_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -245,9 +190,7 @@ class Store:
             ) from None
         try:
             self._open_database()
-            self.last_recovery: RecoverResult = recovery.recover(
-                self, at_open=True, progress=recovery_progress
-            )
+            self.last_recovery: RecoverResult = self._recover(at_open=True, progress=recovery_progress)
         except BaseException:
             self._shutdown_resources()
             raise
@@ -340,6 +283,11 @@ class Store:
         """The last WAL LSN acknowledged as durable."""
         return self._wal.durable_lsn
 
+    @property
+    def wal(self) -> "wal.Wal":
+        """The write-ahead log this store appends to (for its stats and its event-loop flush)."""
+        return self._wal
+
     def close(self) -> None:
         """Mark executions still running incomplete, compact everything, release the data dir.
 
@@ -396,130 +344,285 @@ class Store:
         try:
             lsn = self._wal.append(data, hint)
         except wal.PayloadTooLargeError as e:
-            raise InvalidInputError(str(e), hint="store large blobs elsewhere and record a reference") from None
+            raise InvalidInputError(str(e), hint=_TOO_LARGE_HINT) from None
         except wal.WalFailedError as e:
             raise RecordingFailedError(e.message, hint=e.hint) from None
         except wal.WalClosedError:
             raise StoreClosedError() from None
-        self._note_append()
+        self.note_append()
         return lsn
 
-    def _enqueue(self, payloads: list[bytes], loop, hints=None) -> asyncio.Future:
+    def append_future(self, payloads: list[bytes], loop, hints=None) -> asyncio.Future:
+        """Queue records on the WAL's group commit; the future (of `loop`) resolves to their LSNs
+        once they are durable."""
         try:
             return self._wal.append_future(payloads, loop, hints)
         except wal.PayloadTooLargeError as e:
-            raise InvalidInputError(str(e), hint="store large blobs elsewhere and record a reference") from None
+            raise InvalidInputError(str(e), hint=_TOO_LARGE_HINT) from None
         except wal.WalFailedError as e:
             raise RecordingFailedError(e.message, hint=e.hint) from None
         except wal.WalClosedError:
             raise StoreClosedError() from None
 
-    def _note_append(self) -> None:
+    def append_staged(self, batch: StagedBatch, loop) -> Optional[asyncio.Future]:
+        """Append a batch's records with one WAL call; the future (of `loop`) resolves to their
+        LSNs once they are durable. None for an empty batch."""
+        if not batch.payloads:
+            return None
+        fut = self.append_future(batch.payloads, loop, batch.hints or None)
+        if batch.closing:
+
+            def settle(f: asyncio.Future) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    batch.settle(f.result())
+
+            fut.add_done_callback(settle)
+        if not self._wake.is_set():  # Event.set() takes a lock even when already set
+            self.note_append()
+        return fut
+
+    def note_append(self) -> None:
+        """Wake the compactor when a batch's worth of records waits."""
         if self._wal.durable_lsn - self.applied_lsn >= self.config.compact_batch_records:
             self._wake.set()
 
-    # -- validation, shared by the sync and async paths ---------------------------------
-    def _prepare_start(self, intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns=None):
+    # -- numbering and closing executions: one implementation for every path -----------------
+    def _held(self, execution_id: Any, expected_seq: Optional[int] = None) -> ExecutionState:
+        """The state of an execution held in memory, or StageMiss."""
+        if not isinstance(execution_id, str):
+            raise InvalidInputError(f"execution_id must be a string, not {type(execution_id).__name__}")
+        state = self._executions.get(execution_id)
+        if state is None:
+            raise StageMiss(execution_id, None)
+        if expected_seq is not None and expected_seq != state.next_seq:
+            raise StageMiss(execution_id, state.next_seq)
+        return state
+
+    def not_held_error(self, execution_id: str) -> Exception:
+        """Blocking: the error for an execution not held in memory (closed, or unknown)."""
+        status = reads.trace_status(self._read_engine, execution_id)
+        if status is None:
+            return ExecutionNotFoundError(execution_id)
+        return ExecutionClosedError(execution_id, status)
+
+    @staticmethod
+    def _check_open(state: ExecutionState) -> None:
+        if state.status != STATUS_RUNNING:
+            raise ExecutionClosedError(state.execution_id, state.status)
+
+    @staticmethod
+    def _close(sink, state: ExecutionState, data: bytes, status: Optional[str], now: int) -> None:
+        """Hand over a closing record of `state` (its lock held); the state stays in memory until
+        that record is applied to the database."""
+        state.last_lsn = PENDING_LSN
+        lsn = sink.put(data, None, state, True)
+        if lsn is not None:
+            state.last_lsn = lsn
+        if status is not None:
+            state.status = status
+        state.last_activity_ns = now
+
+    def reserve_start(
+        self, intent, envelope, execution_id=None, parent_execution_id=None, forked_at_seq=None,
+        created_at_ns=None,
+    ) -> StagedStart:
+        """Validate a start and reserve its id (ExecutionExistsError if it is held in memory).
+
+        Then, off the event loop, `check_new_in_db` (it queries the database); then `stage_start`,
+        or `cancel_start` if anything failed. `created_at_ns` (ns since the epoch) is for importing
+        executions recorded elsewhere: their original creation time; None is now.
+        """
+        self._check_recording("start")
         if not isinstance(intent, str) or not intent:
             raise InvalidInputError(f"intent must be a non-empty string, got {intent!r}")
         if not isinstance(envelope, Mapping):
             raise InvalidInputError(f"envelope must be a dict, not {type(envelope).__name__}")
         envelope = dict(envelope)
-        if execution_id is None:
-            execution_id = f"exec-{uuid.uuid4().hex}"
-            explicit = False
+        explicit = execution_id is not None
+        if explicit:
+            validate_id(execution_id, "execution_id")
         else:
-            _validate_id(execution_id, "execution_id")
-            explicit = True
+            execution_id = f"exec-{uuid.uuid4().hex}"
         if parent_execution_id is not None:
-            _validate_id(parent_execution_id, "parent_execution_id")
+            validate_id(parent_execution_id, "parent_execution_id")
         if forked_at_seq is not None:
             if parent_execution_id is None:
                 raise InvalidInputError("forked_at_seq needs a parent_execution_id")
             if not isinstance(forked_at_seq, int) or isinstance(forked_at_seq, bool) or forked_at_seq < 0:
                 raise InvalidInputError(f"forked_at_seq must be an int >= 0, got {forked_at_seq!r}")
+        if created_at_ns is not None and (
+            not isinstance(created_at_ns, int) or isinstance(created_at_ns, bool) or created_at_ns <= 0
+        ):
+            raise InvalidInputError(f"created_at_ns must be a positive int, got {created_at_ns!r}")
         try:
             envelope_hash = compute_envelope_hash(envelope)
         except (TypeError, ValueError) as e:
             raise InvalidInputError(f"envelope cannot be hashed: {e}") from None
         now = self.clock()
-        if created_at_ns is not None and (
-            not isinstance(created_at_ns, int) or isinstance(created_at_ns, bool) or created_at_ns <= 0
-        ):
-            raise InvalidInputError(f"created_at_ns must be a positive int, got {created_at_ns!r}")
-        doc = {
-            "op": OP_START, "id": execution_id, "intent": intent, "envelope": envelope,
-            # An imported execution keeps its original creation time (retention counts from it).
-            "hash": envelope_hash, "t": now if created_at_ns is None else created_at_ns,
-        }
-        if parent_execution_id is not None:
-            doc["parent"] = parent_execution_id
-            doc["fork_seq"] = forked_at_seq
-        data = _dumps(doc, "envelope", _ENVELOPE_OPTS, default=str, caller_json=True)
-        return execution_id, explicit, envelope_hash, data, now
-
-    def _reserve(self, execution_id: str, now: int) -> _State:
-        with self._lock:
-            if execution_id in self._states:
-                raise ExecutionExistsError(execution_id)
-            state = self._states[execution_id] = _State(execution_id, now)
-            return state
-
-    def _unreserve(self, state: _State) -> None:
-        with self._lock:
-            if self._states.get(state.execution_id) is state and state.status == _STARTING:
-                del self._states[state.execution_id]
-
-    def _check_new_in_db(self, execution_id: str, explicit: bool, parent: Optional[str]) -> None:
-        if explicit and queries.trace_status(self._read_engine, execution_id) is not None:
+        # An imported execution keeps its original creation time (retention counts from it).
+        data = check_record_size(encode_start(
+            execution_id, intent, envelope, envelope_hash, now if created_at_ns is None else created_at_ns,
+            parent_execution_id, forked_at_seq,
+        ))
+        if not self.config.enabled:
+            self._disabled_seqs[execution_id] = 1
+            return StagedStart(execution_id, envelope_hash, None, None, explicit, parent_execution_id)
+        state = self._executions.reserve(execution_id, now)
+        if state is None:
             raise ExecutionExistsError(execution_id)
-        if parent is not None and parent not in self._states:
-            if queries.trace_status(self._read_engine, parent) is None:
+        return StagedStart(execution_id, envelope_hash, data, state, explicit, parent_execution_id)
+
+    def check_new_in_db(self, start: StagedStart) -> None:
+        """Blocking: refuse an explicit id the database already holds, or a missing parent."""
+        if start.state is None:
+            return
+        if start.explicit and reads.trace_status(self._read_engine, start.execution_id) is not None:
+            raise ExecutionExistsError(start.execution_id)
+        parent = start.parent_execution_id
+        if parent is not None and self._executions.get(parent) is None:
+            if reads.trace_status(self._read_engine, parent) is None:
                 raise ExecutionNotFoundError(parent, hint="fork from an execution that exists")
 
-    def _state_for(self, execution_id: Any) -> _State:
-        """The live state of an execution, or the right error without touching the WAL."""
+    def stage_start(self, sink, start: StagedStart) -> None:
+        """Hand a reserved start to `sink`; events may be staged behind it at once."""
+        state = start.state
+        if state is None:
+            return
+        with state.lock:
+            lsn = sink.put(start.data, None, state, False)
+            if lsn is not None:
+                state.last_lsn = lsn
+            state.status = STATUS_RUNNING
+
+    def cancel_start(self, start: StagedStart) -> None:
+        """Release a reservation that was not staged (no-op once it was)."""
+        if start.state is not None:
+            self._executions.unreserve(start.state)
+
+    def stage_event(self, sink, execution_id: str, type_: str, payload: Any, expected_seq: Optional[int] = None) -> int:
+        """Check and number one event, handing its WAL record to `sink`; returns its seq.
+
+        Raises StageMiss when the execution is not held in memory, or when `expected_seq` (the
+        seq the caller expects the event to get) is not the execution's next seq: the caller
+        resolves those off the hot path (a resend, a closed execution, an unknown id).
+        """
+        if self._closed or self._wal.failed is not None:
+            self._check_recording("event")
+        if type_ == FINAL_RESPONSE:
+            return self.stage_finish(sink, execution_id, payload, expected_seq)
+        if type_ not in KNOWN_EVENT_TYPES:
+            validate_event_type(type_)
+        if not self.config.enabled:
+            return self._disabled_seq(execution_id)
+        state = self._held(execution_id, expected_seq)
+        with state.lock:
+            self._check_open(state)
+            seq = state.next_seq
+            now = self.clock()
+            pj = payload_json(payload, type_)
+            data = encode_event(execution_id, seq, type_, pj, now)
+            if len(data) > wal.MAX_PAYLOAD_BYTES:
+                check_record_size(data)
+            hint = (execution_id, seq, type_, len(data) - len(pj), now) if self._hinting else None
+            sink.put(data, hint, state, False)
+            state.next_seq = seq + 1
+            state.last_activity_ns = now
+        return seq
+
+    def stage_finish(self, sink, execution_id: str, response: dict, expected_seq: Optional[int] = None) -> int:
+        """Check and number the final response, handing it to `sink`, and close the execution as
+        completed; returns its seq (StageMiss as for `stage_event`)."""
+        self._check_recording("finish")
+        response = validate_response(response)
+        if not self.config.enabled:
+            return self._disabled_seq(execution_id)
+        state = self._held(execution_id, expected_seq)
+        with state.lock:
+            self._check_open(state)
+            seq = state.next_seq
+            now = self.clock()
+            data = check_record_size(encode_finish(execution_id, seq, response, now))
+            self._close(sink, state, data, STATUS_COMPLETED, now)
+            state.next_seq = seq + 1
+        return seq
+
+    def stage_status_change(self, sink, execution_id: str, op: str, text: str, *, held_only: bool = False) -> bool:
+        """Hand an invalidation (OP_INVALIDATE) or a recording_failure flag to `sink`. Invalidating
+        an invalidated execution is a no-op. An execution only the database knows is looked up
+        there (blocking); with `held_only`, False is returned for it instead."""
+        validate_text(text, STATUS_TEXT_KEY[op])
+        self._check_recording(op)
+        if not self.config.enabled:
+            return True
         if not isinstance(execution_id, str):
             raise InvalidInputError(f"execution_id must be a string, not {type(execution_id).__name__}")
-        state = self._states.get(execution_id)
-        if state is not None and state.status != _STARTING:
-            return state
-        status = queries.trace_status(self._read_engine, execution_id)
-        if status is None:
-            raise ExecutionNotFoundError(execution_id)
-        raise ExecutionClosedError(execution_id, status)
+        state = self._executions.get(execution_id)
+        if state is None:
+            if held_only:
+                return False
+            status = reads.trace_status(self._read_engine, execution_id)
+            if status is None:
+                raise ExecutionNotFoundError(execution_id)
+            if self._changes(op, execution_id, status):
+                sink.put(check_record_size(encode_status(op, execution_id, text, self.clock())), None, None, False)
+            return True
+        with state.lock:
+            if self._changes(op, execution_id, state.status):
+                now = self.clock()
+                data = check_record_size(encode_status(op, execution_id, text, now))
+                self._close(sink, state, data, STATUS_INVALIDATED if op == OP_INVALIDATE else None, now)
+        return True
+
+    def stage_invalidate(self, sink, execution_id: str, reason: str) -> bool:
+        """Hand an invalidation of an execution held in memory to `sink` (a no-op if it is
+        invalidated already). False if only the database knows it: call `invalidate` off the loop."""
+        return self.stage_status_change(sink, execution_id, OP_INVALIDATE, reason, held_only=True)
 
     @staticmethod
-    def _check_open(state: _State) -> None:
-        if state.status != STATUS_RUNNING:
-            raise ExecutionClosedError(state.execution_id, state.status)
+    def _changes(op: str, execution_id: str, status: str) -> bool:
+        """Whether a status change applies: invalidating twice does nothing, and a recording
+        failure is flagged on running and completed executions only."""
+        if op == OP_INVALIDATE:
+            return status != STATUS_INVALIDATED
+        if status not in (STATUS_RUNNING, STATUS_COMPLETED):
+            raise ExecutionClosedError(execution_id, status)
+        return True
 
-    def _event_doc(self, state: _State, type_: str, payload: Any, now: int) -> tuple[bytes, Optional[tuple]]:
-        """The event's WAL record, and its compaction hint when the in-process compactor takes
-        records from memory (see Compactor's `source`): what decoding the record would give."""
-        if type(payload) is int:
-            _check_bare_int(payload, type_)
-        payload_json = _dumps(payload, f"payload of event {type_!r}", caller_json=True)
-        data = encode_event(state.execution_id, state.next_seq, type_, payload_json, now)
-        if not self._hinting:
-            return data, None
-        return data, (state.execution_id, state.next_seq, type_, len(data) - len(payload_json), now)
+    def stage_abandon(self, sink, execution_id: str, why: str) -> Optional[str]:
+        """Mark a running execution held in memory incomplete now (its agent died), handing the
+        record to `sink`: what recovery does after a crash, without waiting for the sweeper.
 
-    def _finish_doc(self, state: _State, response: Any, now: int) -> bytes:
-        return _dumps(
-            {"op": OP_FINISH, "id": state.execution_id, "seq": state.next_seq,
-             "response": response, "t": now},
-            "final response", caller_json=True,
-        )
+        Returns the status the execution had (incomplete already: nothing staged), or None if
+        only the database knows it.
+        """
+        validate_text(why, "reason")
+        self._check_recording("abandon")
+        state = self._executions.get(execution_id)
+        if state is None:
+            return None
+        status = state.status
+        self._stage_incomplete(sink, state, why)
+        return status
 
-    @staticmethod
-    def _check_response(response: Any) -> dict:
-        if not isinstance(response, Mapping):
-            raise InvalidInputError(
-                f"the final response must be a dict, not {type(response).__name__}",
-                hint='seed 000: for example {"status": "success", "payload": {...}}',
-            )
-        return dict(response)
+    def _stage_incomplete(self, sink, state: ExecutionState, why: str, idle_since_ns: Optional[int] = None) -> bool:
+        with state.lock:
+            if state.status != STATUS_RUNNING:
+                return False
+            if idle_since_ns is not None and state.last_activity_ns > idle_since_ns:
+                # An event was numbered (maybe staged, not yet queued) since the sweep looked:
+                # marking now could put the incomplete record before that event in the log.
+                return False
+            now = self.clock()
+            data = encode_status(OP_INCOMPLETE, state.execution_id, why, now)
+            self._close(sink, state, data, STATUS_INCOMPLETE, now)
+            return True
+
+    def _disabled_seq(self, execution_id: str) -> int:
+        seq = self._disabled_seqs.get(execution_id)
+        if seq is None:
+            raise ExecutionNotFoundError(execution_id, hint="tracing is disabled (enabled = false)")
+        self._disabled_seqs[execution_id] = seq + 1
+        return seq
 
     # -- recording (sync) ----------------------------------------------------------------
     def start(
@@ -531,28 +634,20 @@ class Store:
         parent_execution_id: Optional[str] = None,
         forked_at_seq: Optional[int] = None,
         created_at_ns: Optional[int] = None,
-    ) -> "Execution":
+    ) -> Execution:
         """Start an execution; returns once its start record is durable in the WAL.
 
         `created_at_ns` (ns since the epoch) is for importing executions recorded elsewhere:
         their original creation time; None is now.
         """
         self._check_sync("start")
-        eid, explicit, ehash, data, now = self._prepare_start(
-            intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns
-        )
-        if not self.config.enabled:
-            self._disabled_seqs[eid] = 1
-            return Execution(self, eid, ehash)
-        state = self._reserve(eid, now)
+        start = self.reserve_start(intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns)
         try:
-            self._check_new_in_db(eid, explicit, parent_execution_id)
-            with state.lock:
-                state.last_lsn = self._append(data)
-                state.status = STATUS_RUNNING
+            self.check_new_in_db(start)
+            self.stage_start(self._now, start)
         finally:
-            self._unreserve(state)
-        return Execution(self, eid, ehash)
+            self.cancel_start(start)
+        return Execution(self, start.execution_id, start.envelope_hash)
 
     def event(self, execution_id: str, type: str, payload: Any = None) -> int:
         """Record one event; returns its seq once it is durable in the WAL.
@@ -560,41 +655,18 @@ class Store:
         A FINAL_RESPONSE event is the same as `finish(execution_id, payload)`.
         """
         self._check_sync("event")
-        validate_event_type(type)
-        if type == FINAL_RESPONSE:
-            return self.finish(execution_id, payload)
-        if not self.config.enabled:
-            return self._disabled_seq(execution_id)
-        state = self._state_for(execution_id)
-        with state.lock:
-            self._check_open(state)
-            now = self.clock()
-            data, hint = self._event_doc(state, type, payload, now)
-            lsn = self._append(data, hint)
-            seq = state.next_seq
-            state.next_seq = seq + 1
-            state.last_lsn = lsn
-            state.last_activity_ns = now
-        return seq
+        try:
+            return self.stage_event(self._now, execution_id, type, payload)
+        except StageMiss:
+            raise self.not_held_error(execution_id) from None
 
     def finish(self, execution_id: str, response: dict) -> int:
         """Record FINAL_RESPONSE with `response` and close the execution as completed; returns its seq."""
         self._check_sync("finish")
-        response = self._check_response(response)
-        if not self.config.enabled:
-            return self._disabled_seq(execution_id)
-        state = self._state_for(execution_id)
-        with state.lock:
-            self._check_open(state)
-            now = self.clock()
-            data = self._finish_doc(state, response, now)
-            lsn = self._append(data)
-            seq = state.next_seq
-            state.next_seq = seq + 1
-            state.last_lsn = lsn
-            state.last_activity_ns = now
-            state.status = STATUS_COMPLETED
-        return seq
+        try:
+            return self.stage_finish(self._now, execution_id, response)
+        except StageMiss:
+            raise self.not_held_error(execution_id) from None
 
     def invalidate(self, execution_id: str, reason: str) -> None:
         """Mark an execution invalidated, not replayable (manually_invalidated); durable in the WAL.
@@ -602,88 +674,30 @@ class Store:
         Works on running and closed executions; invalidating twice is a no-op.
         """
         self._check_sync("invalidate")
-        self._status_change(execution_id, OP_INVALIDATE, reason, "reason")
+        self.stage_status_change(self._now, execution_id, OP_INVALIDATE, reason)
 
     def mark_recording_failure(self, execution_id: str, detail: str) -> None:
         """Flag an execution not replayable because its recording is known to be incomplete
-        (seed 000 state 3, recording_failure). Its status does not change."""
+        (recording_failure). Its status does not change."""
         self._check_sync("mark_recording_failure")
-        self._status_change(execution_id, OP_RECORDING_FAILURE, detail, "detail")
+        self.stage_status_change(self._now, execution_id, OP_RECORDING_FAILURE, detail)
 
-    def _status_change(self, execution_id: str, op: str, text: Any, key: str, *, _enqueue_loop=None):
-        if not isinstance(text, str) or not text:
-            raise InvalidInputError(f"{key} must be a non-empty string, got {text!r}")
-        if not self.config.enabled:
-            return None
-        if not isinstance(execution_id, str):
-            raise InvalidInputError(f"execution_id must be a string, not {type(execution_id).__name__}")
-        state = self._states.get(execution_id)
-        if state is None or state.status == _STARTING:
-            status = queries.trace_status(self._read_engine, execution_id)
+    def abandon(self, execution_id: str, why: str) -> str:
+        """Mark a running execution incomplete now because its agent died; returns the status it
+        had (ExecutionNotFoundError if unknown). Durable when it returns."""
+        self._check_sync("abandon")
+        status = self.stage_abandon(self._now, execution_id, why)
+        if status is None:
+            status = reads.trace_status(self._read_engine, execution_id)
             if status is None:
                 raise ExecutionNotFoundError(execution_id)
-            if not self._allowed(op, status):
-                return self._refuse(op, execution_id, status)
-            data = _dumps({"op": op, "id": execution_id, key: text, "t": self.clock()}, key)
-            if _enqueue_loop is not None:
-                return self._enqueue([data], _enqueue_loop)
-            self._append(data)
-            return None
-        with state.lock:
-            if not self._allowed(op, state.status):
-                return self._refuse(op, execution_id, state.status)
-            now = self.clock()
-            data = _dumps({"op": op, "id": execution_id, key: text, "t": now}, key)
-            if _enqueue_loop is not None:
-                fut = self._enqueue([data], _enqueue_loop)
-                state.last_lsn = _PENDING_LSN
-            else:
-                state.last_lsn = self._append(data)
-                fut = None
-            if op == OP_INVALIDATE:
-                state.status = STATUS_INVALIDATED
-            state.last_activity_ns = now
-            return fut
+        return status
 
-    @staticmethod
-    def _allowed(op: str, status: str) -> bool:
-        if op == OP_INVALIDATE:
-            return status != STATUS_INVALIDATED
-        return status in (STATUS_RUNNING, STATUS_COMPLETED)
+    def _open_states(self) -> list[ExecutionState]:
+        return self._executions.with_status(STATUS_RUNNING)
 
-    @staticmethod
-    def _refuse(op: str, execution_id: str, status: str):
-        if op == OP_INVALIDATE:
-            return None  # already invalidated: nothing to do
-        raise ExecutionClosedError(execution_id, status)
-
-    def _disabled_seq(self, execution_id: str) -> int:
-        seq = self._disabled_seqs.get(execution_id)
-        if seq is None:
-            raise ExecutionNotFoundError(execution_id, hint="tracing is disabled (enabled = false)")
-        self._disabled_seqs[execution_id] = seq + 1
-        return seq
-
-    def _open_states(self) -> list[_State]:
-        with self._lock:
-            return [s for s in self._states.values() if s.status == STATUS_RUNNING]
-
-    def _mark_incomplete(self, states: list[_State], why: str, idle_since_ns: Optional[int] = None) -> int:
-        marked = 0
-        for state in states:
-            with state.lock:
-                if state.status != STATUS_RUNNING:
-                    continue
-                if idle_since_ns is not None and state.last_activity_ns > idle_since_ns:
-                    # An event was numbered (maybe staged, not yet queued) since the sweep looked:
-                    # marking now could put the incomplete record before that event in the log.
-                    continue
-                now = self.clock()
-                data = _dumps({"op": OP_INCOMPLETE, "id": state.execution_id, "why": why, "t": now}, "why")
-                state.last_lsn = self._append(data)
-                state.status = STATUS_INCOMPLETE
-                marked += 1
-        return marked
+    def _mark_incomplete(self, states: list[ExecutionState], why: str, idle_since_ns: Optional[int] = None) -> int:
+        return sum(self._stage_incomplete(self._now, s, why, idle_since_ns) for s in states)
 
     def sweep_idle(self, now_ns: Optional[int] = None) -> int:
         """Mark executions with no event for `idle_timeout_s` incomplete; returns how many.
@@ -713,7 +727,7 @@ class Store:
             else:
                 self._compactor.adopt(result.applied_lsn)
                 self._forget_applied(result.applied_lsn)
-                deleted = self._compactor._maybe_mark_applied(self._wal.mark_applied)
+                deleted = self._compactor.release_wal(self._wal.mark_applied)
                 return dataclasses.replace(result, segments_deleted=result.segments_deleted + deleted)
         result = self._compactor.compact(
             self._wal.durable_lsn,
@@ -732,13 +746,7 @@ class Store:
             self._compactor.adopt(db.ensure_checkpoint(self._engine, self.recorder_id, self.clock()))
 
     def _forget_applied(self, applied_lsn: int) -> None:
-        with self._lock:
-            done = [
-                eid for eid, s in self._states.items()
-                if s.status not in (STATUS_RUNNING, _STARTING) and s.last_lsn <= applied_lsn
-            ]
-            for eid in done:
-                del self._states[eid]
+        self._executions.forget_applied(applied_lsn)
 
     def compact(self, *, progress: Optional[Callable[[int, int], None]] = None) -> CompactResult:
         """Apply every durable WAL record to the database now; delete WAL segments it no longer needs."""
@@ -771,7 +779,7 @@ class Store:
                     .where(traces.c.status == STATUS_INVALIDATED)
                 ).scalars().all()
                 for eid in ids:
-                    state = self._states.get(eid)
+                    state = self._executions.get(eid)
                     if state is None:
                         continue
                     with state.lock:
@@ -816,9 +824,9 @@ class Store:
 
     # -- reading -------------------------------------------------------------------------
     def get(self, execution_id: str) -> ExecutionRecord:
-        """The execution's whole record (seed 000's shape), including events not yet compacted."""
+        """The execution's whole record, including events not yet compacted."""
         self._refresh()
-        return queries.read_record(self._read_engine, execution_id)
+        return reads.read_record(self._read_engine, execution_id)
 
     def list(
         self,
@@ -829,13 +837,29 @@ class Store:
     ) -> list[TraceSummary]:
         """Executions by creation time; `since`/`until` are aware datetimes or epoch seconds."""
         self._refresh()
-        return queries.list_traces(self._read_engine, status=status, since=since, until=until, limit=limit)
+        return reads.list_traces(self._read_engine, status=status, since=since, until=until, limit=limit)
 
     def recover(self, *, progress: Optional[Callable[[int, int], None]] = None) -> RecoverResult:
         """Compact, then mark incomplete every running execution that this store is not recording."""
         if self._closed:
             raise StoreClosedError()
-        return recovery.recover(self, progress=progress)
+        return self._recover(progress=progress)
+
+    def _recover(self, *, at_open: bool = False, progress=None) -> RecoverResult:
+        with self._compact_lock:
+            result = recovery.recover(
+                compact=self._compact_locked,
+                engine=self._read_engine,
+                recorder_id=self.recorder_id,
+                recording={s.execution_id for s in self._open_states()},
+                append_many=self._wal.append_many,
+                now_ns=self.clock(),
+                why="recovery" if at_open else "recover",
+                progress=progress,
+            )
+        if at_open:
+            result = dataclasses.replace(result, wal_truncated_bytes=self._wal.open_result.truncated_bytes)
+        return result
 
     def prune(
         self,
@@ -871,550 +895,27 @@ class Store:
         return _verify(self._read_engine, execution_id)
 
 
-    # -- staged recording: the sidecar's batched path ---------------------------------------
-    # `tracedb serve` (tracedb/sidecar/store_backend.py) stages every request of one socket read
-    # on its event loop, then appends them with one WAL call and one future: a future and a
-    # coroutine per event would cost more CPU than the rest of the event's path. Staging checks
-    # and numbers exactly as `event` does, under the execution's lock; one thread (the server's
-    # loop) stages and appends, batch after batch, so each execution's seq order is its LSN order.
 
+    # -- what the sidecar asks on its hot path ----------------------------------------------
     def next_seq(self, execution_id: str) -> Optional[int]:
         """The seq the next event of an execution held in memory gets; None if only the database
         knows the execution (closed and compacted, or never seen)."""
-        state = self._states.get(execution_id)
-        if state is None or state.status == _STARTING:
-            return None
-        return state.next_seq
-
-    def _staged_state(self, execution_id: str, expected_seq: Optional[int]) -> _State:
-        state = self._states.get(execution_id)
-        if state is None or state.status == _STARTING:
-            raise StageMiss(execution_id, None)
-        if expected_seq is not None and expected_seq != state.next_seq:
-            raise StageMiss(execution_id, state.next_seq)
-        return state
-
-    @staticmethod
-    def _check_size(data: bytes) -> bytes:
-        if len(data) > wal.MAX_PAYLOAD_BYTES:
-            raise InvalidInputError(
-                f"record of {len(data)} bytes exceeds the WAL's limit of {wal.MAX_PAYLOAD_BYTES}",
-                hint="store large blobs elsewhere and record a reference",
-            )
-        return data
-
-    def stage_event(
-        self, batch: "StagedBatch", execution_id: str, type_: str, payload: Any,
-        expected_seq: Optional[int] = None,
-    ) -> int:
-        """Check and number one event as `event` does, framing its WAL record into `batch`.
-
-        Raises StageMiss when the execution is not held in memory, or when `expected_seq` (the
-        seq the caller expects the event to get) is not the execution's next seq: the caller
-        resolves those off the hot path (a resend, a closed execution, an unknown id).
-        """
-        if self._closed or self._wal.failed is not None:
-            self._check_recording("event")
-        if type_ == FINAL_RESPONSE:
-            return self.stage_finish(batch, execution_id, payload, expected_seq)
-        if type_ not in SEED_004_EVENT_TYPES and type_ not in SEED_002_EVENT_TYPES:
-            validate_event_type(type_)
-        if not self.config.enabled:
-            return self._disabled_seq(execution_id)
-        state = self._staged_state(execution_id, expected_seq)
-        with state.lock:
-            if state.status != STATUS_RUNNING:
-                raise ExecutionClosedError(execution_id, state.status)
-            seq = state.next_seq
-            now = self.clock()
-            if type(payload) is int:
-                _check_bare_int(payload, type_)
-            try:
-                payload_json = orjson.dumps(payload, option=_DUMP_OPTS)
-            except TypeError as e:
-                raise InvalidInputError(
-                    f"payload of event {type_!r} is not JSON-serialisable: {e}",
-                    hint="pass dicts, lists, strings, numbers, booleans and None only",
-                ) from None
-            data = encode_event(execution_id, seq, type_, payload_json, now)
-            if len(data) > wal.MAX_PAYLOAD_BYTES:
-                self._check_size(data)
-            if self._hinting:
-                batch.hints[len(batch.payloads)] = (execution_id, seq, type_, len(data) - len(payload_json), now)
-            batch.payloads.append(data)
-            state.next_seq = seq + 1
-            state.last_activity_ns = now
-        return seq
-
-    def stage_finish(
-        self, batch: "StagedBatch", execution_id: str, response: dict, expected_seq: Optional[int] = None
-    ) -> int:
-        """Check and number the final response as `finish` does, framing it into `batch`
-        (StageMiss as for `stage_event`)."""
-        self._check_recording("finish")
-        response = self._check_response(response)
-        if not self.config.enabled:
-            return self._disabled_seq(execution_id)
-        state = self._staged_state(execution_id, expected_seq)
-        with state.lock:
-            self._check_open(state)
-            now = self.clock()
-            data = self._check_size(self._finish_doc(state, response, now))
-            batch.closing.append((len(batch.payloads), state))
-            batch.payloads.append(data)
-            seq = state.next_seq
-            state.next_seq = seq + 1
-            state.last_activity_ns = now
-            state.status = STATUS_COMPLETED
-            state.last_lsn = _PENDING_LSN  # not forgotten before its record is applied
-        return seq
-
-    def stage_invalidate(self, batch: "StagedBatch", execution_id: str, reason: str) -> bool:
-        """Frame an invalidation of an execution held in memory into `batch` (a no-op if it is
-        invalidated already). False if only the database knows it: call `invalidate` off the loop."""
-        if not isinstance(reason, str) or not reason:
-            raise InvalidInputError(f"reason must be a non-empty string, got {reason!r}")
-        self._check_recording("invalidate")
-        if not self.config.enabled:
-            return True
-        state = self._states.get(execution_id)
-        if state is None or state.status == _STARTING:
-            return False
-        with state.lock:
-            if self._allowed(OP_INVALIDATE, state.status):
-                now = self.clock()
-                doc = {"op": OP_INVALIDATE, "id": execution_id, "reason": reason, "t": now}
-                batch.closing.append((len(batch.payloads), state))
-                batch.payloads.append(self._check_size(_dumps(doc, "reason")))
-                state.status = STATUS_INVALIDATED
-                state.last_lsn = _PENDING_LSN
-                state.last_activity_ns = now
-        return True
-
-    def stage_abandon(self, batch: "StagedBatch", execution_id: str, why: str) -> Optional[str]:
-        """Mark a running execution held in memory incomplete now (its agent died), framing the
-        record into `batch`: what recovery does after a crash, without waiting for the sweeper.
-
-        Returns the status the execution had (incomplete already: nothing staged), or None if
-        only the database knows it.
-        """
-        if not isinstance(why, str) or not why:
-            raise InvalidInputError(f"reason must be a non-empty string, got {why!r}")
-        self._check_recording("abandon")
-        state = self._states.get(execution_id)
-        if state is None or state.status == _STARTING:
-            return None
-        with state.lock:
-            status = state.status
-            if status == STATUS_RUNNING:
-                now = self.clock()
-                doc = {"op": OP_INCOMPLETE, "id": execution_id, "why": why, "t": now}
-                batch.closing.append((len(batch.payloads), state))
-                batch.payloads.append(self._check_size(_dumps(doc, "reason")))
-                state.status = STATUS_INCOMPLETE
-                state.last_lsn = _PENDING_LSN
-                state.last_activity_ns = now
-        return status
-
-    def abandon(self, execution_id: str, why: str) -> str:
-        """Sync twin of `stage_abandon` for in-process recording; returns the previous status
-        (ExecutionNotFoundError if unknown). Durable when it returns."""
-        self._check_sync("abandon")
-        batch = StagedBatch()
-        status = self.stage_abandon(batch, execution_id, why)
-        if status is None:
-            status = queries.trace_status(self._read_engine, execution_id)
-            if status is None:
-                raise ExecutionNotFoundError(execution_id)
-            return status
-        if batch.payloads:
-            for i, state in batch.closing:
-                state.last_lsn = self._append(batch.payloads[i])
-        return status
-
-    def reserve_start(
-        self, intent, envelope, execution_id=None, parent_execution_id=None, forked_at_seq=None
-    ) -> "StagedStart":
-        """Validate a start and reserve its id (ExecutionExistsError if it is held in memory).
-
-        Then, off the event loop, `check_new_in_db` (it queries the database); then `stage_start`,
-        or `cancel_start` if anything failed.
-        """
-        self._check_recording("start")
-        eid, explicit, ehash, data, now = self._prepare_start(
-            intent, envelope, execution_id, parent_execution_id, forked_at_seq
-        )
-        if not self.config.enabled:
-            self._disabled_seqs[eid] = 1
-            return StagedStart(eid, ehash, None, None, explicit, parent_execution_id)
-        state = self._reserve(eid, now)
-        return StagedStart(eid, ehash, self._check_size(data), state, explicit, parent_execution_id)
-
-    def check_new_in_db(self, start: "StagedStart") -> None:
-        """Blocking: refuse an explicit id the database already holds, or a missing parent."""
-        if start.state is not None:
-            self._check_new_in_db(start.execution_id, start.explicit, start.parent_execution_id)
-
-    def stage_start(self, batch: "StagedBatch", start: "StagedStart") -> None:
-        """Frame a reserved start into `batch`; events may be staged behind it at once."""
-        if start.state is None:
-            return
-        with start.state.lock:
-            batch.payloads.append(start.data)
-            start.state.status = STATUS_RUNNING
-
-    def cancel_start(self, start: "StagedStart") -> None:
-        """Release a reservation that will not be staged."""
-        if start.state is not None:
-            self._unreserve(start.state)
-
-    def append_staged(self, batch: "StagedBatch", loop) -> Optional[asyncio.Future]:
-        """Append a batch's records with one WAL call; the future (of `loop`) resolves to their
-        LSNs once they are durable. None for an empty batch."""
-        if not batch.payloads:
-            return None
-        fut = self._enqueue(batch.payloads, loop, batch.hints or None)
-        closing = batch.closing
-        if closing:
-
-            def _set_lsns(f: asyncio.Future) -> None:
-                if f.cancelled() or f.exception() is not None:
-                    return
-                lsns = f.result()
-                for i, state in closing:
-                    if state.last_lsn == _PENDING_LSN:
-                        state.last_lsn = lsns[i]
-
-            fut.add_done_callback(_set_lsns)
-        if not self._wake.is_set():  # Event.set() takes a lock even when already set
-            self._note_append()
-        return fut
+        state = self._executions.get(execution_id)
+        return None if state is None else state.next_seq
 
     def status_of(self, execution_id: str) -> Optional[str]:
         """An execution's status, from memory or else the database (blocking); None if unknown."""
-        state = self._states.get(execution_id)
-        if state is not None and state.status != _STARTING:
+        state = self._executions.get(execution_id)
+        if state is not None:
             return state.status
-        return queries.trace_status(self._read_engine, execution_id)
+        return reads.trace_status(self._read_engine, execution_id)
 
     @property
     def open_executions(self) -> int:
         """How many executions are recording (status running)."""
-        return sum(1 for s in list(self._states.values()) if s.status == STATUS_RUNNING)
-
-
-class StageMiss(Exception):
-    """`Store.stage_event` cannot decide on the hot path: the execution is not held in memory
-    (`next_seq` None), or the caller's expected seq is not `next_seq`."""
-
-    def __init__(self, execution_id: str, next_seq: Optional[int]):
-        super().__init__(execution_id, next_seq)
-        self.execution_id = execution_id
-        self.next_seq = next_seq
-
-
-class StagedBatch:
-    """WAL records staged for one append (see `Store.stage_event`)."""
-
-    __slots__ = ("payloads", "closing", "hints")
-
-    def __init__(self) -> None:
-        self.payloads: list[bytes] = []
-        self.hints: dict[int, tuple] = {}  # index in payloads -> the event's compaction hint
-        self.closing: list[tuple[int, _State]] = []  # (index in payloads, state) of closing records
-
-
-class StagedStart:
-    """A start validated and reserved by `Store.reserve_start`, not yet staged."""
-
-    __slots__ = ("execution_id", "envelope_hash", "data", "state", "explicit", "parent_execution_id")
-
-    def __init__(self, execution_id, envelope_hash, data, state, explicit, parent_execution_id):
-        self.execution_id = execution_id
-        self.envelope_hash = envelope_hash
-        self.data = data
-        self.state = state
-        self.explicit = explicit
-        self.parent_execution_id = parent_execution_id
-
-
-class Execution:
-    """One execution being recorded: `event()`, then `finish()`."""
-
-    def __init__(self, store: Store, execution_id: str, envelope_hash: str):
-        self.store = store
-        self.execution_id = execution_id
-        self.envelope_hash = envelope_hash
-
-    def event(self, type: str, payload: Any = None) -> int:
-        """Record an event; returns its seq once durable."""
-        return self.store.event(self.execution_id, type, payload)
-
-    def finish(self, response: dict) -> int:
-        """Record the final response (FINAL_RESPONSE); returns its seq once durable."""
-        return self.store.finish(self.execution_id, response)
-
-    def invalidate(self, reason: str) -> None:
-        """Mark this execution invalidated (manually_invalidated)."""
-        self.store.invalidate(self.execution_id, reason)
-
-    def mark_recording_failure(self, detail: str) -> None:
-        """Flag this execution not replayable (recording_failure)."""
-        self.store.mark_recording_failure(self.execution_id, detail)
-
-    def get(self) -> ExecutionRecord:
-        """This execution's record so far."""
-        return self.store.get(self.execution_id)
-
-    def __repr__(self) -> str:
-        return f"Execution({self.execution_id!r})"
-
-
-class AsyncStore:
-    """The asyncio twin of `Store`: the same names, awaited; never blocks the event loop.
-
-    Appends are enqueued on the WAL's group commit and awaited through a future; database work runs
-    in the default executor.
-    """
-
-    def __init__(self, store: Store):
-        self.store = store
-
-    @property
-    def config(self) -> Config:
-        return self.store.config
-
-    async def __aenter__(self) -> "AsyncStore":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-    async def _run(self, fn, *args, **kwargs):
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: fn(*args, **kwargs))
-
-    async def start(
-        self,
-        intent: str,
-        envelope: dict,
-        execution_id: Optional[str] = None,
-        *,
-        parent_execution_id: Optional[str] = None,
-        forked_at_seq: Optional[int] = None,
-    ) -> "AsyncExecution":
-        """Start an execution; returns once its start record is durable."""
-        s = self.store
-        s._check_recording("start")
-        eid, explicit, ehash, data, now = s._prepare_start(
-            intent, envelope, execution_id, parent_execution_id, forked_at_seq
-        )
-        if not s.config.enabled:
-            s._disabled_seqs[eid] = 1
-            return AsyncExecution(self, eid, ehash)
-        state = s._reserve(eid, now)
-        try:
-            if explicit or parent_execution_id is not None:
-                await self._run(s._check_new_in_db, eid, explicit, parent_execution_id)
-            with state.lock:
-                fut = s._enqueue([data], asyncio.get_running_loop())
-        except BaseException:
-            s._unreserve(state)
-            raise
-
-        def started(lsn: int) -> None:
-            state.last_lsn = lsn
-            state.status = STATUS_RUNNING
-
-        # Once queued, the start is the WAL's: a cancelled caller must not drop the reservation
-        # of an execution whose start record is about to be durable.
-        state.start_fut = fut
-        await _when_durable(fut, started, lambda: s._unreserve(state))
-        s._note_append()
-        return AsyncExecution(self, eid, ehash)
-
-    async def _state(self, execution_id) -> _State:
-        s = self.store
-        state = s._states.get(execution_id) if isinstance(execution_id, str) else None
-        if state is not None and state.status == _STARTING and state.start_fut is not None:
-            # Its start was queued by a caller that did not wait for it: wait here instead.
-            try:
-                await asyncio.shield(state.start_fut)
-            except Exception:  # noqa: BLE001 - the WAL failed; the lookup below says so
-                pass
-        if state is not None and state.status != _STARTING:
-            return state
-        return await self._run(s._state_for, execution_id)
-
-    async def event(self, execution_id: str, type: str, payload: Any = None) -> int:
-        """Record one event; returns its seq once durable."""
-        s = self.store
-        s._check_recording("event")
-        validate_event_type(type)
-        if type == FINAL_RESPONSE:
-            return await self.finish(execution_id, payload)
-        if not s.config.enabled:
-            return s._disabled_seq(execution_id)
-        state = await self._state(execution_id)
-        # The lock is held only to number and enqueue (no I/O), so the loop is never blocked on
-        # an fsync; the seq is taken at once, LSN order follows enqueue order.
-        with state.lock:
-            s._check_open(state)
-            now = s.clock()
-            data, hint = s._event_doc(state, type, payload, now)
-            fut = s._enqueue([data], asyncio.get_running_loop(), None if hint is None else {0: hint})
-            seq = state.next_seq
-            state.next_seq = seq + 1
-            state.last_activity_ns = now
-
-        def applied(lsn: int) -> None:
-            state.last_lsn = max(state.last_lsn, lsn)
-
-        await _when_durable(fut, applied)
-        s._note_append()
-        return seq
-
-    async def finish(self, execution_id: str, response: dict) -> int:
-        """Record the final response and close the execution; returns its seq once durable."""
-        s = self.store
-        s._check_recording("finish")
-        response = s._check_response(response)
-        if not s.config.enabled:
-            return s._disabled_seq(execution_id)
-        state = await self._state(execution_id)
-        with state.lock:
-            s._check_open(state)
-            now = s.clock()
-            data = s._finish_doc(state, response, now)
-            fut = s._enqueue([data], asyncio.get_running_loop())
-            seq = state.next_seq
-            state.next_seq = seq + 1
-            state.last_activity_ns = now
-            state.status = STATUS_COMPLETED
-            # Not forgotten before its finish record is applied (see _forget_applied).
-            state.last_lsn = _PENDING_LSN
-
-        def finished(lsn: int) -> None:
-            state.last_lsn = lsn
-
-        await _when_durable(fut, finished)
-        s._note_append()
-        return seq
-
-    async def invalidate(self, execution_id: str, reason: str) -> None:
-        """Mark an execution invalidated (manually_invalidated); durable when this returns."""
-        await self._status_change(execution_id, OP_INVALIDATE, reason, "reason")
-
-    async def mark_recording_failure(self, execution_id: str, detail: str) -> None:
-        """Flag an execution not replayable (recording_failure)."""
-        await self._status_change(execution_id, OP_RECORDING_FAILURE, detail, "detail")
-
-    async def _status_change(self, execution_id, op, text, key) -> None:
-        s = self.store
-        s._check_recording(op)
-        loop = asyncio.get_running_loop()
-        state = s._states.get(execution_id) if isinstance(execution_id, str) else None
-        if state is None or state.status == _STARTING:
-            # Needs a database lookup: do it off the loop, and append from there too.
-            fut = await self._run(s._status_change, execution_id, op, text, key, _enqueue_loop=loop)
-        else:
-            fut = s._status_change(execution_id, op, text, key, _enqueue_loop=loop)
-        if fut is not None:
-
-            def changed(lsn: int) -> None:
-                if state is not None and state.last_lsn == _PENDING_LSN:
-                    state.last_lsn = lsn
-
-            await _when_durable(fut, changed)
-
-    async def get(self, execution_id: str) -> ExecutionRecord:
-        """The execution's whole record."""
-        return await self._run(self.store.get, execution_id)
-
-    async def list(self, status=None, since=None, until=None, limit=None) -> list[TraceSummary]:
-        """Executions by creation time, filtered."""
-        return await self._run(self.store.list, status, since, until, limit)
-
-    async def compact(self, **kw) -> CompactResult:
-        """Apply every durable WAL record to the database now."""
-        return await self._run(self.store.compact, **kw)
-
-    async def recover(self, **kw) -> RecoverResult:
-        """Compact and mark orphaned running executions incomplete."""
-        return await self._run(self.store.recover, **kw)
-
-    async def prune(self, older_than_s=None, dry_run=False, **kw) -> PruneResult:
-        """Delete old terminal traces."""
-        return await self._run(self.store.prune, older_than_s, dry_run, **kw)
-
-    async def pin(self, execution_id: str) -> None:
-        """Keep a trace forever."""
-        await self._run(self.store.pin, execution_id)
-
-    async def unpin(self, execution_id: str) -> None:
-        """Let prune delete a trace again."""
-        await self._run(self.store.unpin, execution_id)
-
-    async def verify(self, execution_id: Optional[str] = None) -> VerifyResult:
-        """Check hashes, event order and database integrity."""
-        return await self._run(self.store.verify, execution_id)
-
-    async def sweep_idle(self, now_ns: Optional[int] = None) -> int:
-        """Mark idle executions incomplete."""
-        return await self._run(self.store.sweep_idle, now_ns)
-
-    async def close(self) -> None:
-        """Close the store (marks running executions incomplete, compacts, releases the lock)."""
-        self.store._wal.detach_loop()  # waits for the fdatasync (or rotation) under way
-        await self._run(self.store.close)
-
-
-class AsyncExecution:
-    """The asyncio twin of `Execution`."""
-
-    def __init__(self, astore: AsyncStore, execution_id: str, envelope_hash: str):
-        self.astore = astore
-        self.execution_id = execution_id
-        self.envelope_hash = envelope_hash
-
-    async def event(self, type: str, payload: Any = None) -> int:
-        """Record an event; returns its seq once durable."""
-        return await self.astore.event(self.execution_id, type, payload)
-
-    async def finish(self, response: dict) -> int:
-        """Record the final response; returns its seq once durable."""
-        return await self.astore.finish(self.execution_id, response)
-
-    async def invalidate(self, reason: str) -> None:
-        """Mark this execution invalidated."""
-        await self.astore.invalidate(self.execution_id, reason)
-
-    async def mark_recording_failure(self, detail: str) -> None:
-        """Flag this execution not replayable (recording_failure)."""
-        await self.astore.mark_recording_failure(self.execution_id, detail)
-
-    async def get(self) -> ExecutionRecord:
-        """This execution's record so far."""
-        return await self.astore.get(self.execution_id)
-
-    def __repr__(self) -> str:
-        return f"AsyncExecution({self.execution_id!r})"
+        return self._executions.count(STATUS_RUNNING)
 
 
 def open_store(data_dir=None, *, config=None, clock: Optional[Callable[[], int]] = None) -> Store:
     """Open (creating if needed) the data directory for recording; runs recovery first."""
     return Store(as_config(config, data_dir), clock=clock)
-
-
-async def open_store_async(data_dir=None, *, config=None, clock=None) -> AsyncStore:
-    """Open the data directory for asyncio callers; recovery runs in a worker thread."""
-    loop = asyncio.get_running_loop()
-    cfg = as_config(config, data_dir)
-    store = await loop.run_in_executor(None, lambda: Store(cfg, clock=clock))
-    if cfg.wal_aio:
-        try:
-            store._wal.attach_loop()  # this loop flushes its own appends (wal.Wal.attach_loop)
-        except BaseException:
-            await loop.run_in_executor(None, store.close)
-            raise
-    return AsyncStore(store)

@@ -27,7 +27,7 @@ from tracedb.models import traces
 from .conftest import Broken, Upper, envelope, make_router
 
 from intentusnet import FileExecutionStore, ReplayEngine, RoutingStrategy  # noqa: E402  (skipped above without it)
-from tracedb.compactor import decode_record  # noqa: E402
+from tracedb.codec import decode_record  # noqa: E402
 from intentusnet.recording.models import ExecutionRecord as IntentusNetRecord  # noqa: E402
 from intentusnet.recording.models import stable_hash  # noqa: E402
 from intentusnet.recording.replay import ReplayError  # noqa: E402

@@ -330,7 +330,7 @@ def _record_mixed(store, n=12):
         elif i % 3 == 1:
             ex.invalidate("operator said so")
 
-    from tracedb.store import StagedBatch
+    from tracedb.state import StagedBatch
 
     store.start("staged", {"via": "the sidecar's staging"}, "exec-staged")
 

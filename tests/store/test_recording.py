@@ -369,7 +369,7 @@ def test_second_opener_gets_store_in_use(open_store, data_dir):
 
 
 def test_staged_batches_number_validate_and_append_together(data_dir, clock):
-    from tracedb.store import StagedBatch
+    from tracedb.state import StagedBatch
 
     async def scenario():
         astore = await tracedb.open_async(data_dir, config={"compact_interval_ms": 0}, clock=clock)

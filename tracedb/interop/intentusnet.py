@@ -176,7 +176,7 @@ class ParsedRecord:
 
 
 def _tracedb_type(type_: Any, seq: int) -> str:
-    from ..store import validate_event_type
+    from ..validation import validate_event_type
 
     if not isinstance(type_, str) or not type_:
         raise InvalidInputError(f"event {seq}: type must be a non-empty string, got {type_!r}")

@@ -21,7 +21,8 @@ import wal
 from ..errors import ExecutionClosedError, ExecutionExistsError, ExecutionNotFoundError
 from ..models import TERMINAL_STATUSES
 from ..record import FINAL_RESPONSE, compute_envelope_hash
-from ..store import AsyncStore, StagedBatch, StageMiss
+from ..state import StagedBatch, StageMiss
+from ..store_async import AsyncStore
 from . import protocol as P
 from .backend import IN_BATCH, BackendStats, Deferred, Staged
 
@@ -361,7 +362,7 @@ class StoreBackend:
     def stats(self) -> BackendStats:
         """Numbers for /metrics and /health."""
         store = self.store
-        w = store._wal
+        w = store.wal
         durable = w.durable_lsn
         applied = store.applied_lsn
         lag = max(0, durable - applied)
@@ -396,7 +397,7 @@ class StoreBackend:
 
     def set_group_observer(self, observer) -> None:
         """Report each WAL group commit (records, bytes, write+fdatasync seconds) to `observer`."""
-        w = self.store._wal
+        w = self.store.wal
         prev = [w.durable_lsn]
 
         def on_group(nbytes: int, seconds: float) -> None:

@@ -1,0 +1,85 @@
+"""tracedb's WAL records: their kinds, and how each is written and read back.
+
+An event, the bulk of a log, is framed so that its payload goes into `trace_steps` as the JSON text
+the recorder serialised, never decoded and encoded again by the compactor:
+
+    0x01, JSON array [id, seq, type, t], "\\n", payload JSON
+
+Every other record is one orjson document:
+
+    {"op": "start", "id", "intent", "envelope", "hash", "t", ["parent", "fork_seq"]}
+    {"op": "finish", "id", "seq", "response", "t"}            -> a FINAL_RESPONSE step
+    {"op": "invalidate", "id", "reason", "t"}
+    {"op": "incomplete", "id", "why", "t"}
+    {"op": "recording_failure", "id", "detail", "t"}
+
+The store writes them (`tracedb.store`), the compactor and recovery read them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import orjson
+
+from .validation import ENVELOPE_OPTS, dumps, dumps_checked
+
+OP_START = "start"
+OP_EVENT = "event"  # what `decode_record` calls a framed event
+OP_FINISH = "finish"
+OP_INVALIDATE = "invalidate"
+OP_INCOMPLETE = "incomplete"
+OP_RECORDING_FAILURE = "recording_failure"
+# The key holding each status change's text.
+STATUS_TEXT_KEY = {OP_INVALIDATE: "reason", OP_INCOMPLETE: "why", OP_RECORDING_FAILURE: "detail"}
+
+EVENT_TAG = 0x01  # never the first byte of a JSON document
+
+
+def encode_event(execution_id: str, seq: int, type_: str, payload_json: bytes, t: int) -> bytes:
+    """One event's record; `payload_json` is the payload already serialised."""
+    # JSON escapes newlines inside strings, so the first b"\n" ends the header.
+    return b"\x01" + orjson.dumps((execution_id, seq, type_, t)) + b"\n" + payload_json
+
+
+def event_payload_offset(record: bytes, payload_json: bytes) -> int:
+    """Where the payload starts inside an event's record."""
+    return len(record) - len(payload_json)
+
+
+def encode_start(
+    execution_id: str, intent: str, envelope: dict, envelope_hash: str, t: int,
+    parent_execution_id: Optional[str] = None, forked_at_seq: Optional[int] = None,
+) -> bytes:
+    """A start record; the envelope is serialised the way it was hashed."""
+    doc: dict[str, Any] = {
+        "op": OP_START, "id": execution_id, "intent": intent, "envelope": envelope,
+        "hash": envelope_hash, "t": t,
+    }
+    if parent_execution_id is not None:
+        doc["parent"] = parent_execution_id
+        doc["fork_seq"] = forked_at_seq
+    return dumps_checked(doc, "envelope", ENVELOPE_OPTS, default=str)
+
+
+def encode_finish(execution_id: str, seq: int, response: dict, t: int) -> bytes:
+    """The final response's record (a FINAL_RESPONSE step once compacted)."""
+    return dumps_checked(
+        {"op": OP_FINISH, "id": execution_id, "seq": seq, "response": response, "t": t}, "final response"
+    )
+
+
+def encode_status(op: str, execution_id: str, text: str, t: int) -> bytes:
+    """A status change: invalidate, incomplete or recording_failure, with its text."""
+    key = STATUS_TEXT_KEY[op]
+    return dumps({"op": op, "id": execution_id, key: text, "t": t}, key)
+
+
+def decode_record(raw: bytes) -> dict:
+    """One record as a document, events in the shape {"op": "event", "id", "seq", "type",
+    "payload", "t"} (for tools and tests; the compactor itself never decodes event payloads)."""
+    if raw[:1] == b"\x01":
+        cut = raw.index(b"\n")
+        eid, seq, type_, t = orjson.loads(raw[1:cut])
+        return {"op": OP_EVENT, "id": eid, "seq": seq, "type": type_, "payload": orjson.loads(raw[cut + 1 :]), "t": t}
+    return orjson.loads(raw)

@@ -1,0 +1,206 @@
+"""The asyncio twin of the embedded store: the same names, awaited; never blocks the event loop.
+
+Records are numbered by the store's own `stage_*` calls and queued on the WAL's group commit under
+the execution's lock; the caller awaits a future that resolves once they are durable. With
+`[wal] aio` on, the event loop itself writes each group and runs its fdatasync (`wal.Wal.attach_loop`).
+Database work runs in the default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Optional
+
+from . import handles
+from .codec import OP_INVALIDATE, OP_RECORDING_FAILURE
+from .compactor import CompactResult
+from .config import Config, as_config
+from .record import ExecutionRecord, TraceSummary
+from .recovery import RecoverResult
+from .retention import PruneResult
+from .state import StagedBatch, StageMiss
+from .store import Store
+from .verify import VerifyResult
+
+
+class _Queue:
+    """A sink that queues each record on the WAL as it is handed over (under the execution's
+    lock, so LSN order follows seq order); `durable()` waits for the last one."""
+
+    __slots__ = ("store", "loop", "future")
+
+    def __init__(self, store: Store, loop: asyncio.AbstractEventLoop):
+        self.store = store
+        self.loop = loop
+        self.future: Optional[asyncio.Future] = None
+
+    def put(self, data: bytes, hint, state, closing: bool) -> None:
+        batch = StagedBatch()
+        batch.put(data, hint, state, closing)
+        self.future = self.store.append_staged(batch, self.loop)
+
+    async def durable(self) -> None:
+        """Wait until what was handed over is durable. Cancelling the caller never cancels the
+        record, which the WAL writes anyway (the wait is shielded)."""
+        if self.future is not None:
+            await asyncio.shield(self.future)
+            self.store.note_append()
+
+
+class AsyncStore:
+    """The asyncio twin of `Store`: the same names, awaited."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    @property
+    def config(self) -> Config:
+        """The store's resolved configuration."""
+        return self.store.config
+
+    async def __aenter__(self) -> "AsyncStore":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _run(self, fn, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: fn(*args, **kwargs))
+
+    def _sink(self) -> _Queue:
+        return _Queue(self.store, asyncio.get_running_loop())
+
+    async def start(
+        self,
+        intent: str,
+        envelope: dict,
+        execution_id: Optional[str] = None,
+        *,
+        parent_execution_id: Optional[str] = None,
+        forked_at_seq: Optional[int] = None,
+        created_at_ns: Optional[int] = None,
+    ) -> "AsyncExecution":
+        """Start an execution; returns once its start record is durable."""
+        s = self.store
+        start = s.reserve_start(intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns)
+        sink = self._sink()
+        try:
+            if start.state is not None and (start.explicit or parent_execution_id is not None):
+                await self._run(s.check_new_in_db, start)
+            # Once queued, the start is the WAL's: a cancelled caller does not take it back.
+            s.stage_start(sink, start)
+        finally:
+            s.cancel_start(start)
+        await sink.durable()
+        return AsyncExecution(self, start.execution_id, start.envelope_hash)
+
+    async def _stage(self, stage: Callable[..., int], execution_id, *args) -> int:
+        sink = self._sink()
+        try:
+            seq = stage(sink, execution_id, *args)
+        except StageMiss:
+            raise await self._run(self.store.not_held_error, execution_id) from None
+        await sink.durable()
+        return seq
+
+    async def event(self, execution_id: str, type: str, payload: Any = None) -> int:
+        """Record one event; returns its seq once durable."""
+        return await self._stage(self.store.stage_event, execution_id, type, payload)
+
+    async def finish(self, execution_id: str, response: dict) -> int:
+        """Record the final response and close the execution; returns its seq once durable."""
+        return await self._stage(self.store.stage_finish, execution_id, response)
+
+    async def invalidate(self, execution_id: str, reason: str) -> None:
+        """Mark an execution invalidated (manually_invalidated); durable when this returns."""
+        await self._status_change(execution_id, OP_INVALIDATE, reason)
+
+    async def mark_recording_failure(self, execution_id: str, detail: str) -> None:
+        """Flag an execution not replayable (recording_failure)."""
+        await self._status_change(execution_id, OP_RECORDING_FAILURE, detail)
+
+    async def _status_change(self, execution_id: str, op: str, text: str) -> None:
+        s = self.store
+        sink = self._sink()
+        if not s.stage_status_change(sink, execution_id, op, text, held_only=True):
+            # Only the database knows it: look it up off the loop, and hand over from there.
+            await self._run(s.stage_status_change, sink, execution_id, op, text)
+        await sink.durable()
+
+    async def abandon(self, execution_id: str, why: str) -> str:
+        """Mark a running execution incomplete now because its agent died; returns the status it had."""
+        sink = self._sink()
+        status = self.store.stage_abandon(sink, execution_id, why)
+        if status is None:
+            return await self._run(self.store.abandon, execution_id, why)
+        await sink.durable()
+        return status
+
+    async def get(self, execution_id: str) -> ExecutionRecord:
+        """The execution's whole record."""
+        return await self._run(self.store.get, execution_id)
+
+    async def list(self, status=None, since=None, until=None, limit=None) -> list[TraceSummary]:
+        """Executions by creation time, filtered."""
+        return await self._run(self.store.list, status, since, until, limit)
+
+    async def compact(self, **kw) -> CompactResult:
+        """Apply every durable WAL record to the database now."""
+        return await self._run(self.store.compact, **kw)
+
+    async def recover(self, **kw) -> RecoverResult:
+        """Compact and mark orphaned running executions incomplete."""
+        return await self._run(self.store.recover, **kw)
+
+    async def prune(self, older_than_s=None, dry_run=False, **kw) -> PruneResult:
+        """Delete old terminal traces."""
+        return await self._run(self.store.prune, older_than_s, dry_run, **kw)
+
+    async def pin(self, execution_id: str) -> None:
+        """Keep a trace forever."""
+        await self._run(self.store.pin, execution_id)
+
+    async def unpin(self, execution_id: str) -> None:
+        """Let prune delete a trace again."""
+        await self._run(self.store.unpin, execution_id)
+
+    async def verify(self, execution_id: Optional[str] = None) -> VerifyResult:
+        """Check hashes, event order and database integrity."""
+        return await self._run(self.store.verify, execution_id)
+
+    async def sweep_idle(self, now_ns: Optional[int] = None) -> int:
+        """Mark idle executions incomplete."""
+        return await self._run(self.store.sweep_idle, now_ns)
+
+    async def close(self) -> None:
+        """Close the store (marks running executions incomplete, compacts, releases the lock)."""
+        self.store.wal.detach_loop()  # waits for the fdatasync (or rotation) under way
+        await self._run(self.store.close)
+
+
+class AsyncExecution(handles.AsyncExecution):
+    """One execution being recorded through an `AsyncStore`."""
+
+    async def mark_recording_failure(self, detail: str) -> None:
+        """Flag this execution not replayable (recording_failure)."""
+        await self.recorder.mark_recording_failure(self.execution_id, detail)
+
+    @property
+    def astore(self) -> AsyncStore:
+        """The store it records into."""
+        return self.recorder
+
+
+async def open_store_async(data_dir=None, *, config=None, clock=None) -> AsyncStore:
+    """Open the data directory for asyncio callers; recovery runs in a worker thread."""
+    loop = asyncio.get_running_loop()
+    cfg = as_config(config, data_dir)
+    store = await loop.run_in_executor(None, lambda: Store(cfg, clock=clock))
+    if cfg.wal_aio:
+        try:
+            store.wal.attach_loop()  # this loop flushes its own appends (wal.Wal.attach_loop)
+        except BaseException:
+            await loop.run_in_executor(None, store.close)
+            raise
+    return AsyncStore(store)
