@@ -43,6 +43,7 @@ from urllib.parse import urlparse
 import orjson
 
 from .. import errors as E
+from .. import handles
 from ..record import ExecutionRecord
 from . import protocol as P
 
@@ -374,29 +375,28 @@ class _SyncSidecar:
                 self.conn = None
 
 
-class Execution:
-    """One execution being recorded (sync). Obtained from `Client.start`."""
+class Execution(handles.Execution):
+    """One execution being recorded (sync). Obtained from `Client.start`.
+
+    It counts the seq of its next event, and sends it with each event and finish, so that a
+    request resent after a reconnect is recognised and never recorded twice."""
 
     def __init__(self, client: "Client", execution_id: str, envelope_hash: str, next_seq: int = 1):
-        self._client = client
-        self.execution_id = execution_id
-        self.envelope_hash = envelope_hash
+        super().__init__(client, execution_id, envelope_hash)
         self._next_seq = next_seq
         self._lock = threading.Lock()
 
     def event(self, type: str, payload: Any = None) -> int:
         """Record one event; returns its seq once it is durable."""
         with self._lock:
-            seq = self._next_seq
-            got = self._client._event(self.execution_id, type, payload, seq)
+            got = self.recorder.event(self.execution_id, type, payload, seq=self._next_seq)
             self._next_seq = got + 1
             return got
 
     def finish(self, response: dict) -> int:
         """Record the final response (FINAL_RESPONSE); returns its seq once durable."""
         with self._lock:
-            seq = self._next_seq
-            got = self._client._finish(self.execution_id, response, seq)
+            got = self.recorder.finish(self.execution_id, response, seq=self._next_seq)
             self._next_seq = got + 1
             return got
 
@@ -404,21 +404,6 @@ class Execution:
     def last_seq(self) -> int:
         """The seq of the last event recorded through this handle (0 before the first)."""
         return self._next_seq - 1
-
-    def invalidate(self, reason: str) -> None:
-        """Mark this execution invalidated (manually_invalidated)."""
-        self._client.invalidate(self.execution_id, reason)
-
-    def abandon(self, reason: str) -> None:
-        """Mark this execution incomplete now: its agent is gone and will record no more."""
-        self._client.abandon(self.execution_id, reason)
-
-    def get(self) -> ExecutionRecord:
-        """This execution's record so far."""
-        return self._client.get(self.execution_id)
-
-    def __repr__(self) -> str:
-        return f"<Execution {self.execution_id}>"
 
 
 class Client:
@@ -485,9 +470,6 @@ class Client:
         """Record one event of an execution by id; returns its seq once durable. Give `seq` (the
         seq it should get) to make it safe to resend: without it, a connection lost after sending
         raises `OutcomeUnknownError` instead of resending (see the module doc)."""
-        return self._event(execution_id, type, payload, seq)
-
-    def _event(self, execution_id, type, payload, seq) -> int:
         if self._store is not None:
             return self._store.event(execution_id, type, payload)
         req = {"id": None, "op": "event", "execution_id": execution_id, "type": type, "payload": payload}
@@ -498,9 +480,6 @@ class Client:
     def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> int:
         """Record an execution's final response by id; returns its seq once durable. Without
         `seq`, a lost connection raises `OutcomeUnknownError`, as for `event`."""
-        return self._finish(execution_id, response, seq)
-
-    def _finish(self, execution_id, response, seq) -> int:
         if self._store is not None:
             return self._store.finish(execution_id, response)
         req = {"id": None, "op": "finish", "execution_id": execution_id, "response": response}
@@ -528,7 +507,7 @@ class Client:
         )
 
     def get(self, execution_id: str) -> ExecutionRecord:
-        """The execution's record (seed 000's shape)."""
+        """The execution's whole record."""
         if self._store is not None:
             return self._store.get(execution_id)
         resp = self._remote.request({"id": None, "op": "get", "execution_id": execution_id}, execution_id)
@@ -809,7 +788,7 @@ class _AsyncSidecar:
         self._fail_all(RecorderUnavailableError("the client was closed with requests unanswered"))
 
 
-class AsyncExecution:
+class AsyncExecution(handles.AsyncExecution):
     """One execution being recorded (asyncio). Obtained from `AsyncClient.start`.
 
     `event` and `finish` send their request at call time, in call order, and return an awaitable
@@ -817,50 +796,33 @@ class AsyncExecution:
     """
 
     def __init__(self, client: "AsyncClient", execution_id: str, envelope_hash: str, next_seq: int = 1):
-        self._client = client
-        self.execution_id = execution_id
-        self.envelope_hash = envelope_hash
+        super().__init__(client, execution_id, envelope_hash)
         self._next_seq = next_seq
 
     def event(self, type: str, payload: Any = None) -> Awaitable[int]:
         """Record one event (sent now); await it for its seq, which comes once it is durable."""
-        return self._client._event(self.execution_id, type, payload, self._take(), self)
+        return self.recorder.send_event(self.execution_id, type, payload, self._take(), self)
 
     def finish(self, response: dict) -> Awaitable[int]:
         """Record the final response (FINAL_RESPONSE, sent now); await it for its seq."""
-        return self._client._finish(self.execution_id, response, self._take(), self)
+        return self.recorder.send_finish(self.execution_id, response, self._take(), self)
 
     @property
     def last_seq(self) -> int:
         """The seq of the last event sent through this handle (0 before the first)."""
         return self._next_seq - 1
 
-    async def invalidate(self, reason: str) -> None:
-        """Mark this execution invalidated (manually_invalidated)."""
-        await self._client.invalidate(self.execution_id, reason)
-
-    async def abandon(self, reason: str) -> None:
-        """Mark this execution incomplete now: its agent is gone and will record no more."""
-        await self._client.abandon(self.execution_id, reason)
-
-    async def get(self) -> ExecutionRecord:
-        """This execution's record so far."""
-        return await self._client.get(self.execution_id)
-
     def _take(self) -> Optional[int]:
-        if self._client.embedded:
+        if self.recorder.embedded:
             return None
         seq = self._next_seq
         self._next_seq += 1
         return seq
 
-    def _rewind(self, seq: int) -> None:
-        # The seq was not used: later calls reuse it. Requests already sent behind the failed
-        # one fail with seq_conflict and rewind to the same point.
+    def rewind(self, seq: int) -> None:
+        """The request sent with `seq` failed: later calls reuse that seq. Requests already sent
+        behind the failed one fail with seq_conflict and rewind to the same point."""
         self._next_seq = min(self._next_seq, seq)
-
-    def __repr__(self) -> str:
-        return f"<AsyncExecution {self.execution_id}>"
 
 
 class _SeqAwaitable:
@@ -879,7 +841,7 @@ class _SeqAwaitable:
             resp = yield from self._fut.__await__()
         except E.TraceDBError:
             if self._execution is not None and self._seq is not None:
-                self._execution._rewind(self._seq)
+                self._execution.rewind(self._seq)
             raise
         return resp["seq"]
 
@@ -953,9 +915,10 @@ class AsyncClient:
         """Record one event of an execution by id; returns its seq once durable. Give `seq` (the
         seq it should get) to make it safe to resend: without it, a connection lost after sending
         raises `OutcomeUnknownError` instead of resending (see the module doc)."""
-        return await self._event(execution_id, type, payload, seq)
+        return await self.send_event(execution_id, type, payload, seq)
 
-    def _event(self, execution_id, type, payload, seq, execution=None):
+    def send_event(self, execution_id, type, payload, seq, execution=None):
+        """Send an event now; returns an awaitable of its seq (see AsyncExecution.event)."""
         if self._store is not None:
             # A task starts in creation order: call order is kept in-process too.
             return asyncio.ensure_future(self._store.event(execution_id, type, payload))
@@ -969,16 +932,17 @@ class AsyncClient:
             fut = self._remote.submit(req, execution_id)
         except E.TraceDBError:
             if execution is not None and seq is not None:
-                execution._rewind(seq)  # never sent: its seq is free again
+                execution.rewind(seq)  # never sent: its seq is free again
             raise
         return _SeqAwaitable(fut, seq, execution)
 
     async def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> int:
         """Record an execution's final response by id; returns its seq once durable. Without
         `seq`, a lost connection raises `OutcomeUnknownError`, as for `event`."""
-        return await self._finish(execution_id, response, seq)
+        return await self.send_finish(execution_id, response, seq)
 
-    def _finish(self, execution_id, response, seq, execution=None):
+    def send_finish(self, execution_id, response, seq, execution=None):
+        """Send a final response now; returns an awaitable of its seq."""
         if self._store is not None:
             return asyncio.ensure_future(self._store.finish(execution_id, response))
         req = {"id": None, "op": "finish", "execution_id": execution_id, "response": response}
@@ -998,15 +962,14 @@ class AsyncClient:
     async def abandon(self, execution_id: str, reason: str) -> None:
         """Mark a running execution incomplete because its agent died (see Client.abandon)."""
         if self._store is not None:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, self._store.store.abandon, execution_id, reason)
+            await self._store.abandon(execution_id, reason)
             return
         await self._remote.request(
             {"id": None, "op": "abandon", "execution_id": execution_id, "reason": reason}, execution_id
         )
 
     async def get(self, execution_id: str) -> ExecutionRecord:
-        """The execution's record (seed 000's shape)."""
+        """The execution's whole record."""
         if self._store is not None:
             return await self._store.get(execution_id)
         resp = await self._remote.request({"id": None, "op": "get", "execution_id": execution_id}, execution_id)
