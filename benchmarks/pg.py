@@ -30,38 +30,7 @@ from typing import Optional, Sequence
 import orjson
 import sqlalchemy as sa
 
-_T0 = 1_700_000_000_000_000_000
-
-
-def _fill_wal(wal_dir: str, prefix: str, executions: int, events_per: int) -> int:
-    """A WAL holding `executions` executions of `events_per` events (the last a finish)."""
-    import wal
-
-    from tracedb import compute_envelope_hash
-
-    w = wal.open_wal(wal_dir)
-    batch: list[bytes] = []
-    payload = {"tool": "web_search", "args": {"q": "capital of France"},
-               "result": "Paris is the capital of France.", "latency_ms": 12}
-    n = 0
-    for e in range(executions):
-        eid = f"{prefix}-{e:08d}"
-        env = {"intent": "summarize", "n": e}
-        batch.append(orjson.dumps({"op": "start", "id": eid, "intent": "summarize", "envelope": env,
-                                   "hash": compute_envelope_hash(env), "t": _T0}))
-        for i in range(1, events_per):
-            batch.append(orjson.dumps({"op": "event", "id": eid, "seq": i, "type": "tool.responded",
-                                       "payload": payload, "t": _T0 + i}))
-        batch.append(orjson.dumps({"op": "finish", "id": eid, "seq": events_per,
-                                   "response": {"status": "success", "payload": {"n": e}}, "t": _T0 + events_per}))
-        n += events_per
-        if len(batch) >= 10_000:
-            w.append_many(batch)
-            batch = []
-    if batch:
-        w.append_many(batch)
-    w.close()
-    return n
+from .common import fill_store_wal, rate_line, ratio_line
 
 
 def _compact_worker(target: str, wal_dir: str, recorder_id: str, batch_records: int, barrier, out) -> None:
@@ -98,7 +67,7 @@ def _run_config(target: str, workdir: str, recorders: int, events: int, events_p
     dirs = []
     for k in range(recorders):
         d = tempfile.mkdtemp(prefix=f"rec{k}-", dir=workdir)
-        _fill_wal(os.path.join(d, "wal"), f"r{k}", per, events_per)
+        fill_store_wal(os.path.join(d, "wal"), per, events_per, prefix=f"r{k}")
         dirs.append(d)
     barrier = ctx.Barrier(recorders)
     out = ctx.Queue()
@@ -187,14 +156,14 @@ def report_lines(result: dict) -> list[str]:
     """Human-readable lines for a `run` result, in scripts/bench's style."""
     lines = [f"  PostgreSQL {result.get('server', '?')}, {result['events']:,} events per run"]
     for n, r in sorted(result["postgresql"].items(), key=lambda kv: int(kv[0])):
-        lines.append(f"  {f'compaction WAL -> PostgreSQL, {n} recorder(s)':<52} {r['events_per_s']:>12,.0f}/s")
+        lines.append(rate_line(f"compaction WAL -> PostgreSQL, {n} recorder(s)", r["events_per_s"]))
     for n, r in result.get("sqlite", {}).items():
-        lines.append(f"  {f'compaction WAL -> SQLite, {n} recorder':<52} {r['events_per_s']:>12,.0f}/s")
+        lines.append(rate_line(f"compaction WAL -> SQLite, {n} recorder", r["events_per_s"]))
     if "scaling" in result:
         top = max(result["postgresql"], key=int)
-        lines.append(f"  ratio {f'PostgreSQL {top} recorders / 1 recorder':<46} {result['scaling']:10.2f}x")
+        lines.append(ratio_line(f"PostgreSQL {top} recorders / 1 recorder", result["scaling"]))
     if "pg_vs_sqlite" in result:
-        lines.append(f"  ratio {'PostgreSQL 1 recorder / SQLite':<46} {result['pg_vs_sqlite']:10.2f}x")
+        lines.append(ratio_line("PostgreSQL 1 recorder / SQLite", result["pg_vs_sqlite"]))
     return lines
 
 

@@ -14,7 +14,6 @@ import os
 import platform
 import shutil
 import sqlite3
-import statistics
 import tempfile
 import threading
 import time
@@ -24,32 +23,11 @@ import orjson
 
 import wal
 
+from .common import T0_NS, TOOL_RESULT, event_payload, execution_envelope, fill_store_wal, pct, rate_line, ratio_line
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RESULTS: dict = {}
-
-
-def event_payload(i: int) -> dict:
-    """A ~200-byte JSON event, the shape an agent records for a tool call."""
-    return {
-        "op": "event",
-        "id": "exec-000000000001",
-        "seq": i,
-        "type": "tool.responded",
-        "payload": {
-            "tool": "web_search",
-            "args": {"q": "capital of France"},
-            "result": "Paris is the capital of France.",
-            "latency_ms": 12,
-        },
-        "t": 1763800000000000000 + i,
-    }
-
-
-def pct(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
 
 
 def row(name: str, rate: float, lat: list[float] | None = None, extra: str = "") -> dict:
@@ -58,7 +36,7 @@ def row(name: str, rate: float, lat: list[float] | None = None, extra: str = "")
     if lat:
         out["p50_ms"] = pct(lat, 0.50) * 1e3
         out["p99_ms"] = pct(lat, 0.99) * 1e3
-    text = f"  {name:<52} {rate:>12,.0f}/s"
+    text = rate_line(name, rate)
     if lat:
         text += f"   p50 {out['p50_ms']:7.3f} ms   p99 {out['p99_ms']:7.3f} ms"
     print(text + (f"   {extra}" if extra else ""), flush=True)
@@ -66,8 +44,7 @@ def row(name: str, rate: float, lat: list[float] | None = None, extra: str = "")
 
 
 def ratio(label: str, a: float, b: float) -> None:
-    r = a / b
-    print(f"  ratio {label:<46} {r:10.2f}x" if r < 10 else f"  ratio {label:<46} {r:10.1f}x", flush=True)
+    print(ratio_line(label, a / b), flush=True)
 
 
 # -- WAL ---------------------------------------------------------------------------------
@@ -255,37 +232,6 @@ def section_wal(args, workdir: str) -> None:
 # -- store: compaction, get, prune -------------------------------------------------------
 
 
-def _write_store_wal(wal_dir: str, executions: int, events_per: int) -> int:
-    """Fill a WAL with the records the store writes: start, events, finish per execution."""
-    from tracedb.compactor import encode_event
-
-    w = wal.open_wal(wal_dir)
-    t = 1_700_000_000_000_000_000
-    batch: list[bytes] = []
-    n_events = 0
-    for e in range(executions):
-        eid = f"exec-{e:08d}"
-        batch.append(orjson.dumps({
-            "op": "start", "id": eid, "intent": "summarize", "envelope": {"intent": "summarize", "n": e},
-            "hash": "sha256:" + "0" * 64, "t": t,
-        }))
-        for i in range(1, events_per):
-            ev = event_payload(i)
-            batch.append(encode_event(eid, i, "tool.responded", orjson.dumps(ev["payload"]), t + i))
-        batch.append(orjson.dumps({
-            "op": "finish", "id": eid, "seq": events_per, "response": {"status": "success", "payload": {"n": e}},
-            "t": t + events_per,
-        }))
-        n_events += events_per
-        if len(batch) >= 10_000:
-            w.append_many(batch)
-            batch = []
-    if batch:
-        w.append_many(batch)
-    w.close()
-    return n_events
-
-
 def _fresh_db(path: str):
     from tracedb import db
 
@@ -296,12 +242,12 @@ def _fresh_db(path: str):
 
 def bench_compaction(workdir: str, executions: int, events_per: int) -> tuple[dict, dict]:
     """tracedb's compactor over a WAL, next to a raw executemany of the same rows, same schema."""
-    from tracedb import db
+    from tracedb import compute_envelope_hash, db
     from tracedb.compactor import Compactor
 
     d = tempfile.mkdtemp(dir=workdir)
     wal_dir = os.path.join(d, "wal")
-    n_events = _write_store_wal(wal_dir, executions, events_per)
+    n_events = fill_store_wal(wal_dir, executions, events_per)
     durable = wal.scan(wal_dir).last_lsn
 
     engine = _fresh_db(os.path.join(d, "compact.db"))
@@ -319,16 +265,16 @@ def bench_compaction(workdir: str, executions: int, events_per: int) -> tuple[di
     engine2 = _fresh_db(os.path.join(d, "raw.db"))
     raw = engine2.raw_connection()
     cur = raw.cursor()
-    t = 1_700_000_000_000_000_000
+    t = T0_NS
     trace_rows = []
     step_rows = []
-    payload = orjson.dumps(event_payload(1)["payload"]).decode()
+    payload = orjson.dumps(TOOL_RESULT).decode()
     lsn = 0
     for e in range(executions):
         eid = f"exec-{e:08d}"
         lsn += 1
         trace_rows.append((eid, "bench", "summarize", "completed", 1, None, None,
-                           orjson.dumps({"intent": "summarize", "n": e}).decode(), "sha256:" + "0" * 64,
+                           orjson.dumps(execution_envelope(e)).decode(), compute_envelope_hash(execution_envelope(e)),
                            None, orjson.dumps({"status": "success"}).decode(), events_per, t, t, None, None, 0))
         for i in range(1, events_per + 1):
             lsn += 1
@@ -361,11 +307,11 @@ def bench_compaction_live(workdir: str, executions: int, events_per: int) -> dic
     compactor does; only store.compact() is timed. In-process, it takes the records it was
     just handed from memory instead of reading them back from the WAL."""
     import tracedb
-    from tracedb.store import StagedBatch
+    from tracedb.state import StagedBatch
 
     d = tempfile.mkdtemp(dir=workdir)
     store = tracedb.open(os.path.join(d, "data"), config={"compact_interval_ms": 0, "idle_timeout_s": 0})
-    payload = event_payload(1)["payload"]
+    payload = TOOL_RESULT
     chunk = 300  # executions per chunk: ~15,000 records, well inside the in-memory window
     elapsed = 0.0
     steps = 0
@@ -374,7 +320,7 @@ def bench_compaction_live(workdir: str, executions: int, events_per: int) -> dic
         batch = StagedBatch()
         for e in range(lo, hi):
             # The baseline's execution ids (random ones insert a little slower, for both).
-            start = store.reserve_start("summarize", {"intent": "summarize", "n": e}, f"exec-{e:08d}")
+            start = store.reserve_start("summarize", execution_envelope(e), f"exec-{e:08d}")
             store.check_new_in_db(start)
             store.stage_start(batch, start)
             for _ in range(1, events_per):
@@ -400,7 +346,7 @@ def bench_get_and_prune(workdir: str, executions: int, events_per: int) -> tuple
     d = tempfile.mkdtemp(dir=workdir)
     data = os.path.join(d, "data")
     os.makedirs(data)
-    n_events = _write_store_wal(os.path.join(data, "wal"), executions, events_per)
+    n_events = fill_store_wal(os.path.join(data, "wal"), executions, events_per)
     store = tracedb.open(data)  # recovery compacts the WAL on open
     ids = [f"exec-{e:08d}" for e in range(0, executions, max(1, executions // 500))]
     lat = []
@@ -457,7 +403,7 @@ def section_replay(args, workdir: str) -> None:
     data = os.path.join(d, "data")
     os.makedirs(data)
     n = 500 if args.quick else 2000
-    _write_store_wal(os.path.join(data, "wal"), n, 8)
+    fill_store_wal(os.path.join(data, "wal"), n, 8)
     store = tracedb.open(data)
     rate, count = rb.batch_replay_rate(store, [f"exec-{e:08d}" for e in range(n)])
     store.close()

@@ -30,35 +30,35 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import orjson
 
+from .common import TOOL_RESULT, pct
+
 DEFAULT_CLIENTS = (1, 8, 32)
 
-_PAYLOAD = orjson.dumps(
-    {
-        "tool": "web_search",
-        "args": {"q": "capital of France"},
-        "result": "Paris is the capital of France.",
-        "latency_ms": 12,
-    }
-)
+_PAYLOAD = orjson.dumps(TOOL_RESULT)
 _ENVELOPE = orjson.dumps({"intent": "ProcessIntent", "payload": {"q": "capital of France"}, "metadata": {"requestId": "r-1"}})
+
+
+class _Plan(NamedTuple):
+    """What every connection of one run shares."""
+
+    window: int  # requests each keeps in flight
+    per_exec: int  # events per execution
+    measure_from: float  # perf_counter() at which the measured part begins
+    stop_at: float  # and at which it ends
+    lat: list  # the latencies of the measured part, appended to by every connection
 
 
 class _Loader(asyncio.Protocol):
     """One benchmark connection: pipelined requests with pre-formatted frames, FIFO acks."""
 
-    def __init__(self, idx: int, window: int, per_exec: int, measure_from: float, stop_at: float, lat: list,
-                 done: asyncio.Future):
+    def __init__(self, idx: int, plan: _Plan, done: asyncio.Future):
         self.idx = idx
-        self.measure_from = measure_from
-        self.window = window
-        self.per_exec = per_exec
-        self.stop_at = stop_at
-        self.lat = lat
         self.done = done
+        self.window, self.per_exec, self.measure_from, self.stop_at, self.lat = plan
         self.sent_at: collections.deque = collections.deque()
         self.next_id = 0
         self.exec_no = 0
@@ -153,14 +153,14 @@ async def drive(socket_path: str, clients: int, seconds: float, *, window: int =
         loop.call_later(warmup, on_measure)
     lat: list[float] = []
     measure_from = time.perf_counter() + warmup
-    stop_at = measure_from + seconds
+    plan = _Plan(window, events_per_execution, measure_from, measure_from + seconds, lat)
     loaders = []
     waits = []
     for i in range(clients):
         done = loop.create_future()
         waits.append(done)
         _t, proto = await loop.create_unix_connection(
-            lambda i=i, done=done: _Loader(i, window, events_per_execution, measure_from, stop_at, lat, done),
+            lambda i=i, done=done: _Loader(i, plan, done),
             socket_path,
         )
         loaders.append(proto)
@@ -181,16 +181,10 @@ async def drive(socket_path: str, clients: int, seconds: float, *, window: int =
         "first_error": first_error.decode(errors="replace") if first_error else None,
         "seconds": elapsed,
         "events_per_s": acked / elapsed if elapsed > 0 else 0.0,
-        "p50_ms": _pct(lat, 0.50) * 1e3,
-        "p99_ms": _pct(lat, 0.99) * 1e3,
+        "p50_ms": pct(lat, 0.50) * 1e3,
+        "p99_ms": pct(lat, 0.99) * 1e3,
         "max_ms": (lat[-1] * 1e3) if lat else float("nan"),
     }
-
-
-def _pct(sorted_values: list, q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
 
 
 def _rss_mb(pid: int) -> tuple[float, float]:

@@ -1,0 +1,81 @@
+"""What the benchmarks share: the event they record, a WAL filled with the store's records of
+it, percentiles, and the lines they print."""
+
+from __future__ import annotations
+
+import orjson
+
+# The recording time of every generated execution, in ns (events are numbered from it).
+T0_NS = 1_700_000_000_000_000_000
+
+# A tool call's outcome: the payload of a ~200-byte event, the shape an agent records.
+TOOL_RESULT = {
+    "tool": "web_search",
+    "args": {"q": "capital of France"},
+    "result": "Paris is the capital of France.",
+    "latency_ms": 12,
+}
+
+
+def event_payload(i: int) -> dict:
+    """A ~200-byte JSON event, the shape an agent records for a tool call."""
+    return {
+        "op": "event",
+        "id": "exec-000000000001",
+        "seq": i,
+        "type": "tool.responded",
+        "payload": TOOL_RESULT,
+        "t": T0_NS + i,
+    }
+
+
+def execution_envelope(n: int) -> dict:
+    """The envelope of the `n`-th generated execution."""
+    return {"intent": "summarize", "n": n}
+
+
+def fill_store_wal(wal_dir: str, executions: int, events_per: int, prefix: str = "exec") -> int:
+    """Fill a WAL with the records the store writes for `executions` executions of
+    `events_per` events each (start, events, then the finish, which is the last event);
+    execution ids are f"{prefix}-{n:08d}". Returns the number of events."""
+    import wal
+
+    from tracedb import compute_envelope_hash
+    from tracedb.codec import encode_event, encode_finish, encode_start
+
+    w = wal.open_wal(wal_dir)
+    payload = orjson.dumps(TOOL_RESULT)
+    batch: list[bytes] = []
+    n_events = 0
+    for e in range(executions):
+        eid = f"{prefix}-{e:08d}"
+        env = execution_envelope(e)
+        batch.append(encode_start(eid, "summarize", env, compute_envelope_hash(env), T0_NS))
+        for i in range(1, events_per):
+            batch.append(encode_event(eid, i, "tool.responded", payload, T0_NS + i))
+        batch.append(encode_finish(eid, events_per, {"status": "success", "payload": {"n": e}}, T0_NS + events_per))
+        n_events += events_per
+        if len(batch) >= 10_000:
+            w.append_many(batch)
+            batch = []
+    if batch:
+        w.append_many(batch)
+    w.close()
+    return n_events
+
+
+def pct(sorted_values: list[float], q: float) -> float:
+    """The `q` quantile of already sorted values (NaN when there are none)."""
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+def rate_line(name: str, rate: float) -> str:
+    """A result line: what was measured, and its rate per second."""
+    return f"  {name:<52} {rate:>12,.0f}/s"
+
+
+def ratio_line(label: str, r: float) -> str:
+    """A line comparing two rates of the same run."""
+    return f"  ratio {label:<46} {r:10.2f}x" if r < 10 else f"  ratio {label:<46} {r:10.1f}x"
