@@ -4,6 +4,7 @@ The byte layout and the recovery rules are specified in wal/FORMAT.md. This pack
 nothing of traces.
 """
 
+from .dir_lock import acquire_dir_lock
 from .errors import (
     PayloadTooLargeError,
     WalClosedError,
@@ -30,6 +31,7 @@ from .repair import RepairResult, repair
 from .writer import DEFAULT_SEGMENT_SIZE_BYTES, AsyncWal, OpenResult, Wal, WalStats, open_async, open_wal
 
 __all__ = [
+    "acquire_dir_lock",
     "AsyncWal",
     "Damage",
     "DEFAULT_SEGMENT_SIZE_BYTES",

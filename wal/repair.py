@@ -10,8 +10,9 @@ import shutil
 from dataclasses import dataclass
 from typing import Optional
 
-from .fs import OsFileSystem
+from .dir_lock import acquire_dir_lock
 from .errors import WalCorruptionError
+from .fs import OsFileSystem
 from .reader import Damage, RecoveryMode, WalReader, list_segments
 
 
@@ -45,8 +46,6 @@ def _keep_copy(fs, path: str) -> str:
 
 def repair(directory: str, *, fs=None) -> RepairResult:
     """Cut the log at its first damage (torn tail or corruption). A clean log is left alone."""
-    from .writer import acquire_dir_lock
-
     fs = fs or OsFileSystem()
     lock_fd = acquire_dir_lock(os.path.abspath(directory))
     try:

@@ -16,11 +16,8 @@ whenever the loop is not running, and finishes a loop's flush if the loop went a
 from __future__ import annotations
 
 import asyncio
-import errno
-import fcntl
 import os
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -29,19 +26,18 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from . import aio as _aio
 from . import format as fmt
+from .dir_lock import LOCK_FILE, acquire_dir_lock  # noqa: F401 - importable from here, as before
 from .errors import (
     PayloadTooLargeError,
     WalClosedError,
     WalCorruptionError,
     WalFailedError,
-    WalLockedError,
     WalUsageError,
 )
 from .fs import OsFileSystem, write_all, write_file_atomic
 from .reader import APPLIED_FILE, RecoveryMode, list_segments, read_applied_lsn, WalReader
 
 DEFAULT_SEGMENT_SIZE_BYTES = 64 << 20
-LOCK_FILE = "LOCK"
 SPARE_FILE = "preallocated.tmp"
 _ZERO_CHUNK = bytes(1 << 20)
 # Memory a kept record costs besides its payload: its tuple, the bytes object, a hint.
@@ -70,26 +66,6 @@ class WalStats:
     fsync_seconds_total: float
     durable_lsn: int
     last_group_size: int
-
-
-def acquire_dir_lock(directory: str) -> int:
-    """flock the directory's LOCK file and write our pid and host into it; return its fd."""
-    path = os.path.join(directory, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            os.close(fd)
-            raise
-        try:
-            holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "unknown"
-        finally:
-            os.close(fd)
-        raise WalLockedError(directory, holder) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
-    return fd
 
 
 class _Doorbell:
@@ -222,7 +198,7 @@ class Wal:
         self._detaching = False  # detach_loop is under way: the loop starts no new flush
         self._reap_lock = threading.Lock()  # one reaper of a completion: loop or thread
         os.makedirs(self.directory, exist_ok=True)
-        self._acquire_lock()
+        self._lock_fd = acquire_dir_lock(self.directory)
         try:
             self.open_result = self._recover()
         except BaseException:
@@ -237,9 +213,6 @@ class Wal:
             self._maybe_request_spare()
 
     # -- opening -------------------------------------------------------------------------
-    def _acquire_lock(self) -> None:
-        self._lock_fd = acquire_dir_lock(self.directory)
-
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing drops the flock

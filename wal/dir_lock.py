@@ -1,0 +1,35 @@
+"""The directory lock: one writer per WAL directory, through flock on its LOCK file."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+
+from .errors import WalLockedError
+
+LOCK_FILE = "LOCK"
+
+
+def acquire_dir_lock(directory: str) -> int:
+    """flock the directory's LOCK file and write our pid and host into it; return its fd.
+
+    Closing the fd releases the lock. Raises WalLockedError, naming the holder, when another
+    process holds it."""
+    path = os.path.join(directory, LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            os.close(fd)
+            raise
+        try:
+            holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        raise WalLockedError(directory, holder) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+    return fd
