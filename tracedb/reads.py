@@ -1,20 +1,30 @@
-"""Reads of the projection, shared by the store and the CLI's read commands.
+"""The one read API over the projection: the CLI, the sidecar's `get` and a web UI share it.
 
-They take an engine, never the WAL, so they work next to a running recorder (SQLite WAL mode lets
-readers and the compactor proceed together).
+Reads take an engine, never the WAL, so they work next to a running recorder (SQLite's WAL mode
+and PostgreSQL's MVCC let readers and the compactor proceed together). The module functions are
+the building blocks the store uses too; `Reader` puts them behind one object opened from a
+`Config`, with pages of executions (newest first, keyset pagination), execution ids by unique
+prefix, records with their event times, diff, lineage and verification.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import sqlite3
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from .errors import ExecutionNotFoundError, InvalidInputError
+from . import db
+from .config import Config
+from .errors import ExecutionNotFoundError, InvalidInputError, TraceDBError
 from .models import trace_steps, traces
 from .record import (
+    STATUS_RUNNING,
     STATUSES,
     ExecutionEvent,
     ExecutionHeader,
@@ -22,8 +32,18 @@ from .record import (
     TraceSummary,
     utc_iso,
 )
+from .replay.exact import ReplayEngine, ReplayResult
+from .replay.parity import TraceDiff, diff_traces
+from .verify import VerifyResult
+from .verify import verify as verify_traces
 
 TimeArg = Union[None, int, float, datetime]
+
+DEFAULT_PAGE_SIZE = 50
+# Rows per query when every execution is read (`Reader.each`): memory holds one page at a time.
+STREAM_PAGE_SIZE = 1000
+# How many candidates an ambiguous prefix error names.
+AMBIGUOUS_SHOWN = 5
 
 _SUMMARY_COLS = (
     traces.c.execution_id,
@@ -37,6 +57,24 @@ _SUMMARY_COLS = (
     traces.c.pinned,
     traces.c.parent_execution_id,
 )
+# Newest first; the execution id breaks ties between executions created in the same nanosecond.
+_NEWEST_FIRST = (traces.c.created_at_ns.desc(), traces.c.execution_id.desc())
+
+
+class AmbiguousExecutionIdError(TraceDBError):
+    """An execution id prefix that matches more than one execution (exit 2, a usage error)."""
+
+    code = "ambiguous_execution"
+    exit_code = 2
+
+    def __init__(self, prefix: str, candidates: "list[str]", more: bool):
+        shown = ", ".join(candidates) + (", ..." if more else "")
+        super().__init__(
+            f"execution id prefix {prefix!r} matches more than one execution: {shown}",
+            hint="give more characters of the id",
+        )
+        self.prefix = prefix
+        self.candidates = tuple(candidates)
 
 
 def to_ns(value: TimeArg, name: str) -> Optional[int]:
@@ -55,7 +93,7 @@ def to_ns(value: TimeArg, name: str) -> Optional[int]:
 
 
 def record_from_rows(row, steps) -> ExecutionRecord:
-    """Build seed 000's ExecutionRecord from a traces row and its steps in seq order."""
+    """Build the ExecutionRecord of a traces row and its steps in seq order."""
     return ExecutionRecord(
         header=ExecutionHeader(
             executionId=row.execution_id,
@@ -75,19 +113,23 @@ def record_from_rows(row, steps) -> ExecutionRecord:
     )
 
 
-def read_record(engine: Engine, execution_id: str) -> ExecutionRecord:
-    """The whole record of one execution; ExecutionNotFoundError if there is none."""
+def _load(engine: Engine, execution_id: str):
+    """The traces row and its steps (with their recorded times), from one snapshot."""
     with engine.connect() as conn, conn.begin():
-        # One transaction: the header and the steps come from the same snapshot.
         row = conn.execute(sa.select(traces).where(traces.c.execution_id == execution_id)).first()
         if row is None:
             raise ExecutionNotFoundError(execution_id)
         steps = conn.execute(
-            sa.select(trace_steps.c.seq, trace_steps.c.type, trace_steps.c.payload)
+            sa.select(trace_steps.c.seq, trace_steps.c.type, trace_steps.c.payload, trace_steps.c.recorded_at_ns)
             .where(trace_steps.c.execution_id == execution_id)
             .order_by(trace_steps.c.seq)
         ).all()
-    return record_from_rows(row, steps)
+    return row, steps
+
+
+def read_record(engine: Engine, execution_id: str) -> ExecutionRecord:
+    """The whole record of one execution; ExecutionNotFoundError if there is none."""
+    return record_from_rows(*_load(engine, execution_id))
 
 
 def trace_status(engine: Engine, execution_id: str) -> Optional[str]:
@@ -98,16 +140,9 @@ def trace_status(engine: Engine, execution_id: str) -> Optional[str]:
         ).scalar()
 
 
-def list_traces(
-    engine: Engine,
-    *,
-    status: Optional[str] = None,
-    since: TimeArg = None,
-    until: TimeArg = None,
-    limit: Optional[int] = None,
-) -> list[TraceSummary]:
-    """Executions by creation time (oldest first), filtered by status and a creation-time window."""
-    q = sa.select(*_SUMMARY_COLS).order_by(traces.c.created_at_ns, traces.c.execution_id)
+def _filtered(q, *, status=None, since: TimeArg = None, until: TimeArg = None,
+              intent: Optional[str] = None, search: Optional[str] = None):
+    """`q` restricted by status, a creation-time window, an exact intent, an intent substring."""
     if status is not None:
         if status not in STATUSES:
             raise InvalidInputError(
@@ -119,31 +154,52 @@ def list_traces(
         q = q.where(traces.c.created_at_ns >= since_ns)
     if until_ns is not None:
         q = q.where(traces.c.created_at_ns < until_ns)
+    if intent is not None:
+        q = q.where(traces.c.intent == intent)
+    if search:
+        q = q.where(traces.c.intent.icontains(search, autoescape=True))
+    return q
+
+
+def _summary(r) -> TraceSummary:
+    return TraceSummary(
+        execution_id=r.execution_id,
+        created_at_ns=r.created_at_ns,
+        updated_at_ns=r.updated_at_ns,
+        intent=r.intent,
+        status=r.status,
+        replayable=bool(r.replayable),
+        replayable_reason=r.replayable_reason,
+        last_seq=r.last_seq,
+        pinned=bool(r.pinned),
+        parent_execution_id=r.parent_execution_id,
+    )
+
+
+def list_traces(
+    engine: Engine,
+    *,
+    status: Optional[str] = None,
+    since: TimeArg = None,
+    until: TimeArg = None,
+    limit: Optional[int] = None,
+) -> list[TraceSummary]:
+    """Executions by creation time (oldest first), filtered by status and a creation-time window."""
+    q = _filtered(
+        sa.select(*_SUMMARY_COLS).order_by(traces.c.created_at_ns, traces.c.execution_id),
+        status=status, since=since, until=until,
+    )
     if limit is not None:
         if limit < 0:
             raise InvalidInputError("limit must not be negative")
         q = q.limit(limit)
     with engine.connect() as conn:
         rows = conn.execute(q).all()
-    return [
-        TraceSummary(
-            execution_id=r.execution_id,
-            created_at_ns=r.created_at_ns,
-            updated_at_ns=r.updated_at_ns,
-            intent=r.intent,
-            status=r.status,
-            replayable=bool(r.replayable),
-            replayable_reason=r.replayable_reason,
-            last_seq=r.last_seq,
-            pinned=bool(r.pinned),
-            parent_execution_id=r.parent_execution_id,
-        )
-        for r in rows
-    ]
+    return [_summary(r) for r in rows]
 
 
 def inspect_view(record: ExecutionRecord) -> dict:
-    """Seed 002's `inspect ID` JSON: the payload of the last event is folded into `last_event`."""
+    """The `inspect ID` JSON: the payload of the last event is folded into `last_event`."""
     last = record.last_event
     last_event = None
     if last is not None:
@@ -160,3 +216,324 @@ def inspect_view(record: ExecutionRecord) -> dict:
         "replayable": record.header.replayable,
         "replayable_reason": record.header.replayableReason,
     }
+
+
+# -- pages of executions -------------------------------------------------------------------------
+
+
+def encode_cursor(created_at_ns: int, execution_id: str) -> str:
+    """The opaque text of a position in the newest-first order (after the given execution)."""
+    raw = f"{created_at_ns}:{execution_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(text: str) -> tuple[int, str]:
+    """(created_at_ns, execution_id) of a cursor from `encode_cursor`; InvalidInputError if it is not one."""
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+        ns, sep, execution_id = raw.partition(":")
+        if sep and ns.isdigit() and execution_id:
+            return int(ns), execution_id
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        pass
+    raise InvalidInputError(
+        f"{text!r} is not a page cursor", hint="copy the cursor printed with the previous page"
+    )
+
+
+@dataclass(frozen=True)
+class ListedExecution:
+    """One execution of a page: its summary and the time of its last event."""
+
+    summary: TraceSummary
+    last_event_at_ns: Optional[int]
+
+    @property
+    def cursor(self) -> str:
+        """The cursor that continues the listing after this execution."""
+        return encode_cursor(self.summary.created_at_ns, self.summary.execution_id)
+
+    @property
+    def duration_ns(self) -> Optional[int]:
+        """Creation to last event, for an execution that is no longer running.
+
+        The last event, not updated_at_ns: an invalidation or recovery much later moves
+        updated_at_ns, and would count the operator's delay as the execution's run time.
+        """
+        if self.summary.status == STATUS_RUNNING or self.last_event_at_ns is None:
+            return None
+        return max(0, self.last_event_at_ns - self.summary.created_at_ns)
+
+    def to_dict(self) -> dict:
+        """The summary's JSON with `duration_ms` and `cursor` added."""
+        d = self.duration_ns
+        return dict(
+            self.summary.to_dict(),
+            duration_ms=None if d is None else round(d / 1e6, 3),
+            cursor=self.cursor,
+        )
+
+
+@dataclass(frozen=True)
+class Page:
+    """Executions newest first; `next_cursor` continues after the last one (None: no more)."""
+
+    items: tuple[ListedExecution, ...]
+    next_cursor: Optional[str]
+
+
+@dataclass(frozen=True)
+class EventTime:
+    """When an event was recorded, and the time since the one before (the first: since the start)."""
+
+    seq: int
+    recorded_at_ns: int
+    since_previous_ns: int
+
+    def to_dict(self) -> dict:
+        return {
+            "seq": self.seq,
+            "recordedUtcIso": utc_iso(self.recorded_at_ns),
+            "sincePreviousMs": round(self.since_previous_ns / 1e6, 3),
+        }
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """An execution's record and when each of its events was recorded."""
+
+    record: ExecutionRecord
+    event_times: tuple[EventTime, ...]
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Where an execution was forked from, and the forks made from it.
+
+    `ancestors`: (parent id, the seq its child was forked at), the nearest parent first.
+    `forks`: (fork id, the seq it was forked at), oldest first.
+    """
+
+    execution_id: str
+    ancestors: tuple[tuple[str, int], ...]
+    forks: tuple[tuple[str, int], ...]
+
+    def to_dict(self) -> dict:
+        def side(pairs):
+            return [{"execution_id": eid, "forked_at_seq": seq} for eid, seq in pairs]
+
+        return {"execution_id": self.execution_id, "ancestors": side(self.ancestors), "forks": side(self.forks)}
+
+
+def open_engine(config: Config, *, write: bool = False) -> Engine:
+    """An engine on an existing store's database, its schema brought to the current revision.
+
+    StoreNotFoundError (exit 3) when there is no store; no WAL lock is taken. Without `write`
+    the database refuses writes on the engine's connections; with it, SQLite transactions
+    BEGIN IMMEDIATE, for the maintenance calls that write.
+    """
+    db.require_store(config.database)
+    writer = db.create_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
+    try:
+        db.migrate(writer)  # a no-op read when the schema is current
+    finally:
+        writer.dispose()
+    if write:
+        return writer
+    engine = db.create_engine(config.database, busy_timeout_ms=config.busy_timeout_ms)
+    sa.event.listen(engine, "connect", _refuse_writes)
+    return engine
+
+
+def _refuse_writes(dbapi_conn, _record) -> None:
+    # Runs after tracedb.db's own connect settings (listeners run in the order they were added).
+    if isinstance(dbapi_conn, sqlite3.Connection):
+        dbapi_conn.execute("PRAGMA query_only = ON")
+        return
+    with dbapi_conn.cursor() as cur:
+        cur.execute("SET default_transaction_read_only TO on")
+    dbapi_conn.commit()
+
+
+def _prefix_range(prefix: str):
+    """Ids that start with `prefix`, as a range of the primary key (exact under SQLite's BINARY
+    collation, which compares UTF-8 bytes: the order of code points)."""
+    col = traces.c.execution_id
+    if not prefix:
+        return sa.false()
+    if ord(prefix[-1]) == 0x10FFFF:
+        return col.startswith(prefix)
+    return (col >= prefix) & (col < prefix[:-1] + chr(ord(prefix[-1]) + 1))
+
+
+class Reader:
+    """Reads of one store's database, without the WAL lock: a recorder may run meanwhile.
+
+    A context manager; `Reader.open(config)` owns its engine and disposes of it on close.
+    Every method that takes an execution id takes a unique prefix of one too.
+    """
+
+    def __init__(self, engine: Engine, *, owns_engine: bool = False):
+        self._engine = engine
+        self._owns_engine = owns_engine
+
+    @classmethod
+    def open(cls, config: Config) -> "Reader":
+        """A reader of the store `config` names; StoreNotFoundError (exit 3) if there is none."""
+        return cls(open_engine(config), owns_engine=True)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def resolve(self, prefix: str) -> str:
+        """The execution id that is `prefix` or starts with it, as git takes short hashes.
+
+        An exact id wins even when it is also the prefix of others. ExecutionNotFoundError (exit 3)
+        when nothing matches, AmbiguousExecutionIdError (exit 2) when several do.
+        """
+        col = traces.c.execution_id
+        # SQLite's LIKE ignores case and uses no index, hence the range; PostgreSQL's LIKE is
+        # exact, and served by the primary key under the C collation.
+        if self._engine.dialect.name == "sqlite":
+            match = _prefix_range(prefix)
+        else:
+            match = col.startswith(prefix, autoescape=True)
+        with self._engine.connect() as conn:
+            if conn.execute(sa.select(col).where(col == prefix)).first() is not None:
+                return prefix
+            found = conn.execute(
+                sa.select(col).where(match).order_by(col).limit(AMBIGUOUS_SHOWN + 1)
+            ).scalars().all()
+        if not found:
+            raise ExecutionNotFoundError(prefix)
+        if len(found) > 1:
+            raise AmbiguousExecutionIdError(prefix, found[:AMBIGUOUS_SHOWN], len(found) > AMBIGUOUS_SHOWN)
+        return found[0]
+
+    def page(
+        self,
+        *,
+        status: Optional[str] = None,
+        since: TimeArg = None,
+        until: TimeArg = None,
+        intent: Optional[str] = None,
+        search: Optional[str] = None,
+        before: Optional[str] = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+    ) -> Page:
+        """Up to `limit` executions, newest first, older than the cursor `before` if given.
+
+        Filters run in SQL: status, creation time in [since, until), the exact intent, and
+        `search`, a substring of the intent (any case). The position is a keyset (created_at_ns,
+        execution_id), served by an index, so a page costs the same however deep it is.
+        """
+        if limit < 0:
+            raise InvalidInputError("limit must not be negative")
+        last_at = (
+            sa.select(trace_steps.c.recorded_at_ns)
+            .where(trace_steps.c.execution_id == traces.c.execution_id)
+            .where(trace_steps.c.seq == traces.c.last_seq)
+            .scalar_subquery()
+        )
+        q = _filtered(
+            sa.select(*_SUMMARY_COLS, last_at.label("last_event_at_ns")),
+            status=status, since=since, until=until, intent=intent, search=search,
+        )
+        if before is not None:
+            ns, execution_id = decode_cursor(before)
+            q = q.where(sa.tuple_(traces.c.created_at_ns, traces.c.execution_id) < sa.tuple_(ns, execution_id))
+        # One row more than asked tells whether another page follows.
+        q = q.order_by(*_NEWEST_FIRST).limit(limit + 1)
+        with self._engine.connect() as conn:
+            rows = conn.execute(q).all()
+        items = tuple(ListedExecution(_summary(r), r.last_event_at_ns) for r in rows[:limit])
+        more = len(rows) > limit and items
+        return Page(items, items[-1].cursor if more else None)
+
+    def each(
+        self,
+        *,
+        status: Optional[str] = None,
+        since: TimeArg = None,
+        until: TimeArg = None,
+        intent: Optional[str] = None,
+        search: Optional[str] = None,
+        before: Optional[str] = None,
+        page_size: int = STREAM_PAGE_SIZE,
+    ) -> Iterator[ListedExecution]:
+        """Every execution `page` would list with these arguments, newest first.
+
+        One page in memory at a time, each read in its own short transaction: a long listing
+        neither grows with the store nor holds a snapshot that keeps SQLite's WAL from shrinking.
+        """
+        filters = dict(status=status, since=since, until=until, intent=intent, search=search)
+        while True:
+            page = self.page(before=before, limit=page_size, **filters)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            before = page.next_cursor
+
+    def get(self, execution_id: str) -> ExecutionRecord:
+        """The whole record of one execution."""
+        return read_record(self._engine, self.resolve(execution_id))
+
+    def timeline(self, execution_id: str) -> Timeline:
+        """The record and each event's recorded time, read from one snapshot."""
+        row, steps = _load(self._engine, self.resolve(execution_id))
+        times = []
+        previous = row.created_at_ns
+        for s in steps:
+            times.append(EventTime(s.seq, s.recorded_at_ns, max(0, s.recorded_at_ns - previous)))
+            previous = s.recorded_at_ns
+        return Timeline(record_from_rows(row, steps), tuple(times))
+
+    def inspect(self, execution_id: str) -> dict:
+        """The `inspect ID` view: status, the last event, replayability."""
+        return inspect_view(self.get(execution_id))
+
+    def replay(self, execution_id: str, *, envelope: Optional[dict] = None, force: bool = False) -> ReplayResult:
+        """Exact replay of a recorded execution: its final response, no agent called."""
+        return ReplayEngine(self.get(execution_id)).replay(env=envelope, force=force)
+
+    def diff(self, a: str, b: str) -> TraceDiff:
+        """Two executions side by side up to their first divergent step."""
+        return diff_traces(self.get(a), self.get(b))
+
+    def lineage(self, execution_id: str) -> Lineage:
+        """The chain of parents an execution was forked from, and the forks made from it."""
+        eid = self.resolve(execution_id)
+        t = traces.c
+        ancestors: list[tuple[str, int]] = []
+        with self._engine.connect() as conn, conn.begin():
+            current, seen = eid, {eid}
+            while True:
+                row = conn.execute(
+                    sa.select(t.parent_execution_id, t.forked_at_seq).where(t.execution_id == current)
+                ).first()
+                if row is None or row.parent_execution_id is None or row.parent_execution_id in seen:
+                    break
+                ancestors.append((row.parent_execution_id, row.forked_at_seq))
+                current = row.parent_execution_id
+                seen.add(current)
+            forks = conn.execute(
+                sa.select(t.execution_id, t.forked_at_seq)
+                .where(t.parent_execution_id == eid)
+                .order_by(t.created_at_ns, t.execution_id)
+            ).all()
+        return Lineage(eid, tuple(ancestors), tuple((r.execution_id, r.forked_at_seq) for r in forks))
+
+    def verify(self, execution_id: Optional[str] = None) -> VerifyResult:
+        """Verify one execution, or all of them and the database itself."""
+        return verify_traces(self._engine, None if execution_id is None else self.resolve(execution_id))
