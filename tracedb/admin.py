@@ -1,0 +1,324 @@
+"""Maintenance of a data directory: what the `tracedb` commands other than the reads run.
+
+Each call takes a `Config`. prune, pin, unpin, invalidate, migrate and the WAL scan work without
+the WAL's lock, so they run next to a recorder; compact, recover, fork without a recorder, import
+and WAL repair take it (StoreInUseError, exit 5, while a recorder runs). Execution ids are taken
+by unique prefix, as the reads take them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+import sqlalchemy as sa
+
+import wal
+from wal.writer import LOCK_FILE
+
+from . import db, retention
+from .config import Config
+from .errors import EXIT_ERROR, EXIT_INTEGRITY, ExecutionNotFoundError, StoreInUseError, TraceDBError
+from .models import compaction_checkpoint, traces
+from .reads import Reader, open_engine
+from .recovery import RecoverResult
+from .replay.forking import Fork, fork as fork_execution
+from .retention import PruneResult
+from .store import Store
+
+if TYPE_CHECKING:
+    from .interop.intentusnet import ImportResult
+
+Progress = Optional[Callable[[int, int], None]]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How the command line reports an error: message, hint, exit code."""
+
+    message: str
+    hint: Optional[str]
+    exit_code: int
+
+
+def failure_of(error: BaseException) -> Optional[Failure]:
+    """The report of a tracedb or WAL error (a damaged WAL exits 4); None for any other error."""
+    if isinstance(error, TraceDBError):
+        return Failure(error.message, error.hint, error.exit_code)
+    if isinstance(error, wal.WalError):
+        code = EXIT_INTEGRITY if isinstance(error, wal.WalCorruptionError) else EXIT_ERROR
+        return Failure(error.message, error.hint, code)
+    return None
+
+
+def recorder_running(config: Config) -> bool:
+    """True while a recorder holds the data directory's WAL (its lock file is flocked)."""
+    try:
+        fd = os.open(os.path.join(config.wal_dir, LOCK_FILE), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        # A shared probe: it writes nothing into the lock file, unlike taking the lock.
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the probe
+    return False
+
+
+def _recorder_id(config: Config) -> str:
+    if config.recorder_id:
+        return config.recorder_id
+    try:
+        with open(os.path.join(config.data_dir, "RECORDER_ID"), encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def recovery_note(config: Config, reader: Reader) -> Optional[str]:
+    """A note for the user when what they read is not the whole truth yet: no recorder runs,
+    and executions are still marked running or WAL records are not compacted. None otherwise."""
+    engine = reader.engine
+    recorder_id = _recorder_id(config)
+    if engine.dialect.name != "sqlite" and not recorder_id:
+        return None  # a shared database: only this data directory's recorder is ours to speak of
+    if not os.path.isdir(config.wal_dir) or recorder_running(config):
+        return None  # a running recorder compacts and recovers by itself
+    running_q = sa.select(sa.func.count()).select_from(traces).where(traces.c.status == "running")
+    applied_q = sa.select(sa.func.max(compaction_checkpoint.c.applied_lsn))
+    if recorder_id:
+        # Many recorders may share the database: count only this data directory's.
+        running_q = running_q.where(traces.c.recorder_id == recorder_id)
+        applied_q = applied_q.where(compaction_checkpoint.c.recorder_id == recorder_id)
+    with engine.connect() as conn:
+        running = conn.execute(running_q).scalar()
+        applied = conn.execute(applied_q).scalar() or 0
+    try:
+        last = wal.scan(config.wal_dir, mode="point_in_time").last_lsn
+    except Exception:  # noqa: BLE001 - only a note; `tracedb recover` reports real problems
+        last = applied
+    if not running and last <= applied:
+        return None
+    return (
+        f"note: no recorder is running, and {running} execution(s) are still marked running "
+        f"and {max(0, last - applied)} WAL record(s) are not compacted; run `tracedb recover`"
+    )
+
+
+def _open_store(config: Config, progress: Progress = None) -> Store:
+    # No background threads: this process does one job and closes the store.
+    return Store(config.replace(compact_interval_ms=0, idle_timeout_s=0), recovery_progress=progress)
+
+
+@dataclass(frozen=True)
+class CompactReport:
+    """What `compact` applied: WAL records, executions recovery marked incomplete, the LSN reached."""
+
+    records: int
+    marked_incomplete: int
+    applied_lsn: int
+
+
+def compact(config: Config, progress: Progress = None) -> CompactReport:
+    """Apply every durable WAL record to the database now (a running recorder does it itself)."""
+    # Opening recovers, which compacts everything durable; compact() then finds the rest.
+    store = _open_store(config, progress)
+    try:
+        result = store.compact(progress=progress)
+        opened = store.last_recovery
+        applied = store.applied_lsn
+    finally:
+        store.close()
+    return CompactReport(result.records + opened.compacted_records, opened.marked_incomplete, applied)
+
+
+def recover(config: Config, progress: Progress = None) -> RecoverResult:
+    """Repair a torn WAL tail, compact, mark unfinished executions incomplete; retry nothing."""
+    store = _open_store(config, progress)
+    try:
+        return store.last_recovery
+    finally:
+        store.close()
+
+
+def prune(
+    config: Config, older_than_s: Optional[float] = None, *, dry_run: bool = False, progress: Progress = None
+) -> PruneResult:
+    """Delete terminal, unpinned traces older than `older_than_s` (default: the retention days)."""
+    seconds = config.retention_days * 86400.0 if older_than_s is None else older_than_s
+    engine = open_engine(config, write=True)
+    try:
+        return retention.prune(
+            engine, seconds, now_ns=time.time_ns(), dry_run=dry_run,
+            batch_traces=config.prune_batch_traces, progress=progress,
+        )
+    finally:
+        engine.dispose()
+
+
+def set_pinned(config: Config, execution_id: str, pinned: bool) -> str:
+    """Pin (prune never deletes it) or unpin an execution; returns its full id."""
+    engine = open_engine(config, write=True)
+    try:
+        full_id = Reader(engine).resolve(execution_id)
+        retention.set_pinned(engine, full_id, pinned)
+    finally:
+        engine.dispose()
+    return full_id
+
+
+@dataclass(frozen=True)
+class Invalidated:
+    """The execution's full id, and False if it was invalidated already."""
+
+    execution_id: str
+    changed: bool
+
+
+def invalidate(config: Config, execution_id: str, reason: str) -> Invalidated:
+    """Mark an execution invalidated (not replayable, manually_invalidated), next to a recorder."""
+    engine = open_engine(config, write=True)
+    try:
+        full_id = Reader(engine).resolve(execution_id)
+        changed = retention.invalidate_in_db(engine, full_id, reason, time.time_ns())
+    finally:
+        engine.dispose()
+    return Invalidated(full_id, changed)
+
+
+@dataclass(frozen=True)
+class Migrated:
+    """The schema revision before (None: an empty database) and after."""
+
+    before: Optional[str]
+    after: Optional[str]
+
+
+def migrate(config: Config) -> Migrated:
+    """Create or upgrade the database schema; a new SQLite file's directory is made."""
+    if not db.is_url(config.database):
+        os.makedirs(os.path.dirname(os.path.abspath(config.database)), exist_ok=True)
+    engine = db.create_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
+    try:
+        before = db.migrate(engine)
+        return Migrated(before, db.current_revision(engine))
+    finally:
+        engine.dispose()
+
+
+@dataclass(frozen=True)
+class WalDamage:
+    """A damaged place in the WAL; `live_tail`: where a running recorder may be writing."""
+
+    segment: str
+    offset: int
+    expected: str
+    found: str
+    torn_tail: bool
+    live_tail: bool
+
+    @property
+    def corruption(self) -> bool:
+        """Neither the torn tail of an unacknowledged group nor a recorder's write in progress."""
+        return not self.torn_tail and not self.live_tail
+
+
+@dataclass(frozen=True)
+class WalReport:
+    """What a scan of the whole WAL found; `live`: a recorder was appending meanwhile."""
+
+    records: int
+    first_lsn: Optional[int]
+    last_lsn: int
+    segments: int
+    live: bool
+    damages: tuple[WalDamage, ...]
+
+    @property
+    def corrupt(self) -> bool:
+        return any(d.corruption for d in self.damages)
+
+
+def scan_wal(config: Config) -> WalReport:
+    """Read the whole WAL and report records, LSNs and damage, without its lock (read-only)."""
+    live = os.path.isdir(config.wal_dir) and recorder_running(config)
+    for attempt in range(3):
+        try:
+            r = wal.scan(config.wal_dir, mode="point_in_time")
+            break
+        except FileNotFoundError:
+            # The running recorder deleted a compacted segment under the scan: scan again.
+            if not live or attempt == 2:
+                raise
+    # With a live writer, the end of the log may be a group being written, or a segment being
+    # sealed as the scan reached it: damage there is not judged.
+    live_tail = {s.path for s in wal.list_segments(config.wal_dir)[-2:]} if live else set()
+    damages = tuple(
+        WalDamage(os.path.basename(d.path), d.offset, d.expected, d.found, d.torn_tail, d.path in live_tail)
+        for d in r.damages
+    )
+    return WalReport(r.records, r.first_lsn, r.last_lsn, r.segments, live, damages)
+
+
+def repair_wal(config: Config) -> wal.RepairResult:
+    """Cut the WAL at its first damage, keeping .broken copies; needs the recorder stopped."""
+    try:
+        return wal.repair(config.wal_dir)
+    except wal.WalLockedError as e:
+        raise StoreInUseError(e.message, hint="stop the recorder first") from None
+
+
+@dataclass(frozen=True)
+class Forked:
+    """The fork made, and whether a running recorder holds it open (`live`)."""
+
+    fork: Fork
+    live: bool
+
+
+def fork(
+    config: Config, execution_id: str, at_seq: int, *, new_execution_id: Optional[str] = None,
+    token: Optional[str] = None,
+) -> Forked:
+    """Fork an execution at `at_seq`: through the data directory's running recorder, which keeps
+    the fork open, or recorded in-process and closed as incomplete when none runs."""
+    try:
+        with Reader.open(config) as reader:
+            execution_id = reader.resolve(execution_id)
+    except ExecutionNotFoundError:
+        pass  # maybe recorded a moment ago and not compacted yet: the recorder knows it
+    from .sidecar.client import Client, resolve_sidecar  # only fork talks to a recorder
+
+    address = resolve_sidecar(None, config.data_dir)
+    if address is not None:
+        with Client(address, token=token) as client:
+            return Forked(fork_execution(client, execution_id, at_seq, new_execution_id=new_execution_id), True)
+    store = _open_store(config)
+    try:
+        return Forked(fork_execution(store, execution_id, at_seq, new_execution_id=new_execution_id), False)
+    finally:
+        store.close()
+
+
+def import_intentusnet(config: Config, directory: str, *, workers: int = 8, progress: Progress = None) -> ImportResult:
+    """Import an IntentusNet FileExecutionStore directory through the WAL; nothing twice."""
+    from .interop.intentusnet import import_directory  # it loads IntentusNet's own package
+
+    try:
+        # The idle sweeper stays off: it must not mark an import in progress incomplete.
+        store = Store(config.replace(idle_timeout_s=0))
+    except StoreInUseError as e:
+        raise StoreInUseError(
+            e.message,
+            hint="stop the recorder first, or import through another data directory (--data-dir) "
+            "that compacts into the same database (--db)",
+        ) from None
+    try:
+        return import_directory(store, directory, workers=workers, progress=progress)
+    finally:
+        store.close()
