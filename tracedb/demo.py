@@ -2,14 +2,13 @@
 
 Each execution answers a question with LLM and tool calls (a canned, deterministic "model" and
 two local tools, so the demo needs no network and replays exactly). Every call is recorded
-through the sidecar as seed 004's llm.requested/llm.responded and tool.requested/tool.responded
-events, around seed 002's INTENT_RECEIVED, ROUTER_DECISION and FINAL_RESPONSE.
+through the sidecar as llm.requested/llm.responded and tool.requested/tool.responded events,
+around a router's INTENT_RECEIVED, ROUTER_DECISION and FINAL_RESPONSE.
 
 The last execution runs in its own agent process, which is SIGKILLed in the middle of a tool call.
 Its events up to the crash are durable in the recorder; the demo, acting as the agent's
 supervisor, then tells the recorder that the agent is gone (`abandon`), and the execution shows
-as incomplete, not replayable, reason execution_incomplete (seed 002, scenario 2). Nothing is
-retried.
+as incomplete, not replayable, reason execution_incomplete. Nothing is retried.
 """
 
 from __future__ import annotations
@@ -20,13 +19,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Optional
 
-import click
-
-from ..errors import TraceDBError
-from . import protocol as P
-from .client import Client, resolve_sidecar
+from .errors import TraceDBError
+from .replay import live_session
+from .sidecar.client import Client, resolve_sidecar
 
 QUESTIONS = [
     ("What is 17 * 23, in words?", "calculator", {"expression": "17 * 23"}),
@@ -77,8 +75,6 @@ def run_agent(client: Client, question: str, tool: str, args: dict, *, on_tool_c
     `on_tool_call(execution_id, seq)` runs right after the tool call is recorded and before the
     tool runs (the crash demo stops there).
     """
-    from ..replay import live_session
-
     ex = client.start("AnswerQuestion", envelope_for(question))
     ex.event("INTENT_RECEIVED", {"intent": "AnswerQuestion"})
     ex.event("ROUTER_DECISION", {"agent": "demo-agent", "intent": "AnswerQuestion", "reason": "only agent"})
@@ -115,7 +111,6 @@ def _crashing_agent(address: str) -> None:
 
 
 def _start_server(data_dir: str) -> subprocess.Popen:
-    sock = os.path.join(data_dir, P.DEFAULT_SOCKET_NAME)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tracedb", "--data-dir", data_dir, "serve", "--log-level", "warning"],
         stdin=subprocess.DEVNULL,
@@ -129,12 +124,23 @@ def _start_server(data_dir: str) -> subprocess.Popen:
             proc.kill()
             raise TraceDBError("`tracedb serve` did not start listening within 60 s")
         time.sleep(0.05)  # waiting for the socket, with a deadline
-    del sock
     return proc
 
 
-def run_demo(cfg, *, sidecar: Optional[str], start_server: bool, executions: int, as_json: bool) -> dict:
-    """Record `executions` completed executions and one crashed one; print a summary."""
+@dataclass(frozen=True)
+class DemoResult:
+    """Where the demo recorded, and each execution's outcome (the crashed one last)."""
+
+    address: str
+    data_dir: str
+    executions: tuple[dict, ...]
+
+    def to_dict(self) -> dict:
+        return {"data_dir": self.data_dir, "executions": list(self.executions)}
+
+
+def run_demo(cfg, *, sidecar: Optional[str], start_server: bool, executions: int) -> DemoResult:
+    """Record `executions` completed executions and one crashed one through the sidecar."""
     data_dir = cfg.data_dir
     address = resolve_sidecar(sidecar, data_dir)
     server = None
@@ -154,16 +160,16 @@ def run_demo(cfg, *, sidecar: Optional[str], start_server: bool, executions: int
                 question, tool, args = QUESTIONS[i % len(QUESTIONS)]
                 eid, _resp = run_agent(client, question, tool, args)
                 rows.append(eid)
-            crashed = _run_crash(address, client)
-            rows.append(crashed)
+            rows.append(_run_crash(address, client))
             records = [client.get(eid) for eid in rows]
     finally:
         if server is not None:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
-    summary = {
-        "data_dir": data_dir,
-        "executions": [
+    return DemoResult(
+        address,
+        data_dir,
+        tuple(
             {
                 "execution_id": r.execution_id,
                 "status": r.status,
@@ -173,29 +179,14 @@ def run_demo(cfg, *, sidecar: Optional[str], start_server: bool, executions: int
                 "last_event": r.events[-1].type if r.events else None,
             }
             for r in records
-        ],
-    }
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-        return summary
-    click.echo(f"recorded {len(records)} executions through the sidecar ({address}):")
-    for e in summary["executions"]:
-        flag = "replayable" if e["replayable"] else f"not replayable ({e['replayable_reason']})"
-        click.echo(f"  {e['execution_id']}  {e['status']:<10} {flag:<40} {e['events']} events, last {e['last_event']}")
-    done = next((e["execution_id"] for e in summary["executions"] if e["replayable"]), None)
-    click.echo("\nnext:")
-    click.echo("  tracedb inspect --list")
-    click.echo(f"  tracedb inspect {crashed}        # the crashed one: incomplete, events up to the crash")
-    if done:
-        click.echo(f"  tracedb trace get {done}")
-        click.echo(f"  tracedb replay {done}         # returns the recorded response, no agent call")
-    return summary
+        ),
+    )
 
 
 def _run_crash(address: str, client: Client) -> str:
     """Run the crashing agent in a child process, SIGKILL it mid tool call, report it abandoned."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "tracedb.sidecar.demo", "crashing-agent", address],
+        [sys.executable, "-m", "tracedb.demo", "crashing-agent", address],
         stdout=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
@@ -214,8 +205,8 @@ def _run_crash(address: str, client: Client) -> str:
     return pending["execution_id"]
 
 
-if __name__ == "__main__":  # the crashing agent's process: python -m tracedb.sidecar.demo crashing-agent ADDR
+if __name__ == "__main__":  # the crashing agent's process: python -m tracedb.demo crashing-agent ADDR
     if len(sys.argv) == 3 and sys.argv[1] == "crashing-agent":
         _crashing_agent(sys.argv[2])
     else:
-        sys.exit("usage: python -m tracedb.sidecar.demo crashing-agent ADDRESS")
+        sys.exit("usage: python -m tracedb.demo crashing-agent ADDRESS")

@@ -42,9 +42,9 @@ def run(*args, env=None):
 @pytest.mark.postgres
 def test_read_commands_take_the_database_url_three_ways(seeded_pg, pg_url, tmp_path):
     elsewhere = str(tmp_path / "reader")  # a reader on another machine: no WAL, no SQLite file
-    expected = [
-        ["exec-a1b2c3d4", "2024-01-15T10:30:00Z", "ProcessIntent", "completed", "replayable"],
-        ["exec-e5f6g7h8", "2024-01-15T10:31:00Z", "ProcessIntent", "incomplete", "not-replayable"],
+    expected = [  # newest first, then the events and duration columns
+        ["exec-e5f6g7h8", "2024-01-15T10:31:00Z", "ProcessIntent", "incomplete", "not-replayable", "2", "0ms"],
+        ["exec-a1b2c3d4", "2024-01-15T10:30:00Z", "ProcessIntent", "completed", "replayable", "8", "0ms"],
     ]
     by_flag = run("--data-dir", elsewhere, "--db", pg_url, "inspect", "--list")
     assert by_flag.exit_code == 0, by_flag.output
@@ -103,8 +103,8 @@ def test_maintenance_replay_and_fork_against_postgresql(seeded_pg, pg_url):
 @pytest.mark.postgres
 def test_migrate_creates_the_schema_on_a_new_database(pg_url):
     first = run("--db", pg_url, "migrate")
-    assert first.exit_code == 0 and first.stdout.strip() == "schema at 0001 (was empty)"
-    assert run("--db", pg_url, "migrate").stdout.strip() == "schema at 0001"
+    assert first.exit_code == 0 and first.stdout.strip() == "schema at 0002 (was empty)"
+    assert run("--db", pg_url, "migrate").stdout.strip() == "schema at 0002"
 
 
 def test_an_unreachable_server_is_named_without_its_password_with_what_to_check(tmp_path):

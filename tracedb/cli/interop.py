@@ -1,8 +1,4 @@
-"""`tracedb import intentusnet DIR` and `tracedb export ID --format intentusnet`.
-
-`register(main)` is called by tracedb/cli.py, which owns the `tracedb` group, its global options
-(--data-dir, --db, --config) and the error handling (message, hint, stable exit code).
-"""
+"""`tracedb import intentusnet DIR` and `tracedb export ID --format intentusnet`."""
 
 from __future__ import annotations
 
@@ -11,18 +7,13 @@ import os
 from typing import Optional
 
 import click
-import orjson
 
-from ..errors import EXIT_ERROR, InvalidInputError, StoreInUseError
-
-
-def _emit_json(value, compact: bool) -> None:
-    # The same output as `tracedb trace get`: indented, or one sorted line with --json.
-    opts = orjson.OPT_SORT_KEYS if compact else orjson.OPT_INDENT_2
-    click.echo(orjson.dumps(value, option=opts).decode())
+from .. import admin
+from ..errors import EXIT_ERROR, InvalidInputError
+from .main import config_of, emit_json, json_option, main, progress_bar, reading
 
 
-@click.group("import")
+@main.group("import")
 def import_group():
     """Bring execution records recorded by other runtimes into tracedb.
 
@@ -36,7 +27,7 @@ def import_group():
 @click.argument("directory", type=click.Path(file_okay=False, exists=True))
 @click.option("--workers", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Records written at once (their WAL appends share fsyncs).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON.")
+@json_option()
 @click.pass_context
 def import_intentusnet(ctx, directory, workers, as_json):
     """Import an IntentusNet FileExecutionStore directory (DIR/<executionId>.json).
@@ -49,27 +40,10 @@ def import_intentusnet(ctx, directory, workers, as_json):
     Example:
       tracedb --db postgresql+psycopg://tracedb@db/traces import intentusnet ./records
     """
-    from .. import cli
-    from ..store import Store
-    from .intentusnet import import_directory
-
-    cfg = cli.config_of(ctx)
-    try:
-        # The idle sweeper stays off: it must not mark an import in progress incomplete.
-        store = Store(cfg.replace(idle_timeout_s=0))
-    except StoreInUseError as e:
-        raise StoreInUseError(
-            e.message,
-            hint="stop the recorder first, or import through another data directory (--data-dir) "
-            "that compacts into the same database (--db)",
-        ) from None
-    try:
-        with cli._progress("importing") as progress:
-            result = import_directory(store, directory, workers=workers, progress=progress)
-    finally:
-        store.close()
+    with progress_bar("importing") as progress:
+        result = admin.import_intentusnet(config_of(ctx), directory, workers=workers, progress=progress)
     if as_json:
-        _emit_json(
+        emit_json(
             {"imported": result.imported, "already_present": result.already_present,
              "events": result.events,
              "failed": [{"file": f, "error": m} for f, m in result.failed]},
@@ -96,15 +70,15 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-@click.command("export")
-@click.argument("execution_ids", nargs=-1)
+@main.command("export")
+@click.argument("execution_ids", nargs=-1, metavar="[ID]...")
 @click.option("--all", "all_", is_flag=True, help="Every execution in the store.")
 @click.option("--format", "fmt", type=click.Choice(["tracedb", "intentusnet"]), default="tracedb",
               show_default=True, help="tracedb: the `trace get` record; intentusnet: IntentusNet's ExecutionRecord JSON.")
 @click.option("--output", "-o", type=click.Path(), default=None,
               help="A file for one execution, or a directory (<id>.json per execution, the layout "
               "IntentusNet's FileExecutionStore reads). Default: standard output.")
-@click.option("--json", "as_json", is_flag=True, help="Compact one-line JSON on standard output.")
+@json_option("Compact one-line JSON on standard output.")
 @click.pass_context
 def export_command(ctx, execution_ids, all_, fmt, output, as_json):
     """Write executions as JSON, in tracedb's record shape or IntentusNet's.
@@ -117,22 +91,21 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
       tracedb export exec-a1b2c3d4 --format intentusnet
       tracedb export --all --format intentusnet -o .intentusnet/records
     """
-    from .. import cli, queries
-    from .intentusnet import to_intentusnet_dict
-
     if all_ and execution_ids:
         raise click.UsageError("give execution ids or --all, not both")
     if not all_ and not execution_ids:
         raise click.UsageError("give one or more execution ids, or --all")
+    from ..interop.intentusnet import to_intentusnet_dict  # it loads IntentusNet's own package
+
     to_dir: Optional[str] = None
     if output is not None and (all_ or len(execution_ids) > 1 or os.path.isdir(output)):
         to_dir = output
     elif output is None and (all_ or len(execution_ids) > 1):
         raise click.UsageError("several executions need --output DIR (one <id>.json each)")
-    cfg = cli.config_of(ctx)
-    engine = cli.read_engine(cfg)
-    try:
-        ids = list(execution_ids) if not all_ else [r.execution_id for r in queries.list_traces(engine)]
+    n = 0
+    with reading(ctx) as reader:
+        # With --all the ids come a page at a time: memory holds a page of ids and one record.
+        ids = (i.summary.execution_id for i in reader.each()) if all_ else map(reader.resolve, execution_ids)
         if to_dir is not None:
             os.makedirs(to_dir, exist_ok=True)
         for eid in ids:
@@ -142,22 +115,15 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
                     f"execution id {eid!r} cannot be a file name in {to_dir}",
                     hint="export it alone with --output FILE",
                 )
-            record = queries.read_record(engine, eid)
+            record = reader.get(eid)
             doc = to_intentusnet_dict(record) if fmt == "intentusnet" else record.to_dict()
+            n += 1
             if output is None:
-                _emit_json(doc, as_json)
+                emit_json(doc, as_json)
                 continue
             # IntentusNet's FileExecutionStore writes json.dump(..., ensure_ascii=False, indent=2).
             text = json.dumps(doc, ensure_ascii=False, indent=2)
             _write_atomic(os.path.join(to_dir, f"{eid}.json") if to_dir else output, text)
-    finally:
-        engine.dispose()
     if output is not None:
         where = to_dir if to_dir is not None else output
-        click.echo(f"wrote {len(ids)} execution(s) to {where}", err=True)
-
-
-def register(main: click.Group) -> None:
-    """Add `import intentusnet` and `export` to the `tracedb` group."""
-    main.add_command(import_group, "import")
-    main.add_command(export_command, "export")
+        click.echo(f"wrote {n} execution(s) to {where}", err=True)

@@ -1,7 +1,5 @@
 """`tracedb replay`, `tracedb fork` and `tracedb trace diff`: thin commands over tracedb.replay.
 
-`register(main)` is called by tracedb/cli.py, which owns the `tracedb` group, its global
-`--data-dir` / `--config` options and the error handling (message, hint, stable exit code):
 NotReplayableError exits 6, RecordCorruptedError and ReplayHashMismatchError exit 4.
 """
 
@@ -13,34 +11,11 @@ import sys
 from typing import Optional
 
 import click
-import orjson
 
-from ..errors import InvalidInputError
+from .. import admin
+from .main import config_of, emit_json, execution_id_argument, json_option, main, reading, trace
 
-_CELL = 46  # width of one side in `trace diff`
-
-
-def _read_records(ctx: click.Context, *execution_ids: str) -> list:
-    # Read commands go to the database directly, like `trace get`: they work next to a recorder.
-    from .. import cli, queries
-
-    cfg = cli.config_of(ctx)
-    engine = cli.read_engine(cfg)
-    try:
-        records = [queries.read_record(engine, eid) for eid in execution_ids]
-        # Says so when no recorder runs and the WAL holds records not compacted yet.
-        note = getattr(cli, "_note_unrecovered", None)
-        if note is not None:
-            note(cfg, engine)
-    finally:
-        engine.dispose()
-    return records
-
-
-def _emit_json(value, compact: bool) -> None:
-    # The same output as `tracedb trace get`: indented, or one sorted line with --json.
-    opts = orjson.OPT_SORT_KEYS if compact else orjson.OPT_INDENT_2
-    click.echo(orjson.dumps(value, option=opts).decode())
+CELL = 46  # width of one side in `trace diff`
 
 
 def _load_envelope(path: str) -> dict:
@@ -62,8 +37,8 @@ def _load_envelope(path: str) -> dict:
     return envelope
 
 
-@click.command("replay")
-@click.argument("execution_id")
+@main.command("replay")
+@execution_id_argument()
 @click.option("--force", is_flag=True, help="Replay a non-replayable record anyway (debugging only).")
 @click.option(
     "--envelope",
@@ -71,7 +46,7 @@ def _load_envelope(path: str) -> dict:
     type=click.Path(dir_okay=False, allow_dash=True),
     help="JSON file with the intent envelope to verify against the recorded hash ('-': stdin).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Compact one-line JSON instead of indented.")
+@json_option("Compact one-line JSON instead of indented.")
 @click.pass_context
 def replay_command(ctx, execution_id, force, envelope_path, as_json):
     """Return an execution's recorded final response exactly; no agent or model is called.
@@ -84,24 +59,22 @@ def replay_command(ctx, execution_id, force, envelope_path, as_json):
     Example:
       tracedb replay exec-a1b2c3d4 --envelope envelope.json --json | jq .payload
     """
-    from .exact import ReplayEngine
-
-    env = _load_envelope(envelope_path) if envelope_path else None
-    (record,) = _read_records(ctx, execution_id)
-    result = ReplayEngine(record).replay(env=env, force=force)
+    envelope = _load_envelope(envelope_path) if envelope_path else None
+    with reading(ctx) as reader:
+        result = reader.replay(execution_id, envelope=envelope, force=force)
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
-    _emit_json(result.to_dict(), as_json)
+    emit_json(result.to_dict(), as_json)
 
 
-@click.command("fork")
-@click.argument("execution_id")
+@main.command("fork")
+@execution_id_argument()
 @click.option("--at", "at_seq", required=True, type=int, help="The last seq the fork shares with its parent.")
 @click.option("--id", "new_id", help="Execution id for the fork (default: a new one).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON.")
+@json_option()
 @click.pass_context
 def fork_command(ctx, execution_id, at_seq, new_id, as_json):
-    """Start a new execution sharing the parent's events up to --at, with its lineage (seed 004).
+    """Start a new execution sharing the parent's events up to --at, with its lineage.
 
     With a recorder running (`tracedb serve`), the fork is made through it and stays open: record
     its next events by id (seq --at + 1 onwards). Without one, the fork is recorded in-process and
@@ -112,48 +85,23 @@ def fork_command(ctx, execution_id, at_seq, new_id, as_json):
     Example:
       tracedb fork exec-a1b2c3d4 --at 7 --json
     """
-    from .. import cli
-    from ..store import open_store
-    from .forking import fork
-
-    cfg = cli.config_of(ctx)
-    address = _sidecar_address(cfg.data_dir)
-    if address is not None:
-        from ..sidecar.client import Client
-
-        with Client(address, token=os.environ.get("TRACEDB_TOKEN") or None) as client:
-            made = fork(client, execution_id, at_seq, new_execution_id=new_id)
-        live = True
-    else:
-        # No background threads: this process records one fork and exits.
-        store = open_store(config=cfg.replace(compact_interval_ms=0, idle_timeout_s=0))
-        try:
-            made = fork(store, execution_id, at_seq, new_execution_id=new_id)
-        finally:
-            store.close()
-        live = False
-    out = dict(made.to_dict(), live=live)
+    token = os.environ.get("TRACEDB_TOKEN") or None
+    r = admin.fork(config_of(ctx), execution_id, at_seq, new_execution_id=new_id, token=token)
+    made = r.fork
+    out = dict(made.to_dict(), live=r.live)
     if as_json:
-        _emit_json(out, True)
+        emit_json(out, True)
     else:
         click.echo(
             f"forked {made.parent_execution_id} at seq {made.forked_at_seq} -> {made.execution_id} "
             f"({out['copied_events']} event(s) shared)"
         )
-    if not live:
+    if not r.live:
         click.echo(
             "note: no recorder is running, so the fork was closed as incomplete when this command "
             "finished; start `tracedb serve` to keep forks open",
             err=True,
         )
-
-
-def _sidecar_address(data_dir: str) -> Optional[str]:
-    try:
-        from ..sidecar.client import resolve_sidecar
-    except ImportError:  # the sidecar is optional
-        return None
-    return resolve_sidecar(None, data_dir)
 
 
 def _cell(entry: Optional[dict], unit: str) -> str:
@@ -164,17 +112,17 @@ def _cell(entry: Optional[dict], unit: str) -> str:
         text = f"{entry['skill']}({params}) {entry['status']} r={entry['retries']}"
     else:
         text = f"{entry['seq']} {entry['type']} {entry['payload']}"
-    return text if len(text) <= _CELL else text[: _CELL - 1] + "…"
+    return text if len(text) <= CELL else text[: CELL - 1] + "…"
 
 
-@click.command("diff")
-@click.argument("a")
-@click.argument("b")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON.")
+@trace.command("diff")
+@execution_id_argument("a", metavar="A")
+@execution_id_argument("b", metavar="B")
+@json_option()
 @click.option("--exit-code", is_flag=True, help="Exit 1 when the traces diverge (like git diff).")
 @click.pass_context
 def diff_command(ctx, a, b, as_json, exit_code):
-    """Show two traces side by side, up to and at their first divergent step (seed 003).
+    """Show two traces side by side, up to and at their first divergent step.
 
     Steps are compared by the determinism signature: skill, canonical parameters, status, retry
     count (never response data, timing or cost). Traces without skill or tool steps are compared
@@ -184,35 +132,28 @@ def diff_command(ctx, a, b, as_json, exit_code):
     Example:
       tracedb trace diff exec-original exec-replay
     """
-    from .parity import diff_traces
-
-    rec_a, rec_b = _read_records(ctx, a, b)
-    diff = diff_traces(rec_a, rec_b)
+    with reading(ctx) as reader:
+        diff = reader.diff(a, b)
     if as_json:
-        _emit_json(diff.to_dict(), True)
+        emit_json(diff.to_dict(), True)
     else:
-        click.echo(f"{diff.unit:<5} {a[:_CELL]:<{_CELL}}  {b[:_CELL]:<{_CELL}}")
-        for row in diff.rows:
-            mark = "=" if row.same else "≠"
-            left, right = _cell(row.a, diff.unit), _cell(row.b, diff.unit)
-            click.echo(f"{row.step:<5} {left:<{_CELL}}  {right:<{_CELL}}  {mark}")
-        if diff.identical:
-            click.echo(f"identical: {diff.a_total} {diff.unit}(s)")
-        else:
-            click.echo(f"first divergence at {diff.divergence_reason}")
-            rest_a = max(0, diff.a_total - len(diff.rows))
-            rest_b = max(0, diff.b_total - len(diff.rows))
-            if rest_a or rest_b:
-                click.echo(f"({rest_a} more {diff.unit}(s) in {a}, {rest_b} in {b} not shown)")
+        _print_diff(diff)
     if exit_code and not diff.identical:
         ctx.exit(1)
 
 
-def register(main: click.Group) -> None:
-    """Add `replay` and `fork` to the `tracedb` group, and `diff` under its `trace` group."""
-    main.add_command(replay_command, "replay")
-    main.add_command(fork_command, "fork")
-    trace = main.get_command(click.Context(main), "trace")
-    if trace is None:
-        raise InvalidInputError("tracedb's CLI has no `trace` group to add `diff` to")
-    trace.add_command(diff_command, "diff")
+def _print_diff(diff) -> None:
+    a, b = diff.a_id, diff.b_id
+    click.echo(f"{diff.unit:<5} {a[:CELL]:<{CELL}}  {b[:CELL]:<{CELL}}")
+    for row in diff.rows:
+        mark = "=" if row.same else "≠"
+        left, right = _cell(row.a, diff.unit), _cell(row.b, diff.unit)
+        click.echo(f"{row.step:<5} {left:<{CELL}}  {right:<{CELL}}  {mark}")
+    if diff.identical:
+        click.echo(f"identical: {diff.a_total} {diff.unit}(s)")
+        return
+    click.echo(f"first divergence at {diff.divergence_reason}")
+    rest_a = max(0, diff.a_total - len(diff.rows))
+    rest_b = max(0, diff.b_total - len(diff.rows))
+    if rest_a or rest_b:
+        click.echo(f"({rest_a} more {diff.unit}(s) in {a}, {rest_b} in {b} not shown)")

@@ -1,18 +1,16 @@
-"""`tracedb serve` and `tracedb demo`: thin commands over tracedb.sidecar.
-
-`register(main)` is called by tracedb/cli.py, which owns the `tracedb` group, its global
-`--data-dir` / `--config` options and the error handling (message, hint, stable exit code).
-"""
+"""`tracedb serve` and `tracedb demo`: thin commands over tracedb.sidecar and tracedb.demo."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Optional
 
 import click
 
 from ..errors import ConfigError
-from . import protocol as P
+from ..sidecar import protocol as P
+from .main import config_of, json_option, main
 
 # [sidecar] keys of the configuration file (config/tracedb.toml), with their types.
 _FILE_KEYS = {
@@ -70,7 +68,7 @@ def _read_token(token_file: Optional[str]) -> Optional[str]:
     return os.environ.get("TRACEDB_TOKEN") or None
 
 
-@click.command()
+@main.command()
 @click.option("--socket", "socket_path", envvar="TRACEDB_SOCKET", type=click.Path(dir_okay=False),
               help="Unix socket to listen on (env TRACEDB_SOCKET; default <data dir>/tracedb.sock).")
 @click.option("--tcp", help="Also listen on TCP, HOST:PORT (loopback unless --allow-remote).")
@@ -104,10 +102,11 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, max_fra
     Example:
       tracedb --data-dir ./.tracedb serve --metrics-port 9464
     """
-    from .run import serve_forever
-    from .server import ServerConfig
+    # The server, and the demo below, are imported by their commands: the other commands start faster.
+    from ..sidecar.run import serve_forever
+    from ..sidecar.server import ServerConfig
 
-    cfg = ctx.find_root().obj["config"]
+    cfg = config_of(ctx)
     # The compactor's CPU would otherwise come out of the interpreter that acknowledges events.
     cfg = cfg.replace(compact_worker=not compact_in_process)
     file = _sidecar_file_settings(cfg)
@@ -131,14 +130,14 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, max_fra
     serve_forever(cfg, scfg, log_level=log_level or file.get("log_level", "info"), log_json=log_format == "json")
 
 
-@click.command()
+@main.command()
 @click.option("--sidecar", envvar="TRACEDB_SIDECAR",
               help="Recorder address (env TRACEDB_SIDECAR; default: the data directory's socket).")
 @click.option("--start-server", is_flag=True,
               help="Start a `tracedb serve` for the demo's duration if none is running.")
 @click.option("--executions", type=click.IntRange(1, 1000), default=3, show_default=True,
               help="Completed executions to record before the one that crashes.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@json_option("Print the summary as JSON.")
 @click.pass_context
 def demo(ctx, sidecar, start_server, executions, as_json):
     """Record demo agent executions through the sidecar; one crashes midway.
@@ -152,13 +151,22 @@ def demo(ctx, sidecar, start_server, executions, as_json):
     Example:
       tracedb demo --start-server && tracedb inspect --list
     """
-    from .demo import run_demo
+    from ..demo import run_demo
 
-    cfg = ctx.find_root().obj["config"]
-    run_demo(cfg, sidecar=sidecar, start_server=start_server, executions=executions, as_json=as_json)
-
-
-def register(main: click.Group) -> None:
-    """Add `serve` and `demo` to the `tracedb` command group."""
-    main.add_command(serve)
-    main.add_command(demo)
+    result = run_demo(config_of(ctx), sidecar=sidecar, start_server=start_server, executions=executions)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    rows = result.executions
+    click.echo(f"recorded {len(rows)} executions through the sidecar ({result.address}):")
+    for e in rows:
+        flag = "replayable" if e["replayable"] else f"not replayable ({e['replayable_reason']})"
+        click.echo(f"  {e['execution_id']}  {e['status']:<10} {flag:<40} {e['events']} events, last {e['last_event']}")
+    crashed = rows[-1]["execution_id"]
+    done = next((e["execution_id"] for e in rows if e["replayable"]), None)
+    click.echo("\nnext:")
+    click.echo("  tracedb inspect --list")
+    click.echo(f"  tracedb inspect {crashed}        # the crashed one: incomplete, events up to the crash")
+    if done:
+        click.echo(f"  tracedb trace get {done}")
+        click.echo(f"  tracedb replay {done}         # returns the recorded response, no agent call")

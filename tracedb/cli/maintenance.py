@@ -1,0 +1,224 @@
+"""Maintenance commands over `tracedb.admin`: compact, recover, prune, pin, unpin, invalidate,
+migrate, wal scan, wal repair.
+
+prune, pin, unpin and invalidate write the database in short transactions without the WAL's
+lock, so they work next to a running recorder; compact and recover open the store, which takes
+the lock: with a recorder running they exit 5 (it does both itself).
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from .. import admin
+from ..config import parse_duration_s
+from ..errors import EXIT_INTEGRITY
+from .main import config_of, emit_json, execution_id_argument, json_option, main, progress_bar
+
+
+@main.command()
+@json_option()
+@click.pass_context
+def compact(ctx, as_json):
+    """Apply every WAL record to the database now (a running recorder does this itself).
+
+    \b
+    Example:
+      tracedb compact
+    """
+    with progress_bar("compacting") as progress:
+        r = admin.compact(config_of(ctx), progress)
+    if as_json:
+        emit_json({"records": r.records, "marked_incomplete": r.marked_incomplete, "applied_lsn": r.applied_lsn}, True)
+    else:
+        click.echo(
+            f"compacted {r.records} WAL record(s); applied LSN {r.applied_lsn}; "
+            f"{r.marked_incomplete} execution(s) marked incomplete"
+        )
+
+
+@main.command()
+@json_option()
+@click.pass_context
+def recover(ctx, as_json):
+    """Repair a torn WAL tail, compact, mark unfinished executions incomplete.
+
+    Runs on its own whenever a store opens; no execution is retried.
+
+    \b
+    Example:
+      tracedb recover && tracedb inspect --list --status incomplete
+    """
+    with progress_bar("recovering") as progress:
+        r = admin.recover(config_of(ctx), progress)
+    if as_json:
+        emit_json(
+            {"wal_truncated_bytes": r.wal_truncated_bytes, "compacted_records": r.compacted_records,
+             "marked_incomplete": r.marked_incomplete, "incomplete_ids": list(r.incomplete_ids)},
+            True,
+        )
+    else:
+        click.echo(
+            f"truncated {r.wal_truncated_bytes} byte(s) of torn WAL tail; compacted "
+            f"{r.compacted_records} record(s); marked {r.marked_incomplete} execution(s) incomplete"
+        )
+        for eid in r.incomplete_ids:
+            click.echo(f"incomplete: {eid}")
+
+
+@main.command()
+@click.option("--older-than", "older_than", help="Age such as 30d, 12h (default: retention days).")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@json_option()
+@click.pass_context
+def prune(ctx, older_than, dry_run, as_json):
+    """Delete terminal traces older than N (not pinned, not the parent of a fork), reclaim space.
+
+    Safe next to a running recorder and from cron; running it twice deletes nothing more.
+
+    \b
+    Example:
+      tracedb prune --older-than 30d --dry-run
+    """
+    seconds = parse_duration_s(older_than) if older_than else None
+    with progress_bar("pruning") as progress:
+        r = admin.prune(config_of(ctx), seconds, dry_run=dry_run, progress=progress)
+    if as_json:
+        emit_json(
+            {"dry_run": r.dry_run, "deleted_traces": r.deleted_traces, "deleted_steps": r.deleted_steps,
+             "kept_pinned": r.kept_pinned, "kept_parents": r.kept_parents, "bytes_freed": r.bytes_freed},
+            True,
+        )
+    else:
+        verb = "would delete" if dry_run else "deleted"
+        click.echo(
+            f"{verb} {r.deleted_traces} trace(s) and {r.deleted_steps} step(s); kept "
+            f"{r.kept_pinned} pinned and {r.kept_parents} fork parent(s); freed {r.bytes_freed} byte(s)"
+        )
+
+
+def _pin_command(pinned: bool, help_text: str) -> click.Command:
+    """`pin` and `unpin`: one command body, two directions."""
+
+    @click.command(help=help_text)
+    @execution_id_argument()
+    @click.pass_context
+    def command(ctx, execution_id):
+        full_id = admin.set_pinned(config_of(ctx), execution_id, pinned)
+        click.echo(f"{'pinned' if pinned else 'unpinned'} {full_id}")
+
+    return command
+
+
+main.add_command(
+    _pin_command(True, """Keep a trace forever: prune never deletes a pinned trace.
+
+    \b
+    Example:
+      tracedb pin exec-a1b2c3d4
+    """),
+    "pin",
+)
+main.add_command(
+    _pin_command(False, """Let prune delete a trace again once it is old enough.
+
+    \b
+    Example:
+      tracedb unpin exec-a1b2c3d4
+    """),
+    "unpin",
+)
+
+
+@main.command()
+@execution_id_argument()
+@click.option("--reason", required=True, help="Why, kept with the trace.")
+@click.pass_context
+def invalidate(ctx, execution_id, reason):
+    """Mark an execution invalidated: not replayable, manually_invalidated.
+
+    Works next to a running recorder: it stops accepting events for the execution.
+
+    \b
+    Example:
+      tracedb invalidate exec-a1b2c3d4 --reason "agent had a bug"
+    """
+    r = admin.invalidate(config_of(ctx), execution_id, reason)
+    click.echo(f"invalidated {r.execution_id}" if r.changed else f"{r.execution_id} was already invalidated")
+
+
+@main.command()
+@click.pass_context
+def migrate(ctx):
+    """Create or upgrade the database schema (opening a store does this too).
+
+    \b
+    Example:
+      tracedb migrate
+    """
+    r = admin.migrate(config_of(ctx))
+    click.echo(f"schema at {r.after}" + ("" if r.before == r.after else f" (was {r.before or 'empty'})"))
+
+
+@main.group("wal")
+def wal_group():
+    """The write-ahead log itself.
+
+    \b
+    Example:
+      tracedb wal scan
+    """
+
+
+@wal_group.command("scan")
+@json_option()
+@click.pass_context
+def wal_scan(ctx, as_json):
+    """Read the whole WAL and report records, LSNs and any damage (read-only).
+
+    \b
+    Example:
+      tracedb wal scan --json
+    """
+    r = admin.scan_wal(config_of(ctx))
+    if as_json:
+        emit_json(
+            {"records": r.records, "first_lsn": r.first_lsn, "last_lsn": r.last_lsn,
+             "segments": r.segments, "live": r.live,
+             "damages": [
+                 {"path": d.segment, "offset": d.offset, "expected": d.expected, "found": d.found,
+                  "torn_tail": d.torn_tail, "live_tail": d.live_tail}
+                 for d in r.damages
+             ]},
+            True,
+        )
+    else:
+        click.echo(f"{r.records} record(s), LSN {r.first_lsn}..{r.last_lsn}, {r.segments} segment(s)"
+                   + (" (a recorder is writing: the tail may be in progress)" if r.live else ""))
+        for d in r.damages:
+            kind = "live tail" if d.live_tail else "torn tail" if d.torn_tail else "CORRUPTION"
+            click.echo(f"{kind}: {d.segment} at {d.offset}: expected {d.expected}, found {d.found}")
+    if r.corrupt:
+        ctx.exit(EXIT_INTEGRITY)
+
+
+@wal_group.command("repair")
+@click.pass_context
+def wal_repair(ctx):
+    """Truncate the WAL at the last good record, keeping .broken copies (takes the lock).
+
+    \b
+    Example:
+      tracedb wal repair && tracedb recover
+    """
+    r = admin.repair_wal(config_of(ctx))
+    if r.damage is None:
+        click.echo(f"nothing to repair; the log ends at LSN {r.last_lsn}")
+    else:
+        click.echo(
+            f"truncated {os.path.basename(r.truncated_segment or '')} at {r.truncated_at}; "
+            f"the log now ends at LSN {r.last_lsn}; copies: "
+            + ", ".join(os.path.basename(c) for c in r.broken_copies)
+        )

@@ -1,0 +1,204 @@
+"""Read commands: `inspect`, `trace get`, `trace lineage`, `verify`, over `tracedb.reads.Reader`.
+
+They read the database without the WAL's lock, so they work next to a running recorder.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Optional
+
+import click
+import orjson
+
+from ..errors import EXIT_INTEGRITY
+from ..reads import DEFAULT_PAGE_SIZE, ListedExecution
+from ..record import STATUSES, utc_iso
+from .main import (
+    CursorParam,
+    TimeParam,
+    emit_json,
+    execution_id_argument,
+    format_duration,
+    json_option,
+    main,
+    reading,
+    trace,
+)
+
+HEADER = ("ID", "CREATED", "INTENT", "STATUS", "REPLAY", "EVENTS", "DURATION")
+# Rows read before the column widths are fixed, when every execution is listed.
+WIDTH_SAMPLE = 1000
+
+
+def _cells(item: ListedExecution) -> tuple[str, ...]:
+    s = item.summary
+    return (
+        s.execution_id,
+        utc_iso(s.created_at_ns, timespec="seconds"),
+        s.intent or "-",
+        s.status,
+        "replayable" if s.replayable else "not-replayable",
+        str(s.last_seq),
+        format_duration(item.duration_ns),
+    )
+
+
+def _print_table(items: Iterable[ListedExecution]) -> None:
+    """The header on stderr, one line per execution on stdout (its first five columns as
+    IntentusNet's `inspect --list` prints them); widths fit the first rows, so a listing of any
+    length streams."""
+    items = iter(items)
+    first = [_cells(i) for i in itertools.islice(items, WIDTH_SAMPLE)]
+    widths = [max([len(h)] + [len(row[c]) for row in first]) for c, h in enumerate(HEADER)]
+    right = {5, 6}  # numbers align right
+
+    def line(cells) -> str:
+        parts = [cell.rjust(w) if c in right else cell.ljust(w) for c, (cell, w) in enumerate(zip(cells, widths))]
+        return "  ".join(parts).rstrip()
+
+    click.echo(line(HEADER), err=True)
+    for row in first:
+        click.echo(line(row))
+    for item in items:
+        click.echo(line(_cells(item)))
+
+
+def _print_json(items: Iterable[ListedExecution]) -> None:
+    """One JSON list on one line, written row by row so that a listing of any length streams."""
+    click.echo("[", nl=False)
+    for n, item in enumerate(items):
+        click.echo(("," if n else "") + orjson.dumps(item.to_dict(), option=orjson.OPT_SORT_KEYS).decode(), nl=False)
+    click.echo("]")
+
+
+@main.command()
+@execution_id_argument(required=False)
+@click.option("--list", "list_", is_flag=True, help="List executions, newest first, a page at a time.")
+@click.option("--status", type=click.Choice(STATUSES))
+@click.option("--since", type=TimeParam(), help="Created at or after: ISO time or an age such as 2h or 7d.")
+@click.option("--until", type=TimeParam(), help="Created before: ISO time or an age.")
+@click.option("--intent", help="Only executions with exactly this intent.")
+@click.option("--search", metavar="TEXT", help="Only executions whose intent contains TEXT (any case).")
+@click.option("--limit", type=click.IntRange(min=0), help=f"Executions per page (default {DEFAULT_PAGE_SIZE}).")
+@click.option("--before", type=CursorParam(), help="The next page: the cursor printed after the previous one.")
+@click.option("--all", "all_", is_flag=True, help="Every matching execution, not one page.")
+@json_option()
+@click.pass_context
+def inspect(ctx, execution_id, list_, status, since, until, intent, search, limit, before, all_, as_json):
+    """List executions (--list), or show one execution's state.
+
+    --list prints a line per execution, newest first: id, creation time, intent, status,
+    replayability, events, duration (creation to the last event; '-' while running). The
+    header, and the cursor of the next page when there is one, go to stderr. --json prints a
+    list; each row carries its `cursor`. Filters combine: --status, --since/--until, --intent
+    (exact), --search (a substring of the intent).
+
+    With an id (or a unique prefix of one): JSON with execution_id, status, last_event,
+    replayable, replayable_reason.
+
+    \b
+    Example:
+      tracedb inspect --list --status incomplete --since 1d
+      tracedb inspect exec-e5f6g7h8
+    """
+    if execution_id is None and not list_:
+        raise click.UsageError("give an execution id, or --list")
+    if execution_id is not None and list_:
+        raise click.UsageError("give either an execution id or --list, not both")
+    if all_ and limit is not None:
+        raise click.UsageError("give --limit or --all, not both")
+    with reading(ctx) as reader:
+        if execution_id is not None:
+            emit_json(reader.inspect(execution_id), as_json)
+            return
+        filters = dict(status=status, since=since, until=until, intent=intent, search=search, before=before)
+        next_cursor: Optional[str] = None
+        if all_:
+            items: Iterable[ListedExecution] = reader.each(**filters)
+        else:
+            page = reader.page(limit=DEFAULT_PAGE_SIZE if limit is None else limit, **filters)
+            items, next_cursor = page.items, page.next_cursor
+        (_print_json if as_json else _print_table)(items)
+        if next_cursor is not None:
+            click.echo(
+                f"more: add --before {next_cursor} for the next page, or list every one with --all",
+                err=True,
+            )
+
+
+@trace.command("get")
+@execution_id_argument()
+@json_option("Compact one-line JSON of the record alone, instead of indented with eventTimes.")
+@click.pass_context
+def trace_get(ctx, execution_id, as_json):
+    """Print an execution's whole record, in IntentusNet's ExecutionRecord shape.
+
+    header{executionId, createdUtcIso, envelopeHash, replayable, replayableReason}, envelope,
+    routerDecision, events[{seq, type, payload}], finalResponse, plus status and intent.
+    Indented (without --json), eventTimes follows: each event's seq, recordedUtcIso and
+    sincePreviousMs (the time since the event before it; for the first, since the start).
+
+    \b
+    Example:
+      tracedb trace get exec-a1b2c3d4 --json | jq .events
+    """
+    with reading(ctx) as reader:
+        timeline = reader.timeline(execution_id)
+        out = timeline.record.to_dict()
+        if not as_json:
+            out["eventTimes"] = [t.to_dict() for t in timeline.event_times]
+        emit_json(out, as_json)
+
+
+@trace.command("lineage")
+@execution_id_argument()
+@json_option()
+@click.pass_context
+def trace_lineage(ctx, execution_id, as_json):
+    """Show what an execution was forked from, up to the first one, and the forks made from it.
+
+    \b
+    Example:
+      tracedb trace lineage exec-a1b2c3d4
+    """
+    with reading(ctx) as reader:
+        lineage = reader.lineage(execution_id)
+        if as_json:
+            emit_json(lineage.to_dict(), True)
+            return
+        click.echo(lineage.execution_id)
+        for parent, seq in lineage.ancestors:
+            click.echo(f"  forked at seq {seq} from {parent}")
+        for fork, seq in lineage.forks:
+            click.echo(f"  fork {fork} at seq {seq}")
+
+
+@main.command()
+@execution_id_argument(required=False)
+@json_option()
+@click.pass_context
+def verify(ctx, execution_id, as_json):
+    """Check envelope hashes, event order and database integrity; exit 4 on any problem.
+
+    \b
+    Example:
+      tracedb verify && tracedb verify exec-a1b2c3d4
+    """
+    with reading(ctx) as reader:
+        result = reader.verify(execution_id)
+    if as_json:
+        emit_json(
+            {"ok": result.ok, "checked_traces": result.checked_traces,
+             "checked_steps": result.checked_steps, "problems": list(result.problems)},
+            True,
+        )
+    else:
+        for p in result.problems:
+            click.echo(f"problem: {p}")
+        click.echo(
+            f"{'ok' if result.ok else 'FAILED'}: {result.checked_traces} trace(s), "
+            f"{result.checked_steps} step(s), {len(result.problems)} problem(s)"
+        )
+    if not result.ok:
+        ctx.exit(EXIT_INTEGRITY)
