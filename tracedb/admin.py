@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import sqlalchemy as sa
 
 import wal
-from wal.writer import LOCK_FILE
+from wal.dir_lock import LOCK_FILE
 
 from . import db, retention
 from .config import Config
