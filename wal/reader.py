@@ -643,6 +643,61 @@ class WalReader:
         return False
 
 
+@dataclass(frozen=True)
+class SegmentEnd:
+    """Where the valid records of a log's last segment end (`scan_last_segment`)."""
+
+    segment: SegmentInfo
+    end_offset: int  # just past its last valid record, or its SEAL
+    next_lsn: int  # the LSN the next record appended to the log carries
+    seed: int  # the CRC seed of the segment's salt
+    sealed: bool  # it ends with a SEAL record
+    torn_tail: Optional[Damage]  # the torn tail found at end_offset, if any
+
+
+class _OneSegmentReader(WalReader):
+    """A reader that sees one segment only, as if the log held no other."""
+
+    def __init__(self, directory: str, segment: SegmentInfo, mode: RecoveryMode | str):
+        super().__init__(directory, from_lsn=segment.first_lsn, mode=mode)
+        self._segment = segment
+
+    def _segments(self) -> list[SegmentInfo]:
+        return [self._segment]
+
+
+def scan_last_segment(directory: str, segments: Optional[list[SegmentInfo]] = None) -> SegmentEnd:
+    """Check the last of `segments` (by default the directory's) to its end under TOLERATE_TAIL
+    and say where its valid records end: what opening the log for appending needs.
+
+    Earlier segments are not read: they are the compactor's to read. A log of one segment is
+    read as any reader reads it from its start (missing segments before it not declared applied
+    are corruption). Past the end there may be a torn tail (`torn_tail`), the zeros of a
+    preallocated segment, or bytes after a SEAL. Raises WalCorruptionError for damage that is not
+    a torn tail, a damaged segment header included."""
+    segs = list_segments(directory) if segments is None else segments
+    if not segs:
+        raise WalUsageError(f"no segment in {directory}")
+    last = segs[-1]
+    if len(segs) > 1:
+        reader = _OneSegmentReader(directory, last, RecoveryMode.TOLERATE_TAIL)
+    else:
+        reader = WalReader(directory, from_lsn=last.first_lsn, mode=RecoveryMode.TOLERATE_TAIL)
+    reader.skip_to_end()
+    if reader._seg is None:
+        # The last segment's header is damaged: never a torn tail (see FORMAT.md).
+        d = reader.damages[0] if reader.damages else None
+        raise WalCorruptionError(last.path, 0, "a valid segment header", d.found if d else "?")
+    return SegmentEnd(
+        last,
+        reader._offset,
+        reader._expected,
+        reader._seed,
+        reader.sealed_last,
+        reader.damages[0] if reader.damages else None,
+    )
+
+
 def read_records(
     directory: str,
     *,

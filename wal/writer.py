@@ -27,15 +27,9 @@ from typing import Callable, Mapping, Optional, Sequence
 from . import aio as _aio
 from . import format as fmt
 from .dir_lock import LOCK_FILE, acquire_dir_lock  # noqa: F401 - importable from here, as before
-from .errors import (
-    PayloadTooLargeError,
-    WalClosedError,
-    WalCorruptionError,
-    WalFailedError,
-    WalUsageError,
-)
+from .errors import PayloadTooLargeError, WalClosedError, WalFailedError, WalUsageError
 from .fs import OsFileSystem, write_all, write_file_atomic
-from .reader import APPLIED_FILE, RecoveryMode, list_segments, read_applied_lsn, WalReader
+from .reader import APPLIED_FILE, list_segments, read_applied_lsn, scan_last_segment
 
 DEFAULT_SEGMENT_SIZE_BYTES = 64 << 20
 SPARE_FILE = "preallocated.tmp"
@@ -229,23 +223,15 @@ class Wal:
             self._next_lsn = applied
             self._create_segment(1, applied)
             return OpenResult(applied - 1, 1, 0, None)
-        last = segs[-1]
-        reader = WalReader(self.directory, from_lsn=last.first_lsn, mode=RecoveryMode.TOLERATE_TAIL)
-        if len(segs) > 1:
-            # Start the reader inside the last segment: earlier ones are the compactor's to read.
-            reader._segments = lambda: [last]  # type: ignore[method-assign]
-        reader.skip_to_end()
-        end = reader._offset if reader._seg is not None else fmt.SEGMENT_HEADER_SIZE
-        if reader._seg is None:
-            # The last segment's header is damaged: never a torn tail (see FORMAT.md).
-            d = reader.damages[0] if reader.damages else None
-            raise WalCorruptionError(last.path, 0, "a valid segment header", d.found if d else "?")
-        next_lsn = reader._expected
+        tail = scan_last_segment(self.directory, segs)
+        last = tail.segment
+        end = tail.end_offset
+        next_lsn = tail.next_lsn
         size = os.path.getsize(last.path)
-        torn = reader.damages[0].offset if reader.damages else None
+        torn = tail.torn_tail.offset if tail.torn_tail is not None else None
         # Past `end` there is a torn tail (cut it), or only the zeros of a preallocated segment
         # (the reader checked): those are kept and written over, unless the segment is sealed.
-        truncated = size - end if (torn is not None or reader.sealed_last) else 0
+        truncated = size - end if (torn is not None or tail.sealed) else 0
         fd = self.fs.open(last.path, os.O_WRONLY)
         try:
             if truncated:
@@ -259,7 +245,7 @@ class Wal:
         self._prealloc = size - truncated > end
         self._next_lsn = next_lsn
         self._segment_number = last.number
-        self._seed = reader._seed
+        self._seed = tail.seed
         self._segment_bytes = end
         self._segment_first = last.first_lsn
         self._fd = fd
@@ -267,7 +253,7 @@ class Wal:
         self._group_last_lsn = next_lsn - 1
         self._encode_seed = self._seed
         self._pending_rotation = None
-        if reader.sealed_last:
+        if tail.sealed:
             self.fs.close(fd)
             self._fd = None
             self._create_segment(last.number + 1, next_lsn)
