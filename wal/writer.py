@@ -30,12 +30,11 @@ from .dir_lock import LOCK_FILE, acquire_dir_lock  # noqa: F401 - importable fro
 from .errors import PayloadTooLargeError, WalClosedError, WalFailedError, WalUsageError
 from .fs import OsFileSystem, write_all, write_file_atomic
 from .reader import APPLIED_FILE, list_segments, read_applied_lsn, scan_last_segment
+from .retained_records import RetainedRecords
 
 DEFAULT_SEGMENT_SIZE_BYTES = 64 << 20
 SPARE_FILE = "preallocated.tmp"
 _ZERO_CHUNK = bytes(1 << 20)
-# Memory a kept record costs besides its payload: its tuple, the bytes object, a hint.
-_RETAIN_OVERHEAD = 256
 _SPARE_SYNC_BYTES = 1 << 20
 _frame_record = fmt.frame_record  # the single async append's framing, looked up once
 
@@ -164,11 +163,7 @@ class Wal:
         self._flusher_idle = False  # ring only for a sleeping flusher: a ring is a syscall
         self._group = bytearray()
         self._waiters: list = []  # (loop, future, lsn) of asyncio appends in the open group
-        self._retain_cap = 0
-        self._retain_bytes_cap = 0
-        self._retained: list = []  # (lsn, payload, hint) of the latest appends, see retain()
-        self._retained_bytes = 0  # sum of their payload sizes plus _RETAIN_OVERHEAD each
-        self._to_free = None  # a dropped window, freed by the flusher outside the lock
+        self._retained: Optional[RetainedRecords] = None  # see retain()
         self._group_last_lsn = 0
         self._writing_lsn = 0  # last LSN of the group being written and synced (0: none)
         self._closed = False
@@ -295,43 +290,34 @@ class Wal:
             raise
         self._next_lsn = nxt
         self._group_last_lsn = nxt - 1
-        if self._retain_cap:
+        retained = self._retained
+        if retained is not None:
+            keep = retained.keep
             if hints is None:
                 for i, p in enumerate(payloads):
-                    self._retain_locked(first + i, p, None)
+                    keep(first + i, p, None)
             else:
                 for i, p in enumerate(payloads):
-                    self._retain_locked(first + i, p, hints.get(i))
+                    keep(first + i, p, hints.get(i))
         return list(range(first, nxt))
 
     # -- records kept in memory for an in-process consumer -------------------------------
-    def _retain_locked(self, lsn: int, payload, hint) -> None:
-        size = len(payload) + _RETAIN_OVERHEAD
-        if len(self._retained) >= self._retain_cap or self._retained_bytes + size > self._retain_bytes_cap:
-            # The consumer fell behind: it reads this stretch back from the segments instead.
-            # What was kept is freed by the flusher, not here under the lock.
-            self._to_free = self._retained
-            self._retained = []
-            self._retained_bytes = 0
-            if size > self._retain_bytes_cap:
-                return
-        # A copy: exactly the bytes framed now (a caller may reuse a bytearray), and no spare
-        # capacity (orjson's output, for one, keeps a 4 KiB allocation behind a short string).
-        self._retained.append((lsn, bytes(memoryview(payload)), hint))
-        self._retained_bytes += size
-
     def retain(self, max_records: int, max_bytes: int = 32 << 20) -> None:
         """Keep up to `max_records` appended records (and `max_bytes` of their payloads) in
         memory for `take_retained`, so that an in-process consumer (the compactor) need not
         read back from disk what was just written. 0 turns it off and drops what is kept.
         Past either bound everything kept is dropped (a consumer that fell behind reads the
         segments) and keeping starts over."""
+        max_records = max(0, int(max_records))
+        max_bytes = max(0, int(max_bytes))
         with self._lock:
-            self._retain_cap = max(0, int(max_records))
-            self._retain_bytes_cap = max(0, int(max_bytes))
-            if not self._retain_cap:
-                self._retained = []
-                self._retained_bytes = 0
+            if not max_records:
+                self._retained = None
+            elif self._retained is None:
+                self._retained = RetainedRecords(max_records, max_bytes)
+            else:
+                self._retained.max_records = max_records
+                self._retained.max_bytes = max_bytes
 
     def take_retained(self, first_lsn: int, max_records: int, to_lsn: int) -> Optional[list]:
         """Up to `max_records` durable records from `first_lsn` on, none past `to_lsn`, as
@@ -339,20 +325,9 @@ class Wal:
         when `first_lsn` is not kept (read it from the segments with a WalReader instead).
         `hint` is what the appender passed along with the payload (or None)."""
         with self._lock:
-            kept = self._retained
-            if not kept:
+            if self._retained is None:
                 return None
-            head = kept[0][0]
-            if head > first_lsn:
-                return None
-            start = first_lsn - head  # kept LSNs are consecutive: one entry per appended record
-            last = min(to_lsn, self._durable_lsn, first_lsn + max_records - 1, kept[-1][0])
-            end = start + max(0, last - first_lsn + 1)
-            out = kept[start:end]
-            for rec in kept[:end]:
-                self._retained_bytes -= len(rec[1]) + _RETAIN_OVERHEAD
-            del kept[:end]
-            return out
+            return self._retained.take(first_lsn, max_records, min(to_lsn, self._durable_lsn))
 
     def _enqueue(self, payloads: Sequence[bytes], hints=None) -> list[int]:
         _check_hints(hints)
@@ -475,8 +450,8 @@ class Wal:
             _frame_record(self._group, self._encode_seed, lsn, fmt.TYPE_DATA, payload)
             self._next_lsn = lsn + 1
             self._group_last_lsn = lsn
-            if self._retain_cap:
-                self._retain_locked(lsn, payload, hint)
+            if self._retained is not None:
+                self._retained.keep(lsn, payload, hint)
             self._appends += 1
             self._waiters.append((loop, fut, lsn))
             if self._flusher_idle and self._ring_loop is not loop:
@@ -610,8 +585,9 @@ class Wal:
                 # works while the loop runs the producers this acknowledgment wakes.
                 self._loop_flush()
         self._ack(waiters, None)
-        if self._to_free is not None:
-            self._to_free = None
+        retained = self._retained
+        if retained is not None and retained.dropped is not None:
+            retained.dropped = None  # a window dropped under the lock is freed here, outside it
         if rotate_to is None:
             return True
         if loop is not None:
@@ -903,8 +879,8 @@ class Wal:
                 self._owner = None
             rest = self._waiters
             self._waiters = []
-            self._retained = []  # what was not durable never will be
-            self._retained_bytes = 0
+            if self._retained is not None:
+                self._retained.clear()  # what was not durable never will be
             self._group = bytearray()
             self._synced.notify_all()
         self._ack(waiters + rest, err)

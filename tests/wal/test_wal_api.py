@@ -727,7 +727,7 @@ def test_a_full_retention_window_starts_over_and_earlier_records_come_from_disk(
 
 
 def test_the_retention_window_is_bounded_in_bytes_too(wal_dir):
-    from wal.writer import _RETAIN_OVERHEAD as OH  # what a kept record costs besides its payload
+    from wal.retained_records import RECORD_OVERHEAD as OH  # what a kept record costs besides its payload
 
     w = wal.Wal(wal_dir)
     try:
