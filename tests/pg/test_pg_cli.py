@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 
 import tracedb
 from tracedb.cli import main
+from tracedb.config import load_config
+from tracedb.reads import Reader
 
 from .conftest import ENVELOPE, SEED_002_EVENTS, FakeClock
 
@@ -123,3 +126,63 @@ def test_a_database_url_tracedb_cannot_use_is_refused_with_a_hint(tmp_path):
     assert not_url.exit_code == 1 and "is not a database URL" in not_url.stderr
     other = CliRunner().invoke(main, ["--db", "mysql://u@h/db", "inspect", "--list"])
     assert other.exit_code == 1 and "SQLite or PostgreSQL, not mysql" in other.stderr
+
+
+@pytest.mark.postgres
+def test_pages_of_executions_and_id_prefixes_on_postgresql(pg_url, tmp_path):
+    """The keyset pages (newest first; ties in one nanosecond by id) and prefix resolution
+    (PostgreSQL's LIKE, not SQLite's range) against the server."""
+    clock = FakeClock()
+    settings = {"db_url": pg_url, "compact_interval_ms": 0, "idle_timeout_s": 0}
+    ids: list[str] = []
+    with tracedb.open(str(tmp_path / "host"), config=settings, clock=clock) as store:
+        for i in range(23):
+            eid = f"exec-{i:02d}_{'x' if i % 3 else 'y'}"
+            store.start("Batch" if i % 2 else "Other", ENVELOPE, eid).finish({"status": "success"})
+            ids.append(eid)
+            if i % 4 == 3:  # executions share a creation time four at a time
+                clock.advance(1)
+    newest_first = sorted(ids, key=lambda e: (int(e[5:7]) // 4, e), reverse=True)
+    db = ["--db", pg_url]
+    seen, args = [], []
+    for _ in range(10):
+        page = run(*db, "inspect", "--list", "--limit", "5", "--json", *args)
+        assert page.exit_code == 0, page.output
+        rows = json.loads(page.stdout)
+        seen += [r["execution_id"] for r in rows]
+        if "--before" not in page.stderr:
+            break
+        args = ["--before", rows[-1]["cursor"]]
+    assert seen == newest_first
+    batch = run(*db, "inspect", "--list", "--status", "completed", "--intent", "Batch", "--all")
+    assert [line.split()[0] for line in batch.stdout.splitlines()] == [e for e in newest_first if int(e[5:7]) % 2]
+    assert json.loads(run(*db, "inspect", "exec-07").stdout)["execution_id"] == "exec-07_x"
+    ambiguous = run(*db, "inspect", "exec-1")
+    assert ambiguous.exit_code == 2 and "exec-10_x" in ambiguous.stderr
+    # `_` is a LIKE wildcard: the prefix "exec-0_" must not match "exec-00_y".
+    assert run(*db, "inspect", "exec-0_").exit_code == 3
+    assert run(*db, "inspect", "exec-2%").exit_code == 3
+    # The pages come from the keyset indexes, walked backwards, with no sort (the planner is
+    # told to avoid sequential scans: on 23 rows it would rightly prefer one).
+    with Reader.open(load_config(None, overrides={"db_url": pg_url, "data_dir": str(tmp_path)})) as reader:
+        statements = []
+
+        def record(conn, cursor, sql, params, context, executemany):
+            statements.append((sql, params))
+
+        sa.event.listen(reader.engine, "before_cursor_execute", record)
+        cursor = reader.page(limit=5).next_cursor
+        reader.page(limit=5, before=cursor)
+        reader.page(limit=5, status="completed", before=cursor)
+        sa.event.remove(reader.engine, "before_cursor_execute", record)
+        with reader.engine.connect() as conn:
+            conn.exec_driver_sql("SET enable_seqscan = off")
+            plans = [
+                "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + sql, params))
+                for sql, params in statements
+                if "FROM traces" in sql and "ORDER BY" in sql
+            ]
+    assert len(plans) == 3
+    assert "ix_traces_created_id" in plans[0] and "ix_traces_created_id" in plans[1]
+    assert "ix_traces_status_created_id" in plans[2]
+    assert not any("Sort" in p for p in plans), plans
