@@ -31,11 +31,9 @@ from .errors import PayloadTooLargeError, WalClosedError, WalFailedError, WalUsa
 from .fs import OsFileSystem, write_all, write_file_atomic
 from .reader import APPLIED_FILE, list_segments, read_applied_lsn, scan_last_segment
 from .retained_records import RetainedRecords
+from .spares import SPARE_FILE, SpareSegments  # noqa: F401 - SPARE_FILE: importable from here, as before
 
 DEFAULT_SEGMENT_SIZE_BYTES = 64 << 20
-SPARE_FILE = "preallocated.tmp"
-_ZERO_CHUNK = bytes(1 << 20)
-_SPARE_SYNC_BYTES = 1 << 20
 _frame_record = fmt.frame_record  # the single async append's framing, looked up once
 
 
@@ -140,17 +138,6 @@ class Wal:
         self.directory = os.path.abspath(directory)
         self.segment_size_bytes = segment_size_bytes
         self.preallocate = preallocate
-        # A spare is made only once this much was written since open: a short-lived writer
-        # (a script, a test) never pays for zero-filling a whole segment.
-        self._prealloc_after = (
-            segment_size_bytes // 64 if preallocate_after_bytes is None else preallocate_after_bytes
-        )
-        self._spare_requested = False
-        self._prealloc = False  # the open segment was zero-filled ahead of its writes
-        self._spare_ready = False
-        self._spare_wanted = threading.Event()
-        self._spare_event = threading.Event()  # set when a spare is ready or preparing stopped
-        self._preparer: Optional[threading.Thread] = None
         self.fs = fs or OsFileSystem()
         self._on_group = on_group
         self._lock = threading.Lock()
@@ -186,6 +173,16 @@ class Wal:
         self._kick_pending = None  # the attached loop while a _kicked callback is queued in it
         self._detaching = False  # detach_loop is under way: the loop starts no new flush
         self._reap_lock = threading.Lock()  # one reaper of a completion: loop or thread
+        # Spare segments (preallocate): made by their own thread once this much was written
+        # since open, so that a short-lived writer (a script, a test) never pays for
+        # zero-filling a whole segment.
+        self._prealloc_after = (
+            segment_size_bytes // 64 if preallocate_after_bytes is None else preallocate_after_bytes
+        )
+        self._spares: Optional[SpareSegments] = None
+        self._first_spare_due = False  # the first spare is yet to be asked for
+        self._spare_ready = False  # (under the lock) a spare is ready for the next rotation
+        self._prealloc = False  # the open segment was zero-filled ahead of its writes
         os.makedirs(self.directory, exist_ok=True)
         self._lock_fd = acquire_dir_lock(self.directory)
         try:
@@ -197,9 +194,10 @@ class Wal:
         self._thread = threading.Thread(target=self._flusher, name="wal-flusher", daemon=True)
         self._thread.start()
         if preallocate:
-            self._preparer = threading.Thread(target=self._prepare_spares, name="wal-prealloc", daemon=True)
-            self._preparer.start()
-            self._maybe_request_spare()
+            self._spares = SpareSegments(self.fs, self.directory, segment_size_bytes, self._spare_made)
+            self._spare_event = self._spares.ready_event  # set once a spare is ready (tests wait on it)
+            self._first_spare_due = True
+            self._request_first_spare()
 
     # -- opening -------------------------------------------------------------------------
     def _release_lock(self) -> None:
@@ -574,8 +572,8 @@ class Wal:
                 self._on_group(nbytes, dt)
             except Exception:  # noqa: BLE001 - metrics must never break the log
                 pass
-        if not self._spare_requested and self.preallocate:
-            self._maybe_request_spare()
+        if self._first_spare_due:
+            self._request_first_spare()
         if rotate_to is None:
             with self._lock:
                 self._segment_bytes += nbytes
@@ -770,21 +768,9 @@ class Wal:
         with self._lock:
             use_spare = self._spare_ready
             self._spare_ready = False
-            self._spare_event.clear()
         if use_spare:
-            spare = os.path.join(self.directory, SPARE_FILE)
-            fd = self.fs.open(spare, os.O_WRONLY)
-            try:
-                write_all(self.fs, fd, header)
-                self.fs.fdatasync(fd)
-                self.fs.rename(spare, os.path.join(self.directory, name))
-                self.fs.fsync_dir(self.directory)
-            except BaseException:
-                self.fs.close(fd)
-                raise
-            self._fd = fd
+            self._fd = self._spares.install(name, header)
             self._prealloc = True
-            self._spare_wanted.set()
         else:
             write_file_atomic(self.fs, self.directory, name, header)
             self._fd = self.fs.open(os.path.join(self.directory, name), os.O_WRONLY)
@@ -795,57 +781,16 @@ class Wal:
         self._segment_bytes = fmt.SEGMENT_HEADER_SIZE
         self._segment_first = first_lsn
 
-    def _maybe_request_spare(self) -> None:
+    # -- spare segments (preallocate) ----------------------------------------------------
+    def _request_first_spare(self) -> None:
         if self._bytes >= self._prealloc_after:
-            self._spare_requested = True
-            self._spare_wanted.set()
+            self._first_spare_due = False
+            self._spares.request()
 
-    def _prepare_spares(self) -> None:
-        """Keep one zero-filled, fsynced spare segment file ready for the next rotation.
-
-        The spare is only an optimisation: if making it fails (a full disk), rotation creates
-        plain segments and the flusher reports the disk's state on its own writes.
-        """
-        path = os.path.join(self.directory, SPARE_FILE)
-        # Room for the group that crosses the size bound; a longer one just extends the file.
-        size = self.segment_size_bytes + self.segment_size_bytes // 8
-        try:
-            self._prepare_loop(path, size)
-        finally:
-            self._spare_event.set()
-
-    def _prepare_loop(self, path: str, size: int) -> None:
-        while True:
-            self._spare_wanted.wait()
-            self._spare_wanted.clear()
-            if self._closed or self._failed is not None:
-                return
-            try:
-                fd = self.fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                try:
-                    left = size
-                    unsynced = 0
-                    while left > 0 and not self._closed:
-                        chunk = _ZERO_CHUNK if left >= len(_ZERO_CHUNK) else _ZERO_CHUNK[:left]
-                        write_all(self.fs, fd, chunk)
-                        left -= len(chunk)
-                        unsynced += len(chunk)
-                        if unsynced >= _SPARE_SYNC_BYTES:
-                            # Written back a megabyte at a time: one flush of the whole segment
-                            # would queue every fdatasync of the log (and SQLite's commits)
-                            # behind it for tens of milliseconds.
-                            self.fs.fdatasync(fd)
-                            unsynced = 0
-                    self.fs.fsync(fd)
-                finally:
-                    self.fs.close(fd)
-            except OSError:
-                return
-            if self._closed:
-                return
-            with self._lock:
-                self._spare_ready = True
-            self._spare_event.set()
+    def _spare_made(self) -> None:
+        """The spare thread made a spare: the next rotation may use it."""
+        with self._lock:
+            self._spare_ready = True
 
     def _ack(self, waiters, exc) -> None:
         """Resolve (or fail) `waiters`: those of the running loop right here, those of any
@@ -883,6 +828,8 @@ class Wal:
                 self._retained.clear()  # what was not durable never will be
             self._group = bytearray()
             self._synced.notify_all()
+        if self._spares is not None:
+            self._spares.stop()
         self._ack(waiters + rest, err)
 
     # -- truncation below an applied LSN -------------------------------------------------
@@ -959,14 +906,15 @@ class Wal:
             self._closed = True
             self._flusher_idle = False
             self._bell.ring()
+        if self._spares is not None:
+            self._spares.stop()
         if threading.current_thread() is not self._thread:
             self._thread.join()
         loop = self._aio_loop
         if loop is not None:
             self._detach_from_outside(loop)
-        if self._preparer is not None:
-            self._spare_wanted.set()
-            self._preparer.join()
+        if self._spares is not None:
+            self._spares.join()
         with self._lock:
             self._synced.notify_all()
         self._bell.close()
