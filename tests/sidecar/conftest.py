@@ -6,10 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
+from tests.waiting import wait_until
 from tracedb.sidecar.server import ServerConfig
 
 from .fake_backend import MemoryBackend
@@ -75,15 +75,17 @@ class ServeProcess:
             stderr=subprocess.PIPE,
             env=full_env,
         )
+        wait_until(self._listening, 60, "tracedb serve to listen")
+
+    def _listening(self) -> bool:
         from benchmarks.sidecar import accepts
 
-        deadline = time.monotonic() + 60
-        while not accepts(self.socket):
-            if self.proc.poll() is not None:
-                out, err = self.proc.communicate()
-                raise RuntimeError(f"tracedb serve exited {self.proc.returncode}: {err.decode()[-2000:]}")
-            assert time.monotonic() < deadline, "tracedb serve did not listen within 60 s"
-            time.sleep(0.02)  # polling for the socket with a deadline
+        if accepts(self.socket):
+            return True
+        if self.proc.poll() is not None:
+            _out, err = self.proc.communicate()
+            raise RuntimeError(f"tracedb serve exited {self.proc.returncode}: {err.decode()[-2000:]}")
+        return False
 
     def terminate(self, timeout: float = 60) -> tuple[int, str]:
         """SIGTERM; returns (exit code, stderr)."""

@@ -8,11 +8,11 @@ import shutil
 import socket
 import tempfile
 import threading
-import time
 from typing import Any, Callable, Optional
 
 import orjson
 
+from tests.waiting import wait_until as wait_for  # noqa: F401 - the name the sidecar tests use
 from tracedb.sidecar.server import ServerConfig, SidecarServer
 
 
@@ -133,15 +133,6 @@ class LineClient:
 
     def close(self) -> None:
         self.sock.close()
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
-    """Poll `predicate` until true or the deadline (for conditions with no event to wait on)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def rmtree(path: str) -> None:
