@@ -23,6 +23,7 @@ from helpers import (
     truncate,
     write_log,
 )
+from tests.waiting import wait_until
 
 
 # -- group commit --------------------------------------------------------------------------
@@ -771,10 +772,7 @@ def test_an_async_append_handed_in_from_another_thread_is_flushed(wal_dir, many)
             fut = w.append_future([b"from another thread"], loop)
         else:
             fut = w.append_one_future(b"from another thread", loop)
-        deadline = 50
-        while w.durable_lsn < 1 and deadline:
-            threading.Event().wait(0.1)
-            deadline -= 1
+        wait_until(lambda: w.durable_lsn >= 1, 5, "the append handed in from another thread to be flushed")
         assert w.durable_lsn == 1
         got = asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(fut), 5), loop).result(10)
         assert got == ([1] if many else 1)

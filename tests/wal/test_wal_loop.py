@@ -27,6 +27,7 @@ from wal.fs import OsFileSystem
 from faultfs import DATA_MODES, FaultFS
 from helpers import read_all
 from test_wal_crash import Trace, check_recovery, payload
+from tests.waiting import wait_until_async
 
 HAS_AIO = sys.platform.startswith("linux") and platform.machine() in ("x86_64", "aarch64")
 needs_aio = pytest.mark.skipif(not HAS_AIO, reason="Linux native AIO on x86_64 or aarch64")
@@ -34,11 +35,13 @@ needs_aio = pytest.mark.skipif(not HAS_AIO, reason="Linux native AIO on x86_64 o
 
 class CountingFS(OsFileSystem):
     """The real file system, counting the flusher thread's fdatasyncs and the loop's submits.
-    `hold`: while it is clear, completions are not handed to the writer (it sees PENDING)."""
+    `hold`: while it is clear, completions are not handed to the writer (it sees PENDING);
+    `withheld` counts the looks at a completion that had arrived and was held back."""
 
     def __init__(self, syncer_fd=None):
         self.fdatasyncs = 0
         self.submits = 0
+        self.withheld = 0
         self._syncer_fd = syncer_fd  # when set, the syncer is pointed at this fd instead
         self.hold = threading.Event()
         self.hold.set()
@@ -58,6 +61,8 @@ class CountingFS(OsFileSystem):
             def reap(self, block: bool = False):
                 if not fs.hold.is_set():
                     if not block:
+                        if select.select([self.fileno()], [], [], 0)[0]:
+                            fs.withheld += 1
                         return PENDING
                     fs.hold.wait()
                 return super().reap(block)
@@ -201,7 +206,8 @@ def test_nothing_is_acknowledged_before_its_completion_is_reaped(wal_dir):
             assert await aw.append(b"first") == 1
             fs.hold.clear()
             futs = [aw.append(b"held %d" % i) for i in range(10)]
-            await asyncio.sleep(0.3)  # the loop runs; the fdatasync itself has long finished
+            # The fdatasync finishes and the loop is handed its completion again and again.
+            await wait_until_async(lambda: fs.withheld >= 3, 10, "the loop to look at the held completion 3 times")
             assert fs.submits == 2
             assert not any(f.done() for f in futs)
             assert aw.durable_lsn == 1
@@ -235,7 +241,7 @@ def test_a_kernel_error_from_the_background_fdatasync_fails_the_log_closed(wal_d
             submits = fs.submits
             with pytest.raises(wal.WalFailedError):
                 await aw.append(b"refused")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # time for a retry to show, if there were one: nothing to wait for
             assert fs.submits == submits == 2, "a failed fdatasync is never retried"
         finally:
             await aw.close()
@@ -284,8 +290,8 @@ def test_detaching_while_the_thread_rotates_for_the_loop_waits_for_the_rotation(
             later = None
             while not held.is_set():
                 later = aw.append(b"x" * 40)
-                while not later.done() and not held.is_set():
-                    await asyncio.sleep(0.002)
+                await wait_until_async(lambda: later.done() or held.is_set(), 10,
+                                       "the append to be acknowledged or the rotation to begin", interval_s=0.002)
                 if later.done():
                     acked.append(later.result())
                     later = None
@@ -422,7 +428,7 @@ def test_close_from_another_thread_while_the_loop_appends(wal_dir):
                 i += 1
 
         tasks = [asyncio.ensure_future(producer(k)) for k in range(16)]
-        await asyncio.sleep(0.2)
+        await wait_until_async(lambda: len(outcomes) >= 64, 10, "64 acknowledged appends")
         await loop.run_in_executor(None, aw.wal.close)  # the blocking close, from a worker
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         assert not aw.wal.loop_attached
@@ -455,11 +461,8 @@ def test_a_kick_left_in_a_loop_that_was_closed_does_not_stall_the_next_loop(wal_
             out = {}
             t = threading.Thread(target=lambda: out.setdefault("lsn", w.append(b"from a thread")), daemon=True)
             t.start()
-            for _ in range(200):  # up to 10 s, serving the loop meanwhile
-                if not t.is_alive():
-                    break
-                await asyncio.sleep(0.05)
-            assert not t.is_alive(), "the blocking append was never flushed"
+            # The loop runs meanwhile.
+            await wait_until_async(lambda: not t.is_alive(), 10, "the blocking append to be flushed")
             w.detach_loop()
             return out["lsn"]
 
@@ -504,7 +507,7 @@ def test_a_loop_that_runs_again_while_it_is_being_detached_starts_no_flush(wal_d
 
         async def burst():
             fut = w.append_one_future(b"in the burst", asyncio.get_running_loop())
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the burst runs on: a flush its append started would show
             return fut
 
         fut = loop.run_until_complete(burst())
