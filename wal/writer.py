@@ -6,11 +6,11 @@ one fdatasync, then acknowledges every append of the group at once: blocked thre
 condition variable, asyncio callers through one `call_soon_threadsafe` per event loop per group.
 So concurrency raises the group size instead of the number of fsyncs.
 
-An event loop can take the flusher's place (`attach_loop`, which `open_async` calls): the loop
-then writes each group itself and starts its fdatasync through Linux native AIO (wal/aio.py),
-serves producers while the disk flushes, and acknowledges the group when the completion arrives
-on an eventfd it watches. The thread stays as the fallback: it flushes for blocking callers
-whenever the loop is not running, and finishes a loop's flush if the loop went away.
+An event loop can take the flusher's place (`attach_loop`, which `open_async` calls; see
+wal/loop_flusher.py). Around the writer: the directory lock (wal/dir_lock.py), spare
+zero-filled segments (wal/spares.py), the compactor's window of recent records
+(wal/retained_records.py), the flusher's doorbell (wal/doorbell.py) and the acknowledgment of
+asyncio futures (wal/futures.py).
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
-from . import aio as _aio
 from . import format as fmt
 from .dir_lock import LOCK_FILE, acquire_dir_lock  # noqa: F401 - importable from here, as before
+from .doorbell import Doorbell
 from .errors import PayloadTooLargeError, WalClosedError, WalFailedError, WalUsageError
 from .fs import OsFileSystem, write_all, write_file_atomic
+from .futures import acknowledge, running_loop
+from .loop_flusher import LoopFlusher
 from .reader import APPLIED_FILE, list_segments, read_applied_lsn, scan_last_segment
 from .retained_records import RetainedRecords
 from .spares import SPARE_FILE, SpareSegments  # noqa: F401 - SPARE_FILE: importable from here, as before
@@ -59,48 +60,9 @@ class WalStats:
     last_group_size: int
 
 
-class _Doorbell:
-    """Wakes the sleeping flusher thread. A blocked read on an eventfd (a pipe where there is
-    none) releases the GIL and hands over in about half the time a `threading.Condition`
-    round trip takes, which bounds how fast a group follows the one before it."""
-
-    def __init__(self) -> None:
-        if hasattr(os, "eventfd"):
-            self._r = self._w = os.eventfd(0, os.EFD_CLOEXEC)
-            self._msg = (1).to_bytes(8, sys.byteorder)
-        else:
-            self._r, self._w = os.pipe()
-            self._msg = b"\x01"
-        self._closed = False
-
-    def ring(self) -> None:
-        if not self._closed:
-            os.write(self._w, self._msg)
-
-    def wait(self) -> None:
-        os.read(self._r, 4096)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        os.close(self._r)
-        if self._w != self._r:
-            os.close(self._w)
-
-
-_get_running_loop = asyncio._get_running_loop  # the running loop of this thread, or None (in C)
 _RESCUE = object()  # the flusher finishes the flush of a loop that went away
 _ROTATE = object()  # the flusher rotates for the attached loop
 _WATCH = object()  # the flusher waits a little while the attached loop flushes
-
-
-def _in_running_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _check_hints(hints) -> None:
@@ -108,18 +70,7 @@ def _check_hints(hints) -> None:
         raise TypeError(f"hints must be a mapping of index in payloads to hint, not {type(hints).__name__}")
 
 
-def _resolve_futures(batch) -> None:
-    """Runs in an event loop's thread: acknowledge (or fail) one group's futures there."""
-    for fut, value, exc in batch:
-        if fut.done():
-            continue
-        if exc is None:
-            fut.set_result(value)
-        else:
-            fut.set_exception(exc)
-
-
-class Wal:
+class Wal(LoopFlusher):
     """A write-ahead log opened for appending. Sync API; see `AsyncWal` for the asyncio twin.
 
     `append` returns the record's LSN only after the fdatasync covering it succeeded.
@@ -143,7 +94,7 @@ class Wal:
         self._lock = threading.Lock()
         self._applied_lock = threading.Lock()
         self._synced = threading.Condition(self._lock)
-        self._bell: Optional[_Doorbell] = None  # made once the log is open: no fd leaks on errors
+        self._bell: Optional[Doorbell] = None  # made once the log is open: no fd leaks on errors
         # The loop that will ring for the open group once its ready callbacks ran; an append
         # from any other loop schedules its own ring (a closed loop never runs its callbacks).
         self._ring_loop = None
@@ -166,13 +117,8 @@ class Wal:
         # flight through the syncer) or "rotating" (the flusher thread rotating for the loop).
         self._owner: Optional[str] = None
         self._watch = threading.Condition(self._lock)  # the thread's timed waits on the loop
-        self._aio_loop = None  # the attached event loop (attach_loop), or None
-        self._syncer = None
-        self._aio_job = None  # (bytes, waiters, last_lsn, rotate_to, t0) of the loop's flush
         self._rotation = None  # (rotate_to, last_lsn) the flusher is to carry out for the loop
-        self._kick_pending = None  # the attached loop while a _kicked callback is queued in it
-        self._detaching = False  # detach_loop is under way: the loop starts no new flush
-        self._reap_lock = threading.Lock()  # one reaper of a completion: loop or thread
+        self._init_loop_flusher()
         # Spare segments (preallocate): made by their own thread once this much was written
         # since open, so that a short-lived writer (a script, a test) never pays for
         # zero-filling a whole segment.
@@ -190,7 +136,7 @@ class Wal:
         except BaseException:
             self._release_lock()
             raise
-        self._bell = _Doorbell()
+        self._bell = Doorbell()
         self._thread = threading.Thread(target=self._flusher, name="wal-flusher", daemon=True)
         self._thread.start()
         if preallocate:
@@ -352,25 +298,6 @@ class Wal:
             self._flusher_idle = False
             self._bell.ring()
 
-    def _kick_locked(self) -> bool:
-        """Ask the attached loop to flush the open group (under the lock); False if it is
-        closed."""
-        loop = self._aio_loop
-        if self._kick_pending is loop:
-            return True
-        try:
-            loop.call_soon_threadsafe(self._kicked, loop)
-        except RuntimeError:
-            return False
-        self._kick_pending = loop  # a kick queued in a loop detached since does not count
-        return True
-
-    def _kicked(self, loop) -> None:
-        with self._lock:
-            if self._kick_pending is loop:
-                self._kick_pending = None
-        self._loop_flush()
-
     def _wait_durable(self, lsn: int) -> None:
         with self._lock:
             while self._durable_lsn < lsn:
@@ -389,7 +316,7 @@ class Wal:
         """Append one record; return its LSN once it is durable (after fdatasync).
 
         `hint` (any object) is kept with the record in memory only, for `take_retained`."""
-        if _in_running_loop():
+        if running_loop() is not None:
             raise WalUsageError(
                 "Wal.append() blocks and was called inside a running event loop; "
                 "use `await AsyncWal.append()` (wal.open_async) there"
@@ -401,7 +328,7 @@ class Wal:
     def append_many(self, payloads: Sequence[bytes], hints=None) -> list[int]:
         """Append records in order; return their LSNs once all are durable. `hints`: an
         optional mapping of index in `payloads` to that record's hint (see `append`)."""
-        if _in_running_loop():
+        if running_loop() is not None:
             raise WalUsageError(
                 "Wal.append_many() blocks and was called inside a running event loop; "
                 "use `await AsyncWal.append_many()` (wal.open_async) there"
@@ -458,7 +385,7 @@ class Wal:
 
     def _ring_for(self, loop) -> None:
         """Wake the idle flusher for an append made for `loop` (under the lock)."""
-        if _get_running_loop() is loop:
+        if running_loop() is loop:
             # Ring once the loop has run what is ready now: the other producers woken by the
             # last acknowledgment (or the other connections read in this pass) join this
             # group, and the flusher wakes to a free GIL instead of taking the group a record
@@ -499,11 +426,6 @@ class Wal:
             rotate_to = (salt, self._segment_number + 1, last_lsn + 1)
             self._encode_seed = fmt.salt_seed(salt)
         return group, waiters, last_lsn, rotate_to
-
-    def _loop_alive(self) -> bool:
-        """An event loop is attached and running: it flushes (under the lock)."""
-        loop = self._aio_loop
-        return loop is not None and loop.is_running() and not loop.is_closed()
 
     def _flusher(self) -> None:
         while True:
@@ -582,7 +504,7 @@ class Wal:
                 # Start the next group's fdatasync before acknowledging this one: the disk
                 # works while the loop runs the producers this acknowledgment wakes.
                 self._loop_flush()
-        self._ack(waiters, None)
+        acknowledge(waiters, None)
         retained = self._retained
         if retained is not None and retained.dropped is not None:
             retained.dropped = None  # a window dropped under the lock is freed here, outside it
@@ -611,145 +533,6 @@ class Wal:
         with self._lock:
             self._owner = None
             self._synced.notify_all()
-        return True
-
-    # -- the attached event loop ---------------------------------------------------------
-    def attach_loop(self) -> bool:
-        """Let the running event loop flush the groups its appends fill (call it in the loop).
-
-        The loop writes each group and starts its fdatasync without blocking (wal/aio.py),
-        then acknowledges the group when the completion arrives; appends from other threads
-        and loops still work (the loop flushes theirs too). Returns False, changing nothing,
-        where the file system object offers no background fdatasync (`fs.async_syncer()` is
-        missing or returns None): the flusher thread then goes on flushing everything.
-        Call `detach_loop` in the loop before it stops; `close` does it when it can.
-        """
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            self._check_attachable_locked()
-        make = getattr(self.fs, "async_syncer", None)
-        syncer = make(self.directory) if make is not None else None
-        if syncer is None:
-            return False
-        try:
-            loop.add_reader(syncer.fileno(), self._on_sync_done)
-        except BaseException:
-            syncer.close()
-            raise
-        try:
-            with self._lock:
-                self._check_attachable_locked()  # attached, failed or closed meanwhile
-                self._aio_loop = loop
-                self._syncer = syncer
-        except BaseException:
-            loop.remove_reader(syncer.fileno())
-            syncer.close()
-            raise
-        return True
-
-    def _check_attachable_locked(self) -> None:
-        if self._aio_loop is not None:
-            raise WalUsageError(f"WAL {self.directory} is already attached to an event loop")
-        self._check_open()
-
-    @property
-    def loop_attached(self) -> bool:
-        """An event loop flushes this log (attach_loop)."""
-        return self._aio_loop is not None
-
-    def detach_loop(self) -> None:
-        """Give flushing back to the thread: finish the loop's flush in flight (waiting for
-        it, and for a rotation under way), then stop watching the syncer. Call it in the
-        attached loop, or once that loop has stopped; a no-op when no loop is attached."""
-        loop = self._aio_loop
-        if loop is None:
-            return
-        if loop.is_running() and _get_running_loop() is not loop:
-            raise WalUsageError("detach_loop() must be called in the attached event loop while it runs")
-        with self._lock:
-            if self._aio_loop is not loop:
-                return
-            self._detaching = True  # the loop starts no flush from now on, even if it runs again
-            while self._owner == "rotating":
-                self._synced.wait()
-        # Finish the flush in flight. One the loop took just before, and has not submitted
-        # yet (it restarted in another thread), is waited for too.
-        while self._aio_job is not None:
-            if not self._reap_loop_flush(block=True, inline=True):
-                time.sleep(0.001)
-        with self._reap_lock:  # nobody is reaping from the syncer while it is closed
-            with self._lock:
-                if self._aio_loop is not loop:
-                    return  # detached meanwhile, by another caller
-                syncer, self._syncer = self._syncer, None
-                self._aio_loop = None
-                self._detaching = False
-                self._kick_pending = None
-                if self._group:
-                    self._ring_locked()
-            if not loop.is_closed():
-                loop.remove_reader(syncer.fileno())
-            syncer.close()
-
-    def _loop_flush(self) -> None:
-        """In the attached loop: write the open group and start its fdatasync, unless a
-        group is being flushed (its end starts the next one) or there is none."""
-        with self._lock:
-            if (
-                self._owner is not None or not self._group or self._failed is not None
-                or _get_running_loop() is not self._aio_loop or self._detaching
-            ):
-                return
-            group, waiters, last_lsn, rotate_to = self._take_group_locked()
-            self._owner = "loop"
-            self._aio_job = (len(group), waiters, last_lsn, rotate_to, time.perf_counter())
-            syncer = self._syncer
-        try:
-            write_all(self.fs, self._fd, group)
-            syncer.submit(self._fd)
-        except BaseException as e:  # noqa: BLE001 - every failure fails closed
-            with self._reap_lock:
-                self._aio_job = None
-            self._fail("write/fdatasync", e, waiters)
-
-    def _on_sync_done(self) -> None:
-        """The syncer's fd turned readable: finish the group whose fdatasync completed."""
-        self._reap_loop_flush(block=False)
-
-    def _reap_loop_flush(self, *, block: bool, inline: bool = False, rescue: bool = False) -> bool:
-        """Finish the loop's flush in flight if its fdatasync completed (or wait for it when
-        `block`); True if one was finished. A rotation the group calls for goes to the flusher
-        thread when called in the attached loop, else (or when `inline`) runs right here.
-        `rescue`: the flusher thread, finishing the flush of a loop that stopped (re-checked
-        here)."""
-        with self._reap_lock:
-            job = self._aio_job
-            syncer = self._syncer
-            if syncer is None or (rescue and self._loop_alive()):
-                return False
-            if job is None:
-                if not block:
-                    syncer.reap(block=False)  # the loop's callback: clears a stale count
-                return False
-            outcome = syncer.reap(block=block)
-            if outcome is _aio.PENDING:
-                return False
-            self._aio_job = None
-        nbytes, waiters, last_lsn, rotate_to, t0 = job
-        if outcome is not None:
-            self._fail("write/fdatasync", outcome, waiters)
-            return True
-        dt = time.perf_counter() - t0
-        running = _get_running_loop()
-        loop = running if not inline and running is self._aio_loop else None  # None: no loop
-        try:
-            self._group_synced(nbytes, waiters, last_lsn, rotate_to, dt, loop)
-        except BaseException as e:
-            # Interrupted (KeyboardInterrupt in the loop's thread) while it still owned the
-            # fd: fail closed rather than leave the fd owned by nobody who will release it.
-            if self._owner == "loop":
-                self._fail("acknowledging a group", e, waiters)
-            raise
         return True
 
     def _rotate(self, rotate_to, last_lsn: int) -> None:
@@ -792,29 +575,6 @@ class Wal:
         with self._lock:
             self._spare_ready = True
 
-    def _ack(self, waiters, exc) -> None:
-        """Resolve (or fail) `waiters`: those of the running loop right here, those of any
-        other loop with one `call_soon_threadsafe` per loop."""
-        running = _get_running_loop()
-        elsewhere: Optional[dict] = None
-        for loop, fut, lsns in waiters:
-            if loop is not running:
-                if elsewhere is None:
-                    elsewhere = {}
-                elsewhere.setdefault(loop, []).append((fut, lsns, exc))
-            elif not fut.done():  # the attached loop acknowledging its own group
-                if exc is None:
-                    fut.set_result(lsns)
-                else:
-                    fut.set_exception(exc)
-        if elsewhere is None:
-            return
-        for loop, batch in elsewhere.items():
-            try:
-                loop.call_soon_threadsafe(_resolve_futures, batch)
-            except RuntimeError:
-                pass  # that loop is closed; nobody is waiting there any more
-
     def _fail(self, op: str, cause: BaseException, waiters, *, from_flusher: bool = True) -> None:
         err = WalFailedError(op, cause)
         with self._lock:
@@ -830,7 +590,7 @@ class Wal:
             self._synced.notify_all()
         if self._spares is not None:
             self._spares.stop()
-        self._ack(waiters + rest, err)
+        acknowledge(waiters + rest, err)
 
     # -- truncation below an applied LSN -------------------------------------------------
     def mark_applied(self, lsn: int) -> int:
@@ -895,7 +655,7 @@ class Wal:
         or once the loop has stopped; from another thread while the loop runs, the loop keeps
         flushing until the queue is empty and is then detached through a callback."""
         loop = self._aio_loop
-        if loop is not None and (_get_running_loop() is loop or not loop.is_running()):
+        if loop is not None and (running_loop() is loop or not loop.is_running()):
             try:
                 self.detach_loop()
             except WalUsageError:
@@ -925,29 +685,6 @@ class Wal:
                 pass
             self._fd = None
         self._release_lock()
-
-    def _detach_from_outside(self, loop) -> None:
-        """close() from a thread other than the running attached loop's: detach in the loop."""
-        done = threading.Event()
-
-        def detach() -> None:
-            try:
-                self.detach_loop()
-            finally:
-                done.set()
-
-        try:
-            loop.call_soon_threadsafe(detach)
-        except RuntimeError:  # closed meanwhile
-            self.detach_loop()
-            return
-        while not done.wait(0.05):
-            if not loop.is_running():  # stopped before it ran the callback
-                try:
-                    self.detach_loop()
-                    return
-                except WalUsageError:
-                    continue  # running again: it runs the callback
 
     def __enter__(self) -> "Wal":
         return self
