@@ -14,6 +14,8 @@ import pytest
 import tracedb
 from tracedb.record import compute_envelope_hash
 
+from tests.waiting import wait_until_async
+
 from .conftest import ENVELOPE, SEED_002_EVENTS, record_seed_002
 
 
@@ -312,8 +314,8 @@ def test_a_cancelled_async_start_or_finish_keeps_the_durable_record_tracked(data
         w = astore.store._wal
         before = w.stats().appends
         task = asyncio.ensure_future(coro)
-        while w.stats().appends == before:  # until its record is queued (no sleeping: yields)
-            await asyncio.sleep(0)
+        # Cancelled as soon as its record is queued, before it is durable: look at every pass.
+        await wait_until_async(lambda: w.stats().appends > before, 10, "the record to be queued", interval_s=0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
