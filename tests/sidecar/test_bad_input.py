@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 
 import orjson
 import pytest
 
+from tests.waiting import wait_until
 from tracedb.sidecar.server import ServerConfig
 
 from .conftest import make_server
@@ -160,19 +162,27 @@ def test_slow_client_that_never_reads_is_throttled_and_others_are_served(server)
     sent = 0
     deadline = time.monotonic() + 20
     blocked = False
+
+    def paused() -> bool:  # the server stopped reading a connection whose responses pile up
+        return any(c.read_paused and c.write_paused for c in list(server.server.connections))
+
+    def writable() -> bool:
+        return bool(select.select([], [slow], [], 0)[1])
+
     # Keep writing requests and never read a response: the server must stop reading this
     # connection (its responses pile up), so our writes eventually block.
     while time.monotonic() < deadline:
         try:
             sent += slow.send(chunk)
         except BlockingIOError:
-            # The kernel buffers are full; give the server a moment to have paused reading.
-            time.sleep(0.05)
-            try:
-                sent += slow.send(chunk)
-            except BlockingIOError:
-                blocked = True
-                break
+            # The kernel buffers are full: the server has yet to read them, or has paused.
+            wait_until(lambda: writable() or paused(), 20, "the server to read on or to pause reading")
+            if paused():
+                try:
+                    sent += slow.send(chunk)
+                except BlockingIOError:
+                    blocked = True
+                    break
     assert blocked, f"the server kept reading a client that never reads ({sent} bytes sent)"
     assert sent < 64 << 20  # bounded by socket buffers and the server's write high-water mark
     other = LineClient(server.config.socket_path)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import orjson
 import pytest
 
+from tests.waiting import wait_until
 from tracedb.sidecar import protocol as P
 
 from .helpers import LineClient, sock_path
@@ -352,9 +354,11 @@ def test_a_start_resent_while_its_first_copy_fails_gets_the_same_answer(store_se
     # copy resent meanwhile must not be told the execution exists.
     store = store_server.backend.store
     check = store.check_new_in_db
+    checking = threading.Event()
 
     def slow_check(start):
-        time.sleep(0.2)
+        checking.set()
+        time.sleep(0.2)  # the check is slow: the resent copy arrives while it runs
         return check(start)
 
     store.check_new_in_db = slow_check
@@ -364,7 +368,7 @@ def test_a_start_resent_while_its_first_copy_fails_gets_the_same_answer(store_se
         a = LineClient(sock_path(store_server.config.data_dir))
         b = LineClient(sock_path(store_server.config.data_dir))
         a.send(req)
-        time.sleep(0.05)
+        wait_until(checking.is_set, 10, "the first copy to be checked")
         b.send(req)
         assert a.recv()["error"]["code"] == "unknown_execution"
         assert b.recv()["error"]["code"] == "unknown_execution"
