@@ -140,25 +140,41 @@ def trace_status(engine: Engine, execution_id: str) -> Optional[str]:
         ).scalar()
 
 
-def _filtered(q, *, status=None, since: TimeArg = None, until: TimeArg = None,
-              intent: Optional[str] = None, search: Optional[str] = None):
-    """`q` restricted by status, a creation-time window, an exact intent, an intent substring."""
-    if status is not None:
-        if status not in STATUSES:
-            raise InvalidInputError(
-                f"unknown status {status!r}", hint="one of " + ", ".join(STATUSES)
-            )
-        q = q.where(traces.c.status == status)
-    since_ns, until_ns = to_ns(since, "since"), to_ns(until, "until")
-    if since_ns is not None:
-        q = q.where(traces.c.created_at_ns >= since_ns)
-    if until_ns is not None:
-        q = q.where(traces.c.created_at_ns < until_ns)
-    if intent is not None:
-        q = q.where(traces.c.intent == intent)
-    if search:
-        q = q.where(traces.c.intent.icontains(search, autoescape=True))
-    return q
+@dataclass(frozen=True)
+class Filter:
+    """Which executions a listing holds: every field given must match.
+
+    `status`; creation time in [`since`, `until`) (aware datetimes or seconds since the epoch);
+    `intent`, exactly; `search`, a substring of the intent in any case (no wildcards).
+    """
+
+    status: Optional[str] = None
+    since: TimeArg = None
+    until: TimeArg = None
+    intent: Optional[str] = None
+    search: Optional[str] = None
+
+    def apply(self, q):
+        """`q`, a select from traces, restricted to the executions that match."""
+        if self.status is not None:
+            if self.status not in STATUSES:
+                raise InvalidInputError(
+                    f"unknown status {self.status!r}", hint="one of " + ", ".join(STATUSES)
+                )
+            q = q.where(traces.c.status == self.status)
+        since_ns, until_ns = to_ns(self.since, "since"), to_ns(self.until, "until")
+        if since_ns is not None:
+            q = q.where(traces.c.created_at_ns >= since_ns)
+        if until_ns is not None:
+            q = q.where(traces.c.created_at_ns < until_ns)
+        if self.intent is not None:
+            q = q.where(traces.c.intent == self.intent)
+        if self.search:
+            q = q.where(traces.c.intent.icontains(self.search, autoescape=True))
+        return q
+
+
+EVERYTHING = Filter()
 
 
 def _summary(r) -> TraceSummary:
@@ -185,9 +201,8 @@ def list_traces(
     limit: Optional[int] = None,
 ) -> list[TraceSummary]:
     """Executions by creation time (oldest first), filtered by status and a creation-time window."""
-    q = _filtered(
-        sa.select(*_SUMMARY_COLS).order_by(traces.c.created_at_ns, traces.c.execution_id),
-        status=status, since=since, until=until,
+    q = Filter(status, since, until).apply(
+        sa.select(*_SUMMARY_COLS).order_by(traces.c.created_at_ns, traces.c.execution_id)
     )
     if limit is not None:
         if limit < 0:
@@ -421,22 +436,12 @@ class Reader:
             raise AmbiguousExecutionIdError(prefix, found[:AMBIGUOUS_SHOWN], len(found) > AMBIGUOUS_SHOWN)
         return found[0]
 
-    def page(
-        self,
-        *,
-        status: Optional[str] = None,
-        since: TimeArg = None,
-        until: TimeArg = None,
-        intent: Optional[str] = None,
-        search: Optional[str] = None,
-        before: Optional[str] = None,
-        limit: int = DEFAULT_PAGE_SIZE,
-    ) -> Page:
-        """Up to `limit` executions, newest first, older than the cursor `before` if given.
+    def page(self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE) -> Page:
+        """Up to `limit` executions that match `where`, newest first, older than the cursor
+        `before` if given.
 
-        Filters run in SQL: status, creation time in [since, until), the exact intent, and
-        `search`, a substring of the intent (any case). The position is a keyset (created_at_ns,
-        execution_id), served by an index, so a page costs the same however deep it is.
+        The filters run in SQL. The position is a keyset (created_at_ns, execution_id), served by
+        an index ending in those columns, so a page costs the same however deep it is.
         """
         if limit < 0:
             raise InvalidInputError("limit must not be negative")
@@ -446,10 +451,7 @@ class Reader:
             .where(trace_steps.c.seq == traces.c.last_seq)
             .scalar_subquery()
         )
-        q = _filtered(
-            sa.select(*_SUMMARY_COLS, last_at.label("last_event_at_ns")),
-            status=status, since=since, until=until, intent=intent, search=search,
-        )
+        q = where.apply(sa.select(*_SUMMARY_COLS, last_at.label("last_event_at_ns")))
         if before is not None:
             ns, execution_id = decode_cursor(before)
             q = q.where(sa.tuple_(traces.c.created_at_ns, traces.c.execution_id) < sa.tuple_(ns, execution_id))
@@ -462,24 +464,15 @@ class Reader:
         return Page(items, items[-1].cursor if more else None)
 
     def each(
-        self,
-        *,
-        status: Optional[str] = None,
-        since: TimeArg = None,
-        until: TimeArg = None,
-        intent: Optional[str] = None,
-        search: Optional[str] = None,
-        before: Optional[str] = None,
-        page_size: int = STREAM_PAGE_SIZE,
+        self, where: Filter = EVERYTHING, *, before: Optional[str] = None, page_size: int = STREAM_PAGE_SIZE
     ) -> Iterator[ListedExecution]:
-        """Every execution `page` would list with these arguments, newest first.
+        """Every execution that matches `where` (older than `before` if given), newest first.
 
         One page in memory at a time, each read in its own short transaction: a long listing
         neither grows with the store nor holds a snapshot that keeps SQLite's WAL from shrinking.
         """
-        filters = dict(status=status, since=since, until=until, intent=intent, search=search)
         while True:
-            page = self.page(before=before, limit=page_size, **filters)
+            page = self.page(where, before=before, limit=page_size)
             yield from page.items
             if page.next_cursor is None:
                 return

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 
 import tracedb
 from tracedb.cli import main
+from tracedb.reads import Filter
 
 ENVELOPE = {"intent": "ProcessIntent", "payload": {"document": "invoice-17"}}
 EVENTS = [
@@ -66,3 +68,22 @@ def run(data_dir):
         return runner.invoke(main, ["--data-dir", data_dir, *args], catch_exceptions=False, **kw)
 
     return _run
+
+
+def page_queries(reader) -> list:
+    """(sql, parameters) of three pages as the reader runs them: the first, the next one, the next
+    one of completed executions; to EXPLAIN on the reader's database."""
+    statements = []
+
+    def record(conn, cursor, sql, params, context, executemany):
+        if "FROM traces" in sql and "ORDER BY" in sql:
+            statements.append((sql, params))
+
+    sa.event.listen(reader.engine, "before_cursor_execute", record)
+    try:
+        cursor = reader.page(limit=5).next_cursor
+        reader.page(limit=5, before=cursor)
+        reader.page(Filter(status="completed"), limit=5, before=cursor)
+    finally:
+        sa.event.remove(reader.engine, "before_cursor_execute", record)
+    return statements

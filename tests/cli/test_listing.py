@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import sqlalchemy as sa
 
 import tracedb
 from tracedb.cli.main import format_duration
 from tracedb.config import load_config
 from tracedb.reads import Reader
 
-from .conftest import ENVELOPE, Clock, settings
+from .conftest import ENVELOPE, Clock, page_queries, settings
 
 MS = 10**6
 S = 10**9
@@ -77,9 +76,9 @@ def test_every_execution_is_read_a_page_at_a_time(many, data_dir, monkeypatch):
     limits = []
     real_page = Reader.page
 
-    def spy(self, **kw):
+    def spy(self, where, **kw):
         limits.append(kw["limit"])
-        return real_page(self, **kw)
+        return real_page(self, where, **kw)
 
     monkeypatch.setattr(Reader, "page", spy)
     with Reader.open(load_config(None, overrides={"data_dir": data_dir})) as reader:
@@ -249,21 +248,11 @@ def test_trace_lineage_names_parents_and_forks(data_dir, run):
 def test_page_queries_use_the_keyset_indexes(many, data_dir):
     """SQLite walks an index in the listing's order: no sort, however large the store."""
     with Reader.open(load_config(None, overrides={"data_dir": data_dir})) as reader:
-        statements = []
-
-        def record(conn, cursor, sql, params, context, executemany):
-            statements.append((sql, params))
-
-        sa.event.listen(reader.engine, "before_cursor_execute", record)
-        cursor = reader.page(limit=5).next_cursor
-        reader.page(limit=5, before=cursor)
-        reader.page(limit=5, status="completed", before=cursor)
-        sa.event.remove(reader.engine, "before_cursor_execute", record)
-        plans = []
         with reader.engine.connect() as conn:
-            for sql, params in statements:
-                if "FROM traces" in sql and "ORDER BY" in sql:
-                    plans.append(" ".join(r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params)))
+            plans = [
+                " ".join(r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params))
+                for sql, params in page_queries(reader)
+            ]
     assert len(plans) == 3
     assert "ix_traces_created_id" in plans[0] and "ix_traces_created_id" in plans[1]
     assert "ix_traces_status_created_id" in plans[2]

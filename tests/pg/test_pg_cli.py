@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import sqlalchemy as sa
 from click.testing import CliRunner
 
 import tracedb
 from tracedb.cli import main
 from tracedb.config import load_config
 from tracedb.reads import Reader
+
+from tests.cli.conftest import page_queries
 
 from .conftest import ENVELOPE, SEED_002_EVENTS, FakeClock
 
@@ -165,22 +166,11 @@ def test_pages_of_executions_and_id_prefixes_on_postgresql(pg_url, tmp_path):
     # The pages come from the keyset indexes, walked backwards, with no sort (the planner is
     # told to avoid sequential scans: on 23 rows it would rightly prefer one).
     with Reader.open(load_config(None, overrides={"db_url": pg_url, "data_dir": str(tmp_path)})) as reader:
-        statements = []
-
-        def record(conn, cursor, sql, params, context, executemany):
-            statements.append((sql, params))
-
-        sa.event.listen(reader.engine, "before_cursor_execute", record)
-        cursor = reader.page(limit=5).next_cursor
-        reader.page(limit=5, before=cursor)
-        reader.page(limit=5, status="completed", before=cursor)
-        sa.event.remove(reader.engine, "before_cursor_execute", record)
         with reader.engine.connect() as conn:
             conn.exec_driver_sql("SET enable_seqscan = off")
             plans = [
                 "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + sql, params))
-                for sql, params in statements
-                if "FROM traces" in sql and "ORDER BY" in sql
+                for sql, params in page_queries(reader)
             ]
     assert len(plans) == 3
     assert "ix_traces_created_id" in plans[0] and "ix_traces_created_id" in plans[1]

@@ -12,7 +12,7 @@ import click
 import orjson
 
 from ..errors import EXIT_INTEGRITY
-from ..reads import DEFAULT_PAGE_SIZE, ListedExecution
+from ..reads import DEFAULT_PAGE_SIZE, Filter, ListedExecution
 from ..record import STATUSES, utc_iso
 from .main import (
     CursorParam,
@@ -112,12 +112,12 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, limi
         if execution_id is not None:
             emit_json(reader.inspect(execution_id), as_json)
             return
-        filters = dict(status=status, since=since, until=until, intent=intent, search=search, before=before)
+        where = Filter(status=status, since=since, until=until, intent=intent, search=search)
         next_cursor: Optional[str] = None
         if all_:
-            items: Iterable[ListedExecution] = reader.each(**filters)
+            items: Iterable[ListedExecution] = reader.each(where, before=before)
         else:
-            page = reader.page(limit=DEFAULT_PAGE_SIZE if limit is None else limit, **filters)
+            page = reader.page(where, before=before, limit=DEFAULT_PAGE_SIZE if limit is None else limit)
             items, next_cursor = page.items, page.next_cursor
         (_print_json if as_json else _print_table)(items)
         if next_cursor is not None:
