@@ -65,9 +65,13 @@ _ROTATE = object()  # the flusher rotates for the attached loop
 _WATCH = object()  # the flusher waits a little while the attached loop flushes
 
 
-def _check_hints(hints) -> None:
+def _check_batch(payloads: Sequence[bytes], hints) -> None:
+    """Refuse a call's hints that are not a mapping, and payloads too large, before any is framed."""
     if hints is not None and not isinstance(hints, Mapping):
         raise TypeError(f"hints must be a mapping of index in payloads to hint, not {type(hints).__name__}")
+    for p in payloads:
+        if len(p) > fmt.MAX_PAYLOAD_BYTES:
+            raise PayloadTooLargeError(len(p), fmt.MAX_PAYLOAD_BYTES)
 
 
 class Wal(LoopFlusher):
@@ -181,17 +185,11 @@ class Wal(LoopFlusher):
         except BaseException:
             self.fs.close(fd)
             raise
-        self._prealloc = size - truncated > end
+        self._set_segment(fd, last.number, last.first_lsn, tail.seed, end, size - truncated > end)
         self._next_lsn = next_lsn
-        self._segment_number = last.number
-        self._seed = tail.seed
-        self._segment_bytes = end
-        self._segment_first = last.first_lsn
-        self._fd = fd
         self._durable_lsn = next_lsn - 1
         self._group_last_lsn = next_lsn - 1
         self._encode_seed = self._seed
-        self._pending_rotation = None
         if tail.sealed:
             self.fs.close(fd)
             self._fd = None
@@ -199,20 +197,32 @@ class Wal(LoopFlusher):
         return OpenResult(next_lsn - 1, len(segs), truncated, torn)
 
     def _create_segment(self, number: int, first_lsn: int) -> None:
+        """Open the log on a new, empty segment (a new log, or the last one was sealed)."""
         salt = secrets.randbits(32)
-        name = fmt.segment_name(number, first_lsn)
-        write_file_atomic(self.fs, self.directory, name, fmt.encode_segment_header(salt, number, first_lsn))
-        self._fd = self.fs.open(os.path.join(self.directory, name), os.O_WRONLY)
-        os.lseek(self._fd, fmt.SEGMENT_HEADER_SIZE, os.SEEK_SET)
-        self._prealloc = False
-        self._segment_number = number
-        self._seed = fmt.salt_seed(salt)
+        fd = self._create_segment_file(salt, number, first_lsn)
+        self._set_segment(fd, number, first_lsn, fmt.salt_seed(salt), fmt.SEGMENT_HEADER_SIZE, False)
         self._encode_seed = self._seed
-        self._segment_bytes = fmt.SEGMENT_HEADER_SIZE
-        self._segment_first = first_lsn
         self._durable_lsn = first_lsn - 1
         self._group_last_lsn = first_lsn - 1
-        self._pending_rotation = None
+
+    def _create_segment_file(self, salt: int, number: int, first_lsn: int) -> int:
+        """Write a new segment file holding its header (atomically); its fd, after the header."""
+        name = fmt.segment_name(number, first_lsn)
+        write_file_atomic(self.fs, self.directory, name, fmt.encode_segment_header(salt, number, first_lsn))
+        fd = self.fs.open(os.path.join(self.directory, name), os.O_WRONLY)
+        os.lseek(fd, fmt.SEGMENT_HEADER_SIZE, os.SEEK_SET)
+        return fd
+
+    def _set_segment(
+        self, fd: int, number: int, first_lsn: int, seed: int, end: int, prealloc: bool
+    ) -> None:
+        """Make `fd` the open segment, written up to byte `end` (`prealloc`: zero-filled past it)."""
+        self._fd = fd
+        self._segment_number = number
+        self._segment_first = first_lsn
+        self._seed = seed
+        self._segment_bytes = end
+        self._prealloc = prealloc
 
     # -- appending -----------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -245,39 +255,8 @@ class Wal(LoopFlusher):
                     keep(first + i, p, hints.get(i))
         return list(range(first, nxt))
 
-    # -- records kept in memory for an in-process consumer -------------------------------
-    def retain(self, max_records: int, max_bytes: int = 32 << 20) -> None:
-        """Keep up to `max_records` appended records (and `max_bytes` of their payloads) in
-        memory for `take_retained`, so that an in-process consumer (the compactor) need not
-        read back from disk what was just written. 0 turns it off and drops what is kept.
-        Past either bound everything kept is dropped (a consumer that fell behind reads the
-        segments) and keeping starts over."""
-        max_records = max(0, int(max_records))
-        max_bytes = max(0, int(max_bytes))
-        with self._lock:
-            if not max_records:
-                self._retained = None
-            elif self._retained is None:
-                self._retained = RetainedRecords(max_records, max_bytes)
-            else:
-                self._retained.max_records = max_records
-                self._retained.max_bytes = max_bytes
-
-    def take_retained(self, first_lsn: int, max_records: int, to_lsn: int) -> Optional[list]:
-        """Up to `max_records` durable records from `first_lsn` on, none past `to_lsn`, as
-        (lsn, payload, hint) in LSN order, dropping them and any before them from memory; None
-        when `first_lsn` is not kept (read it from the segments with a WalReader instead).
-        `hint` is what the appender passed along with the payload (or None)."""
-        with self._lock:
-            if self._retained is None:
-                return None
-            return self._retained.take(first_lsn, max_records, min(to_lsn, self._durable_lsn))
-
     def _enqueue(self, payloads: Sequence[bytes], hints=None) -> list[int]:
-        _check_hints(hints)
-        for p in payloads:
-            if len(p) > fmt.MAX_PAYLOAD_BYTES:
-                raise PayloadTooLargeError(len(p), fmt.MAX_PAYLOAD_BYTES)
+        _check_batch(payloads, hints)
         with self._lock:
             self._check_open()
             lsns = self._encode_all_locked(payloads, hints)
@@ -344,11 +323,8 @@ class Wal(LoopFlusher):
     ) -> asyncio.Future:
         """Enqueue records; the returned future (of `loop`) resolves to their LSNs once durable.
         `hints` as for `append_many`."""
-        _check_hints(hints)
+        _check_batch(payloads, hints)
         fut = loop.create_future()
-        for p in payloads:
-            if len(p) > fmt.MAX_PAYLOAD_BYTES:
-                raise PayloadTooLargeError(len(p), fmt.MAX_PAYLOAD_BYTES)
         with self._lock:
             self._check_open()
             lsns = self._encode_all_locked(payloads, hints)
@@ -404,6 +380,34 @@ class Wal(LoopFlusher):
                 self._ring_locked()
         if flush_here:
             self._loop_flush()
+
+    # -- records kept in memory for an in-process consumer -------------------------------
+    def retain(self, max_records: int, max_bytes: int = 32 << 20) -> None:
+        """Keep up to `max_records` appended records (and `max_bytes` of their payloads) in
+        memory for `take_retained`, so that an in-process consumer (the compactor) need not
+        read back from disk what was just written. 0 turns it off and drops what is kept.
+        Past either bound everything kept is dropped (a consumer that fell behind reads the
+        segments) and keeping starts over."""
+        max_records = max(0, int(max_records))
+        max_bytes = max(0, int(max_bytes))
+        with self._lock:
+            if not max_records:
+                self._retained = None
+            elif self._retained is None:
+                self._retained = RetainedRecords(max_records, max_bytes)
+            else:
+                self._retained.max_records = max_records
+                self._retained.max_bytes = max_bytes
+
+    def take_retained(self, first_lsn: int, max_records: int, to_lsn: int) -> Optional[list]:
+        """Up to `max_records` durable records from `first_lsn` on, none past `to_lsn`, as
+        (lsn, payload, hint) in LSN order, dropping them and any before them from memory; None
+        when `first_lsn` is not kept (read it from the segments with a WalReader instead).
+        `hint` is what the appender passed along with the payload (or None)."""
+        with self._lock:
+            if self._retained is None:
+                return None
+            return self._retained.take(first_lsn, max_records, min(to_lsn, self._durable_lsn))
 
     # -- the flusher ---------------------------------------------------------------------
     def _take_group_locked(self):
@@ -536,6 +540,8 @@ class Wal(LoopFlusher):
         return True
 
     def _rotate(self, rotate_to, last_lsn: int) -> None:
+        """Seal the open segment after `last_lsn` and open the next one, in the spare if one
+        is ready."""
         salt, number, first_lsn = rotate_to
         data_records = last_lsn - self._segment_first + 1
         write_all(self.fs, self._fd, fmt.encode_seal(self._seed, last_lsn, data_records))
@@ -546,23 +552,15 @@ class Wal(LoopFlusher):
             self.fs.fdatasync(self._fd)
         self.fs.close(self._fd)
         self._fd = None
-        name = fmt.segment_name(number, first_lsn)
-        header = fmt.encode_segment_header(salt, number, first_lsn)
         with self._lock:
             use_spare = self._spare_ready
             self._spare_ready = False
         if use_spare:
-            self._fd = self._spares.install(name, header)
-            self._prealloc = True
+            name = fmt.segment_name(number, first_lsn)
+            fd = self._spares.install(name, fmt.encode_segment_header(salt, number, first_lsn))
         else:
-            write_file_atomic(self.fs, self.directory, name, header)
-            self._fd = self.fs.open(os.path.join(self.directory, name), os.O_WRONLY)
-            os.lseek(self._fd, fmt.SEGMENT_HEADER_SIZE, os.SEEK_SET)
-            self._prealloc = False
-        self._segment_number = number
-        self._seed = fmt.salt_seed(salt)
-        self._segment_bytes = fmt.SEGMENT_HEADER_SIZE
-        self._segment_first = first_lsn
+            fd = self._create_segment_file(salt, number, first_lsn)
+        self._set_segment(fd, number, first_lsn, fmt.salt_seed(salt), fmt.SEGMENT_HEADER_SIZE, use_spare)
 
     # -- spare segments (preallocate) ----------------------------------------------------
     def _request_first_spare(self) -> None:
