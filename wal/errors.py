@@ -8,10 +8,12 @@ from typing import Optional
 class WalError(Exception):
     """Root of every error the `wal` package raises."""
 
+    default_hint: Optional[str] = None  # what to do about it, unless the raiser gives a hint
+
     def __init__(self, message: str, *, hint: Optional[str] = None):
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = self.default_hint if hint is None else hint
 
     def __str__(self) -> str:
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
@@ -25,11 +27,10 @@ class WalError(Exception):
 class WalLockedError(WalError):
     """Another writer holds the directory's LOCK file."""
 
+    default_hint = "one writer per directory: stop that process, or point this one at another directory"
+
     def __init__(self, directory: str, holder: str):
-        super().__init__(
-            f"WAL directory {directory} is locked by another writer ({holder})",
-            hint="one writer per directory: stop that process, or point this one at another directory",
-        )
+        super().__init__(f"WAL directory {directory} is locked by another writer ({holder})")
         self.directory = directory
         self.holder = holder
 
@@ -37,15 +38,14 @@ class WalLockedError(WalError):
 class WalFailedError(WalError):
     """A write or fsync failed; the writer refuses every further append (fail closed)."""
 
+    default_hint = (
+        "fix the disk (space, I/O errors), then reopen the log: recovery keeps every acknowledged record"
+    )
+
     def __init__(self, op: str, cause: BaseException):
-        errno_name = getattr(cause, "errno", None)
-        super().__init__(
-            f"WAL {op} failed: {cause}; no further appends are accepted",
-            hint="fix the disk (space, I/O errors), then reopen the log: recovery keeps every "
-            "acknowledged record",
-        )
+        super().__init__(f"WAL {op} failed: {cause}; no further appends are accepted")
         self.op = op
-        self.errno = errno_name
+        self.errno = getattr(cause, "errno", None)
         self.__cause__ = cause
 
 
@@ -56,12 +56,12 @@ class WalClosedError(WalError):
 class WalCorruptionError(WalError):
     """Damage that is not a torn tail: names the file, the byte offset and what was expected."""
 
+    default_hint = (
+        "inspect it; `tracedb wal repair` keeps a .broken copy and truncates at the last good record"
+    )
+
     def __init__(self, path: str, offset: int, expected: str, found: str):
-        super().__init__(
-            f"WAL corruption in {path} at offset {offset}: expected {expected}, found {found}",
-            hint="inspect it; `tracedb wal repair` keeps a .broken copy and truncates at the last "
-            "good record",
-        )
+        super().__init__(f"WAL corruption in {path} at offset {offset}: expected {expected}, found {found}")
         self.path = path
         self.offset = offset
         self.expected = expected
