@@ -30,6 +30,7 @@ import sqlalchemy as sa
 import wal
 
 from . import db, reads, recovery, retention
+from .backoff import Backoff
 from .codec import (
     OP_INCOMPLETE,
     OP_INVALIDATE,
@@ -655,16 +656,16 @@ class Store:
         A FINAL_RESPONSE event is the same as `finish(execution_id, payload)`.
         """
         self._check_sync("event")
-        try:
-            return self.stage_event(self._now, execution_id, type, payload)
-        except StageMiss:
-            raise self.not_held_error(execution_id) from None
+        return self._record_now(self.stage_event, execution_id, type, payload)
 
     def finish(self, execution_id: str, response: dict) -> int:
         """Record FINAL_RESPONSE with `response` and close the execution as completed; returns its seq."""
         self._check_sync("finish")
+        return self._record_now(self.stage_finish, execution_id, response)
+
+    def _record_now(self, stage: Callable[..., int], execution_id: str, *args) -> int:
         try:
-            return self.stage_finish(self._now, execution_id, response)
+            return stage(self._now, execution_id, *args)
         except StageMiss:
             raise self.not_held_error(execution_id) from None
 
@@ -797,11 +798,11 @@ class Store:
         idle_s = self.config.idle_timeout_s
         sweep_every_s = min(60.0, idle_s / 10) if idle_s > 0 else None
         next_sweep = time.monotonic() + (sweep_every_s or 0)
+        period = interval if interval is not None else sweep_every_s
+        retry = Backoff(first_s=2 * (period or 1.0), max_s=5.0)
         failures = 0
         while not self._stop.is_set():
-            wait = interval if interval is not None else sweep_every_s
-            if failures:
-                wait = min(5.0, (wait or 1.0) * (2 ** min(failures, 5)))
+            wait = retry.next_delay() if failures else period
             self._wake.wait(wait)
             self._wake.clear()
             if self._stop.is_set():
@@ -814,6 +815,7 @@ class Store:
                     next_sweep = time.monotonic() + sweep_every_s
                     self.sweep_idle()
                 failures = 0
+                retry.reset()
                 self.background_error = None
             except StoreClosedError:
                 return

@@ -44,6 +44,7 @@ import orjson
 
 from .. import errors as E
 from .. import handles
+from ..backoff import Backoff
 from ..record import ExecutionRecord
 from . import protocol as P
 
@@ -87,6 +88,13 @@ def _outcome_unknown(address: str, op: str, execution_id, cause) -> OutcomeUnkno
         f"{execution_id!r} was sent ({cause}); it may or may not be recorded",
         hint="read the execution with get() to see; pass seq= (Execution handles do) so that a "
         "request can be resent without being recorded twice",
+    )
+
+
+def _unreachable(address: str, cause) -> RecorderUnavailableError:
+    return RecorderUnavailableError(
+        f"cannot reach the recorder at {address}: {cause}",
+        hint="is `tracedb serve` running? check the socket path / TRACEDB_SIDECAR",
     )
 
 
@@ -297,7 +305,7 @@ class _SyncSidecar:
             self._connect(time.monotonic() + reconnect_timeout_s)
 
     def _connect(self, deadline: float) -> None:
-        delay = 0.02
+        backoff = Backoff(deadline=deadline)
         last: Optional[BaseException] = None
         while True:
             try:
@@ -318,13 +326,10 @@ class _SyncSidecar:
                 return
             except (OSError, ValueError) as e:
                 last = e
-            if time.monotonic() + delay > deadline:
-                raise RecorderUnavailableError(
-                    f"cannot reach the recorder at {self.address}: {last}",
-                    hint="is `tracedb serve` running? check the socket path / TRACEDB_SIDECAR",
-                ) from last
-            time.sleep(delay)  # backoff between reconnect attempts
-            delay = min(delay * 2, 1.0)
+            delay = backoff.next_delay()
+            if delay is None:
+                raise _unreachable(self.address, last) from last
+            time.sleep(delay)
 
     def request(self, req: dict, execution_id: Optional[str] = None) -> dict:
         """Send one request and return its success fields; raise the mapped error otherwise."""
@@ -334,7 +339,7 @@ class _SyncSidecar:
             frame = _encode(req, self.max_frame_bytes)
             safe = _resend_safe(req)
             deadline = None
-            delay = 0.02
+            backoff: Optional[Backoff] = None
             while True:
                 try:
                     if self.conn is not None and not safe and self.conn.closed_by_peer():
@@ -359,11 +364,12 @@ class _SyncSidecar:
                 if resp.get("ok"):
                     return resp
                 err = resp.get("error") or {}
-                if err.get("code") in RETRYABLE:
+                if err.get("code") in RETRYABLE:  # the server is draining or full: back off, retry
                     deadline = deadline or time.monotonic() + self.reconnect_timeout_s
-                    if time.monotonic() + delay < deadline:
-                        time.sleep(delay)  # the server is draining or full: back off, retry
-                        delay = min(delay * 2, 1.0)
+                    backoff = backoff or Backoff(deadline=deadline)
+                    delay = backoff.next_delay()
+                    if delay is not None:
+                        time.sleep(delay)
                         continue
                 raise error_from_wire(err, execution_id)
 
@@ -591,7 +597,7 @@ class _AsyncSidecar:
         return reader, writer
 
     async def _reconnect(self, deadline: float, initial: bool = False) -> None:
-        delay = 0.02
+        backoff = Backoff(deadline=deadline)
         last: Optional[BaseException] = None
         while not self._closed:
             try:
@@ -635,15 +641,12 @@ class _AsyncSidecar:
                 return
             except (OSError, ValueError, asyncio.TimeoutError) as e:
                 last = e
-            if time.monotonic() + delay > deadline:
-                err = RecorderUnavailableError(
-                    f"cannot reach the recorder at {self.address}: {last}",
-                    hint="is `tracedb serve` running? check the socket path / TRACEDB_SIDECAR",
-                )
+            delay = backoff.next_delay()
+            if delay is None:
+                err = _unreachable(self.address, last)
                 self._fail_all(err)
                 raise err
-            await asyncio.sleep(delay)  # backoff between reconnect attempts
-            delay = min(delay * 2, 1.0)
+            await asyncio.sleep(delay)
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
