@@ -80,27 +80,11 @@ def _bad(message: str) -> ProtocolError:
 # -- responses -------------------------------------------------------------------------------
 
 
-def encode_ok(rid: Any, fields: Optional[dict] = None) -> bytes:
-    """One success response line: {"id": rid, "ok": true, **fields} and a newline."""
-    out = {"id": rid, "ok": True}
-    if fields:
-        out.update(fields)
-    return orjson.dumps(out, option=_OPT)
-
-
 def encode_error(rid: Any, code: str, message: str) -> bytes:
     """One error response line: {"id": rid, "ok": false, "error": {"code", "message"}}."""
     return orjson.dumps(
         {"id": rid, "ok": False, "error": {"code": code, "message": message}}, option=_OPT
     )
-
-
-def encode_request(request: dict) -> bytes:
-    """One request line (the client's side of `encode_ok`); raises ProtocolError if unencodable."""
-    try:
-        return orjson.dumps(request, option=_OPT)
-    except (TypeError, orjson.JSONEncodeError) as e:
-        raise _bad(f"request is not encodable as JSON: {e}") from None
 
 
 # -- framing ---------------------------------------------------------------------------------
@@ -172,17 +156,6 @@ class FrameSplitter:
 
 
 # -- requests --------------------------------------------------------------------------------
-
-
-def parse_frame(frame: bytes) -> dict:
-    """The request object of one frame; ProtocolError(bad_json / bad_request) if it is not one."""
-    try:
-        req = orjson.loads(frame)
-    except orjson.JSONDecodeError as e:
-        raise ProtocolError(BAD_JSON, f"frame is not valid UTF-8 JSON: {e}") from None
-    if type(req) is not dict:
-        raise _bad(f"a request is a JSON object, got {type(req).__name__}")
-    return req
 
 
 def check_id(req: dict) -> Any:
