@@ -42,7 +42,7 @@ from sqlalchemy.engine import Engine
 from . import models
 from .errors import ConfigError, DatabaseUnavailableError, StoreNotFoundError
 
-HEAD_REVISION = "0001"
+HEAD_REVISION = "0002"
 
 
 def _json_serializer(value) -> str:

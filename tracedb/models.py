@@ -1,4 +1,4 @@
-"""The projection's tables: `traces`, `trace_steps`, `compaction_checkpoint` (seed 003's names).
+"""The projection's tables: `traces`, `trace_steps`, `compaction_checkpoint`.
 
 The schema is dialect-neutral on purpose: JSON through `sa.JSON`, times as BigInteger nanoseconds
 since the epoch (UTC), no SQLite-only types, so that the same Alembic revisions serve SQLite and
@@ -21,8 +21,9 @@ class Trace(SQLModel, table=True):
 
     __tablename__ = "traces"
     __table_args__ = (
-        sa.Index("ix_traces_status_created", "status", "created_at_ns"),
-        sa.Index("ix_traces_created", "created_at_ns"),
+        # Pages of executions, newest first, continue after (created_at_ns, execution_id).
+        sa.Index("ix_traces_created_id", "created_at_ns", "execution_id"),
+        sa.Index("ix_traces_status_created_id", "status", "created_at_ns", "execution_id"),
         sa.Index("ix_traces_parent", "parent_execution_id"),
     )
 
