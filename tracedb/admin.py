@@ -23,7 +23,7 @@ from . import db, retention
 from .config import Config
 from .errors import EXIT_ERROR, EXIT_INTEGRITY, ExecutionNotFoundError, StoreInUseError, TraceDBError
 from .models import compaction_checkpoint, traces
-from .reads import Reader, open_engine
+from .reads import Reader
 from .recovery import RecoverResult
 from .replay.forking import Fork, fork as fork_execution
 from .retention import PruneResult
@@ -151,7 +151,7 @@ def prune(
 ) -> PruneResult:
     """Delete terminal, unpinned traces older than `older_than_s` (default: the retention days)."""
     seconds = config.retention_days * 86400.0 if older_than_s is None else older_than_s
-    engine = open_engine(config, write=True)
+    engine = db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
     try:
         return retention.prune(
             engine, seconds, now_ns=time.time_ns(), dry_run=dry_run,
@@ -163,7 +163,7 @@ def prune(
 
 def set_pinned(config: Config, execution_id: str, pinned: bool) -> str:
     """Pin (prune never deletes it) or unpin an execution; returns its full id."""
-    engine = open_engine(config, write=True)
+    engine = db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
     try:
         full_id = Reader(engine).resolve(execution_id)
         retention.set_pinned(engine, full_id, pinned)
@@ -182,7 +182,7 @@ class Invalidated:
 
 def invalidate(config: Config, execution_id: str, reason: str) -> Invalidated:
     """Mark an execution invalidated (not replayable, manually_invalidated), next to a recorder."""
-    engine = open_engine(config, write=True)
+    engine = db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
     try:
         full_id = Reader(engine).resolve(execution_id)
         changed = retention.invalidate_in_db(engine, full_id, reason, time.time_ns())

@@ -32,6 +32,7 @@ PostgreSQL (a fleet's shared database, `db_url`), the same concerns and their eq
 from __future__ import annotations
 
 import os
+import sqlite3
 from typing import Optional
 
 import orjson
@@ -234,16 +235,23 @@ def _alembic_config(connection):
 
 
 def current_revision(engine: Engine) -> Optional[str]:
-    """The schema revision the database is at, None for an empty database."""
-    from alembic.runtime.migration import MigrationContext
+    """The schema revision the database is at, None for an empty database.
 
+    A plain read of Alembic's version table: read commands check it on every start, and
+    Alembic itself is imported only when there is something to migrate."""
     try:
         with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+            try:
+                rows = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all()
+            except (sa.exc.OperationalError, sa.exc.ProgrammingError) as e:
+                if "no such table" in str(e.orig) or sqlstate(e) == "42P01":
+                    return None
+                raise
     except sa.exc.OperationalError as e:
         if engine.dialect.name == "sqlite":
             raise
         raise unavailable(engine, e) from e
+    return rows[0] if len(rows) == 1 else (None if not rows else ",".join(sorted(rows)))
 
 
 def migrate(engine: Engine, revision: str = "head") -> Optional[str]:
@@ -281,6 +289,38 @@ def migrate(engine: Engine, revision: str = "head") -> Optional[str]:
             "migrate` once as a user who may (or GRANT CREATE ON SCHEMA to this one)",
         ) from e
     return before
+
+
+def open_store_engine(database: str, *, busy_timeout_ms: int = 5000, write: bool = False) -> Engine:
+    """An engine on an existing store's database, its schema brought to the current revision.
+
+    StoreNotFoundError (exit 3) when there is no store; no WAL lock is taken. Without `write`
+    the database refuses writes on the engine's connections; with it, SQLite transactions
+    BEGIN IMMEDIATE, for the maintenance calls that write.
+    """
+    require_store(database)
+    writer = create_engine(database, busy_timeout_ms=busy_timeout_ms, write=True)
+    try:
+        migrate(writer)  # a read of the version table when the schema is current
+    except BaseException:
+        writer.dispose()
+        raise
+    if write:
+        return writer
+    writer.dispose()
+    engine = create_engine(database, busy_timeout_ms=busy_timeout_ms)
+    event.listen(engine, "connect", _refuse_writes)
+    return engine
+
+
+def _refuse_writes(dbapi_conn, _record) -> None:
+    # Runs after the engine's own connect settings (listeners run in the order they were added).
+    if isinstance(dbapi_conn, sqlite3.Connection):
+        dbapi_conn.execute("PRAGMA query_only = ON")
+        return
+    with dbapi_conn.cursor() as cur:
+        cur.execute("SET default_transaction_read_only TO on")
+    dbapi_conn.commit()
 
 
 def require_store(path: str) -> None:

@@ -7,6 +7,7 @@ from typing import Optional
 # CLI exit codes, stable: documented in the README.
 EXIT_OK = 0
 EXIT_ERROR = 1
+EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_INTEGRITY = 4
 EXIT_IN_USE = 5
@@ -239,3 +240,19 @@ class UsageError(TraceDBError):
     """The API used the wrong way (a blocking call inside a running event loop, ...)."""
 
     code = "usage"
+
+
+class AmbiguousExecutionIdError(TraceDBError):
+    """An execution id prefix that matches more than one execution (exit 2, a usage error)."""
+
+    code = "ambiguous_execution"
+    exit_code = EXIT_USAGE
+
+    def __init__(self, prefix: str, candidates: "list[str]", more: bool):
+        shown = ", ".join(candidates) + (", ..." if more else "")
+        super().__init__(
+            f"execution id prefix {prefix!r} matches more than one execution: {shown}",
+            hint="give more characters of the id",
+        )
+        self.prefix = prefix
+        self.candidates = tuple(candidates)

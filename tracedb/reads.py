@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterator, Optional, Union
@@ -21,7 +20,7 @@ from sqlalchemy.engine import Engine
 
 from . import db
 from .config import Config
-from .errors import ExecutionNotFoundError, InvalidInputError, TraceDBError
+from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError
 from .models import trace_steps, traces
 from .record import (
     STATUS_RUNNING,
@@ -59,22 +58,6 @@ _SUMMARY_COLS = (
 )
 # Newest first; the execution id breaks ties between executions created in the same nanosecond.
 _NEWEST_FIRST = (traces.c.created_at_ns.desc(), traces.c.execution_id.desc())
-
-
-class AmbiguousExecutionIdError(TraceDBError):
-    """An execution id prefix that matches more than one execution (exit 2, a usage error)."""
-
-    code = "ambiguous_execution"
-    exit_code = 2
-
-    def __init__(self, prefix: str, candidates: "list[str]", more: bool):
-        shown = ", ".join(candidates) + (", ..." if more else "")
-        super().__init__(
-            f"execution id prefix {prefix!r} matches more than one execution: {shown}",
-            hint="give more characters of the id",
-        )
-        self.prefix = prefix
-        self.candidates = tuple(candidates)
 
 
 def to_ns(value: TimeArg, name: str) -> Optional[int]:
@@ -340,36 +323,6 @@ class Lineage:
         return {"execution_id": self.execution_id, "ancestors": side(self.ancestors), "forks": side(self.forks)}
 
 
-def open_engine(config: Config, *, write: bool = False) -> Engine:
-    """An engine on an existing store's database, its schema brought to the current revision.
-
-    StoreNotFoundError (exit 3) when there is no store; no WAL lock is taken. Without `write`
-    the database refuses writes on the engine's connections; with it, SQLite transactions
-    BEGIN IMMEDIATE, for the maintenance calls that write.
-    """
-    db.require_store(config.database)
-    writer = db.create_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
-    try:
-        db.migrate(writer)  # a no-op read when the schema is current
-    finally:
-        writer.dispose()
-    if write:
-        return writer
-    engine = db.create_engine(config.database, busy_timeout_ms=config.busy_timeout_ms)
-    sa.event.listen(engine, "connect", _refuse_writes)
-    return engine
-
-
-def _refuse_writes(dbapi_conn, _record) -> None:
-    # Runs after tracedb.db's own connect settings (listeners run in the order they were added).
-    if isinstance(dbapi_conn, sqlite3.Connection):
-        dbapi_conn.execute("PRAGMA query_only = ON")
-        return
-    with dbapi_conn.cursor() as cur:
-        cur.execute("SET default_transaction_read_only TO on")
-    dbapi_conn.commit()
-
-
 def _prefix_range(prefix: str):
     """Ids that start with `prefix`, as a range of the primary key (exact under SQLite's BINARY
     collation, which compares UTF-8 bytes: the order of code points)."""
@@ -395,7 +348,7 @@ class Reader:
     @classmethod
     def open(cls, config: Config) -> "Reader":
         """A reader of the store `config` names; StoreNotFoundError (exit 3) if there is none."""
-        return cls(open_engine(config), owns_engine=True)
+        return cls(db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms), owns_engine=True)
 
     @property
     def engine(self) -> Engine:

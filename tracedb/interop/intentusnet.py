@@ -411,9 +411,9 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
     def _read(self, execution_id: str) -> ExecutionRecord:
         if self._store is not None:
             return self._store.get(execution_id)
-        from .. import queries
+        from .. import reads
 
-        return queries.read_record(self._engine, execution_id)
+        return reads.read_record(self._engine, execution_id)
 
     def load(self, execution_id: str):
         """The execution as an IntentusNet ExecutionRecord; RecordNotFoundError (a
@@ -429,9 +429,9 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
         if self._store is not None:
             rows = self._store.list()
         else:
-            from .. import queries
+            from .. import reads
 
-            rows = queries.list_traces(self._engine)
+            rows = reads.list_traces(self._engine)
         return sorted(r.execution_id for r in rows)
 
 
