@@ -29,7 +29,6 @@ from .record import (
     ExecutionEvent,
     ExecutionHeader,
     ExecutionRecord,
-    TraceSummary,
     compute_envelope_hash,
 )
 
@@ -62,6 +61,10 @@ def __getattr__(name):
         from . import store_async
 
         return getattr(store_async, name)
+    if name == "TraceSummary":
+        from .models import TraceSummary
+
+        return TraceSummary
     if name == "CompactResult":
         from .compactor import CompactResult
 

@@ -9,8 +9,6 @@ prefix, records with their event times, diff, lineage and verification.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterator, Optional, Union
@@ -21,14 +19,12 @@ from sqlalchemy.engine import Engine
 from . import db
 from .config import Config
 from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError
-from .models import trace_steps, traces
+from .models import TraceSummary, decode_cursor, trace_steps, traces
 from .record import (
-    STATUS_RUNNING,
     STATUSES,
     ExecutionEvent,
     ExecutionHeader,
     ExecutionRecord,
-    TraceSummary,
     utc_iso,
 )
 from .replay.exact import ReplayEngine, ReplayResult
@@ -160,21 +156,6 @@ class Filter:
 EVERYTHING = Filter()
 
 
-def _summary(r) -> TraceSummary:
-    return TraceSummary(
-        execution_id=r.execution_id,
-        created_at_ns=r.created_at_ns,
-        updated_at_ns=r.updated_at_ns,
-        intent=r.intent,
-        status=r.status,
-        replayable=bool(r.replayable),
-        replayable_reason=r.replayable_reason,
-        last_seq=r.last_seq,
-        pinned=bool(r.pinned),
-        parent_execution_id=r.parent_execution_id,
-    )
-
-
 def list_traces(
     engine: Engine,
     *,
@@ -193,7 +174,7 @@ def list_traces(
         q = q.limit(limit)
     with engine.connect() as conn:
         rows = conn.execute(q).all()
-    return [_summary(r) for r in rows]
+    return [TraceSummary.model_validate(r._mapping) for r in rows]
 
 
 def inspect_view(record: ExecutionRecord) -> dict:
@@ -219,64 +200,11 @@ def inspect_view(record: ExecutionRecord) -> dict:
 # -- pages of executions -------------------------------------------------------------------------
 
 
-def encode_cursor(created_at_ns: int, execution_id: str) -> str:
-    """The opaque text of a position in the newest-first order (after the given execution)."""
-    raw = f"{created_at_ns}:{execution_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-
-def decode_cursor(text: str) -> tuple[int, str]:
-    """(created_at_ns, execution_id) of a cursor from `encode_cursor`; InvalidInputError if it is not one."""
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
-        ns, sep, execution_id = raw.partition(":")
-        if sep and ns.isdigit() and execution_id:
-            return int(ns), execution_id
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        pass
-    raise InvalidInputError(
-        f"{text!r} is not a page cursor", hint="copy the cursor printed with the previous page"
-    )
-
-
-@dataclass(frozen=True)
-class ListedExecution:
-    """One execution of a page: its summary and the time of its last event."""
-
-    summary: TraceSummary
-    last_event_at_ns: Optional[int]
-
-    @property
-    def cursor(self) -> str:
-        """The cursor that continues the listing after this execution."""
-        return encode_cursor(self.summary.created_at_ns, self.summary.execution_id)
-
-    @property
-    def duration_ns(self) -> Optional[int]:
-        """Creation to last event, for an execution that is no longer running.
-
-        The last event, not updated_at_ns: an invalidation or recovery much later moves
-        updated_at_ns, and would count the operator's delay as the execution's run time.
-        """
-        if self.summary.status == STATUS_RUNNING or self.last_event_at_ns is None:
-            return None
-        return max(0, self.last_event_at_ns - self.summary.created_at_ns)
-
-    def to_dict(self) -> dict:
-        """The summary's JSON with `duration_ms` and `cursor` added."""
-        d = self.duration_ns
-        return dict(
-            self.summary.to_dict(),
-            duration_ms=None if d is None else round(d / 1e6, 3),
-            cursor=self.cursor,
-        )
-
-
 @dataclass(frozen=True)
 class Page:
     """Executions newest first; `next_cursor` continues after the last one (None: no more)."""
 
-    items: tuple[ListedExecution, ...]
+    items: tuple[TraceSummary, ...]
     next_cursor: Optional[str]
 
 
@@ -412,13 +340,13 @@ class Reader:
         q = q.order_by(*_NEWEST_FIRST).limit(limit + 1)
         with self._engine.connect() as conn:
             rows = conn.execute(q).all()
-        items = tuple(ListedExecution(_summary(r), r.last_event_at_ns) for r in rows[:limit])
+        items = tuple(TraceSummary.model_validate(r._mapping) for r in rows[:limit])
         more = len(rows) > limit and items
         return Page(items, items[-1].cursor if more else None)
 
     def each(
         self, where: Filter = EVERYTHING, *, before: Optional[str] = None, page_size: int = STREAM_PAGE_SIZE
-    ) -> Iterator[ListedExecution]:
+    ) -> Iterator[TraceSummary]:
         """Every execution that matches `where` (older than `before` if given), newest first.
 
         One page in memory at a time, each read in its own short transaction: a long listing

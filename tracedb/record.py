@@ -62,39 +62,6 @@ def utc_iso(ns: int, *, timespec: str = "microseconds") -> str:
     return dt.replace(tzinfo=None).isoformat(timespec=timespec) + "Z"
 
 
-@dataclass(frozen=True)
-class TraceSummary:
-    """One line of `inspect --list`: an execution without its events."""
-
-    execution_id: str
-    created_at_ns: int
-    updated_at_ns: int
-    intent: Optional[str]
-    status: str
-    replayable: bool
-    replayable_reason: Optional[str]
-    last_seq: int
-    pinned: bool
-    parent_execution_id: Optional[str] = None
-
-    @property
-    def created_utc_iso(self) -> str:
-        return utc_iso(self.created_at_ns)
-
-    def to_dict(self) -> dict:
-        return {
-            "execution_id": self.execution_id,
-            "created_utc_iso": self.created_utc_iso,
-            "intent": self.intent,
-            "status": self.status,
-            "replayable": self.replayable,
-            "replayable_reason": self.replayable_reason,
-            "last_seq": self.last_seq,
-            "pinned": self.pinned,
-            "parent_execution_id": self.parent_execution_id,
-        }
-
-
 def compute_envelope_hash(envelope: dict) -> str:
     """Hash an intent envelope exactly as IntentusNet does: routingMetadata left out, canonical JSON."""
     stable = {k: v for k, v in envelope.items() if k not in ["routingMetadata"]}

@@ -55,7 +55,7 @@ from .errors import (
     UsageError,
 )
 from . import handles
-from .models import traces
+from .models import TraceSummary, traces
 from .record import (
     FINAL_RESPONSE,
     STATUS_COMPLETED,
@@ -63,7 +63,6 @@ from .record import (
     STATUS_INVALIDATED,
     STATUS_RUNNING,
     ExecutionRecord,
-    TraceSummary,
     compute_envelope_hash,
 )
 from .recovery import RecoverResult

@@ -15,7 +15,8 @@ from . import handles
 from .codec import OP_INVALIDATE, OP_RECORDING_FAILURE
 from .compactor import CompactResult
 from .config import Config, as_config
-from .record import ExecutionRecord, TraceSummary
+from .models import TraceSummary
+from .record import ExecutionRecord
 from .recovery import RecoverResult
 from .retention import PruneResult
 from .state import StagedBatch, StageMiss

@@ -82,7 +82,7 @@ def test_every_execution_is_read_a_page_at_a_time(many, data_dir, monkeypatch):
 
     monkeypatch.setattr(Reader, "page", spy)
     with Reader.open(load_config(None, overrides={"data_dir": data_dir})) as reader:
-        got = [i.summary.execution_id for i in reader.each(page_size=8)]
+        got = [i.execution_id for i in reader.each(page_size=8)]
     assert got == many
     assert limits == [8] * 8  # 60 rows: seven full pages and a last one of 4
 

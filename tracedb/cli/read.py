@@ -12,7 +12,8 @@ import click
 import orjson
 
 from ..errors import EXIT_INTEGRITY
-from ..reads import DEFAULT_PAGE_SIZE, Filter, ListedExecution
+from ..models import TraceSummary
+from ..reads import DEFAULT_PAGE_SIZE, Filter
 from ..record import STATUSES, utc_iso
 from .main import (
     CursorParam,
@@ -31,20 +32,19 @@ HEADER = ("ID", "CREATED", "INTENT", "STATUS", "REPLAY", "EVENTS", "DURATION")
 WIDTH_SAMPLE = 1000
 
 
-def _cells(item: ListedExecution) -> tuple[str, ...]:
-    s = item.summary
+def _cells(item: TraceSummary) -> tuple[str, ...]:
     return (
-        s.execution_id,
-        utc_iso(s.created_at_ns, timespec="seconds"),
-        s.intent or "-",
-        s.status,
-        "replayable" if s.replayable else "not-replayable",
-        str(s.last_seq),
+        item.execution_id,
+        utc_iso(item.created_at_ns, timespec="seconds"),
+        item.intent or "-",
+        item.status,
+        "replayable" if item.replayable else "not-replayable",
+        str(item.last_seq),
         format_duration(item.duration_ns),
     )
 
 
-def _print_table(items: Iterable[ListedExecution]) -> None:
+def _print_table(items: Iterable[TraceSummary]) -> None:
     """The header on stderr, one line per execution on stdout (its first five columns as
     IntentusNet's `inspect --list` prints them); widths fit the first rows, so a listing of any
     length streams."""
@@ -64,7 +64,7 @@ def _print_table(items: Iterable[ListedExecution]) -> None:
         click.echo(line(_cells(item)))
 
 
-def _print_json(items: Iterable[ListedExecution]) -> None:
+def _print_json(items: Iterable[TraceSummary]) -> None:
     """One JSON list on one line, written row by row so that a listing of any length streams."""
     click.echo("[", nl=False)
     for n, item in enumerate(items):
@@ -115,7 +115,7 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, limi
         where = Filter(status=status, since=since, until=until, intent=intent, search=search)
         next_cursor: Optional[str] = None
         if all_:
-            items: Iterable[ListedExecution] = reader.each(where, before=before)
+            items: Iterable[TraceSummary] = reader.each(where, before=before)
         else:
             page = reader.page(where, before=before, limit=DEFAULT_PAGE_SIZE if limit is None else limit)
             items, next_cursor = page.items, page.next_cursor
