@@ -226,7 +226,7 @@ def unavailable(engine: Engine, error: BaseException) -> DatabaseUnavailableErro
 def _alembic_config(connection):
     from alembic.config import Config as AlembicConfig
 
-    import migrations
+    from . import migrations
 
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", os.path.dirname(os.path.abspath(migrations.__file__)))
