@@ -8,7 +8,6 @@ by unique prefix, as the reads take them.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from dataclasses import dataclass
@@ -17,7 +16,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 import sqlalchemy as sa
 
 import wal
-from wal.dir_lock import LOCK_FILE
 
 from . import db, retention
 from .config import Config
@@ -55,19 +53,8 @@ def failure_of(error: BaseException) -> Optional[Failure]:
 
 
 def recorder_running(config: Config) -> bool:
-    """True while a recorder holds the data directory's WAL (its lock file is flocked)."""
-    try:
-        fd = os.open(os.path.join(config.wal_dir, LOCK_FILE), os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        # A shared probe: it writes nothing into the lock file, unlike taking the lock.
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # closing releases the probe
-    return False
+    """True while a recorder holds the data directory's WAL."""
+    return wal.is_locked(config.wal_dir)
 
 
 def _recorder_id(config: Config) -> str:

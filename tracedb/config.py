@@ -242,7 +242,7 @@ def as_config(config: Any, data_dir: Optional[str]) -> Config:
 
 
 def parse_duration_s(text: str) -> float:
-    """'30d', '12h', '90m', '45s' or a bare number of days (seed 003 counts retention in days)."""
+    """'30d', '12h', '90m', '45s' or a bare number of days (retention is counted in days)."""
     text = str(text).strip().lower()
     units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "w": 7 * 86400.0}
     try:

@@ -108,7 +108,7 @@ _NOT_REPLAYABLE_HINTS = {
 
 
 class NotReplayableError(TraceDBError):
-    """A record that may not be replayed (seed 000): `reason` is one of the replayability states."""
+    """A record that may not be replayed: `reason` is one of the replayability states."""
 
     code = "not_replayable"
     exit_code = EXIT_NOT_REPLAYABLE
@@ -155,7 +155,7 @@ class ReplayHashMismatchError(IntegrityError):
 
 
 class ReplayDivergenceError(TraceDBError):
-    """Strict event-log replay saw a call that differs from the recording (seed 004).
+    """Strict event-log replay saw a call that differs from the recording (event-log replay).
 
     `seq` is the seq of the first divergent recorded event, `expected` what the log holds there,
     `got` what the replayed code asked for.

@@ -4,7 +4,7 @@ The byte layout and the recovery rules are specified in wal/FORMAT.md. This pack
 nothing of traces.
 """
 
-from .dir_lock import acquire_dir_lock
+from .dir_lock import acquire_dir_lock, is_locked
 from .errors import (
     PayloadTooLargeError,
     WalClosedError,
@@ -32,6 +32,7 @@ from .writer import DEFAULT_SEGMENT_SIZE_BYTES, AsyncWal, OpenResult, Wal, WalSt
 
 __all__ = [
     "acquire_dir_lock",
+    "is_locked",
     "AsyncWal",
     "Damage",
     "DEFAULT_SEGMENT_SIZE_BYTES",

@@ -33,3 +33,19 @@ def acquire_dir_lock(directory: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
     return fd
+
+
+def is_locked(directory: str) -> bool:
+    """True while a writer holds the directory's lock. A shared probe: unlike taking the lock,
+    it writes nothing into the lock file."""
+    try:
+        fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the probe
+    return False

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 from . import format as fmt
-from .dir_lock import LOCK_FILE, acquire_dir_lock  # noqa: F401 - importable from here, as before
+from .dir_lock import acquire_dir_lock
 from .doorbell import Doorbell
 from .errors import PayloadTooLargeError, WalClosedError, WalFailedError, WalUsageError
 from .fs import OsFileSystem, write_all, write_file_atomic
@@ -32,7 +32,7 @@ from .futures import acknowledge, running_loop
 from .loop_flusher import LoopFlusher
 from .reader import APPLIED_FILE, list_segments, read_applied_lsn, scan_last_segment
 from .retained_records import RetainedRecords
-from .spares import SPARE_FILE, SpareSegments  # noqa: F401 - SPARE_FILE: importable from here, as before
+from .spares import SpareSegments
 
 DEFAULT_SEGMENT_SIZE_BYTES = 64 << 20
 _frame_record = fmt.frame_record  # the single async append's framing, looked up once
@@ -94,7 +94,8 @@ class Wal(LoopFlusher):
         self.segment_size_bytes = segment_size_bytes
         self.preallocate = preallocate
         self.fs = fs or OsFileSystem()
-        self._on_group = on_group
+        # Called with (bytes, seconds) after each group is written and synced; settable.
+        self.on_group = on_group
         self._lock = threading.Lock()
         self._applied_lock = threading.Lock()
         self._synced = threading.Condition(self._lock)
@@ -492,10 +493,10 @@ class Wal(LoopFlusher):
             self._fsync_s += dt
             self._synced.notify_all()
         self._last_group = len(waiters)
-        if self._on_group is not None:
+        if self.on_group is not None:
             # Before the fd is released: the next group's report never overtakes this one.
             try:
-                self._on_group(nbytes, dt)
+                self.on_group(nbytes, dt)
             except Exception:  # noqa: BLE001 - metrics must never break the log
                 pass
         if self._first_spare_due:

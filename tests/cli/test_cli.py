@@ -232,7 +232,7 @@ def test_wal_scan_reports_corruption_when_no_recorder_holds_the_log(run, data_di
 def test_wal_scan_next_to_a_running_recorder_does_not_judge_the_live_tail(run, data_dir):
     import os
 
-    from wal.writer import acquire_dir_lock
+    from wal import acquire_dir_lock
 
     wal_dir = _log_with_a_torn_end_before_a_successor(data_dir)
     fd = acquire_dir_lock(wal_dir)  # stands for the recorder that holds the log

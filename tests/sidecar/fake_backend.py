@@ -174,7 +174,7 @@ class MemoryBackend:
             observer(lsn - prev[0], nbytes, dt)
             prev[0] = lsn
 
-        self.wal._on_group = on_group
+        self.wal.on_group = on_group
 
     async def close(self):
         self.closed = True

@@ -1,7 +1,7 @@
 """IntentusNet's execution records in and out of tracedb.
 
 IntentusNet (`pip install intentusnet`) keeps one JSON file per execution (its FileExecutionStore:
-DIR/<executionId>.json, the shape of seed 000's ExecutionRecord). This module maps that record onto
+DIR/<executionId>.json, the shape of IntentusNet's ExecutionRecord). This module maps that record onto
 tracedb's recording API and back:
 
     from intentusnet import IntentRouter
@@ -20,11 +20,11 @@ only what it can give back exactly, and refuses anything else with the reason:
 - events must be numbered 1, 2, 3, ... (tracedb assigns seq itself);
 - a FINAL_RESPONSE event, if any, is the last one and its payload is the finalResponse (tracedb
   records the final response as that event); routerDecision is the last ROUTER_DECISION payload;
-- the envelope hash must match the envelope, in either form: tracedb's (seed 000: "sha256:" +
+- the envelope hash must match the envelope, in either form: tracedb's (IntentusNet's: "sha256:" +
   hex, routingMetadata left out) or IntentusNet's own (bare hex of the whole envelope, which is
   what the intentusnet package writes); bare hex is accepted beside the prefixed form.
 
-Event types tracedb does not know (neither seed's nor namespaced) are stored as
+Event types tracedb does not know (neither IntentusNet's, nor LLM/tool calls, nor namespaced) are stored as
 "intentusnet.<type>" and given back without the prefix. A record without a final response is
 stored as incomplete (execution_incomplete); one IntentusNet marked not replayable keeps that as
 manually_invalidated, or else recording_failure (the original reason goes into the trace's note).

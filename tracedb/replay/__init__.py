@@ -1,5 +1,5 @@
-"""Replay of recorded executions: exact replay (seed 000), tool-call dedup (seed 001), parity
-replay of a stored plan (seed 003), event-log replay and fork (seed 004)."""
+"""Replay of recorded executions: exact replay of recorded responses, tool-call dedup,
+parity replay of a stored plan, event-log replay and fork."""
 
 from .dedup import ReplayControl, ToolDenied, ToolSpec, call_key
 from .eventlog import (

@@ -10,7 +10,7 @@ from typing import Any
 def canonical_json(value: Any) -> str:
     """Sorted keys, compact separators, ASCII only, str() for anything JSON cannot hold.
 
-    The same canonical form as seed 000's envelope hash, so equal content always hashes equal.
+    The same canonical form as IntentusNet's envelope hash, so equal content always hashes equal.
     """
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
 

@@ -1,4 +1,4 @@
-"""Per-turn dedup of repeated tool calls (seed 001's ReplayControl, its decision table exactly).
+"""Per-turn dedup of repeated tool calls (a ReplayControl, its decision table exactly).
 
 | Condition                                  | Decision                                   |
 |--------------------------------------------|--------------------------------------------|
@@ -52,7 +52,7 @@ class ToolDenied:
 
 
 def call_key(tool_name: str, arguments: Any) -> str:
-    """The dedup key: md5 of f"{name}:{json.dumps(arguments, sort_keys=True)}" (seed 001)."""
+    """The dedup key: md5 of f"{name}:{json.dumps(arguments, sort_keys=True)}" (as ReplayControl keys calls)."""
     raw = f"{tool_name}:{json.dumps(arguments, sort_keys=True)}"
     return hashlib.md5(raw.encode()).hexdigest()
 

@@ -1,4 +1,4 @@
-"""Event-log replay (seed 004): serve recorded LLM and tool responses to re-running agent code.
+"""Event-log replay: serve recorded LLM and tool responses to re-running agent code.
 
 An agent written against a session (`session.llm(request)`, `session.tool(name, arguments)`,
 `session.event(type, payload)`, `session.finish(response)`) runs the same way live and in replay:
@@ -47,7 +47,7 @@ from ..record import (
 )
 from ._canon import canonical_json, content_hash, state_bytes
 
-# The parts of an LLM request that make up its content hash (seed 004). Anything else in the
+# The parts of an LLM request that make up its content hash. Anything else in the
 # request (ids, timestamps, client options) does not change which recorded answer it gets.
 PROMPT_FIELDS = ("system", "messages", "model", "tools", "output_schema")
 

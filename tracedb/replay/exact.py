@@ -1,10 +1,10 @@
-"""Exact replay (seed 000): give back the recorded final response, never call an agent or a model.
+"""Exact replay: give back the recorded final response, never call an agent or a model.
 
     Given an ExecutionRecord R with status=completed and replayable=true,
     replay(R) returns R.finalResponse exactly, with no agent execution.
 
-`ReplayEngine` is the seed's engine; `replay_execution`, `CachingReplayEngine` and `batch_replay`
-replay by execution id from a store (anything with `get(execution_id)`, or the seed's `load`).
+`ReplayEngine` follows IntentusNet's engine; `replay_execution`, `CachingReplayEngine` and `batch_replay`
+replay by execution id from a store (anything with `get(execution_id)`, or IntentusNet's `load`).
 
 The hot path is `ReplayEngine.replay()` on an engine that has replayed before: the structural
 checks run once per engine and are cached, and the recorded objects are handed back as they are
@@ -83,10 +83,10 @@ class ReplayResult:
 
 @dataclass(frozen=True, slots=True)
 class EnvelopeVerifyResult:
-    """Outcome of comparing a recorded envelope hash with a provided one (seed 000's VerifyResult).
+    """Outcome of comparing a recorded envelope hash with a provided one (IntentusNet's VerifyResult).
 
     Named apart from the store's `tracedb.VerifyResult` (database verification); `VerifyResult`
-    in this module is the seed's name for it.
+    in this module is IntentusNet's name for it.
     """
 
     match: bool
@@ -153,7 +153,7 @@ def record_problems(record: ExecutionRecord) -> List[str]:
 
 
 def _envelope_dict(env: Any) -> dict:
-    # The seed passes an IntentEnvelope with to_dict(); plain dicts are the common case here.
+    # IntentusNet passes an IntentEnvelope with to_dict(); plain dicts are the common case here.
     if isinstance(env, dict):
         return env
     to_dict = getattr(env, "to_dict", None)
@@ -198,7 +198,7 @@ class ReplayEngine:
             return cached
         record = self._record
         header = record.header
-        # The header's own verdict comes first when it names a reason: seed 000's state 4 (an
+        # The header's own verdict comes first when it names a reason: state 4 of the replay contract (an
         # invalidated record, possibly without a final response) must report
         # manually_invalidated, not execution_incomplete.
         if not header.replayable and header.replayableReason:
@@ -245,7 +245,7 @@ class ReplayEngine:
         elif isinstance(final, dict):
             payload, metadata = final.get("payload"), final.get("metadata", {})
         else:
-            # Only reachable by force: the seed's "corrupted record may raise parse errors".
+            # Only reachable by force: the contract's "corrupted record may raise parse errors".
             raise RecordCorruptedError(self.problems, execution_id=header.executionId)
         return ReplayResult(
             payload,
@@ -270,7 +270,7 @@ class ReplayEngine:
 
 
 def _load(store: Any, execution_id: str) -> ExecutionRecord:
-    # tracedb's Store has get(); the seed's ExecutionStore has load(). Accept both.
+    # tracedb's Store has get(); IntentusNet's ExecutionStore has load(). Accept both.
     get = getattr(store, "get", None)
     if get is None:
         get = store.load
@@ -285,7 +285,7 @@ def replay_execution(
 
 
 class ReplayCache:
-    """A small in-memory LRU with per-entry expiry, the `Cache` of seed 000's CachingReplayEngine.
+    """A small in-memory LRU with per-entry expiry, the `Cache` of IntentusNet's CachingReplayEngine.
 
     `clock` returns seconds (monotonic); tests pass a fake one.
     """
@@ -337,7 +337,7 @@ class ReplayCache:
 
 
 class CachingReplayEngine:
-    """Replay by execution id with a result cache, for high-frequency replay (seed 000).
+    """Replay by execution id with a result cache, for high-frequency replay.
 
     Only successful, non-forced replays are cached. A record invalidated after it was cached keeps
     replaying from the cache until its entry expires or `invalidate(execution_id)` is called.
@@ -370,7 +370,7 @@ class CachingReplayEngine:
 def batch_replay(store: Any, execution_ids: Iterable[str]) -> Dict[str, ReplayResult]:
     """Replay many executions; a non-replayable one gets a result with payload None and a warning.
 
-    An unknown id raises ExecutionNotFoundError, as loading it does (seed 000).
+    An unknown id raises ExecutionNotFoundError, as loading it does.
     """
     results: Dict[str, ReplayResult] = {}
     for exec_id in execution_ids:

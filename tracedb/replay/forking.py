@@ -1,4 +1,4 @@
-"""Fork (seed 004): a new execution that shares its parent's events up to a seq, then runs live.
+"""Fork: a new execution that shares its parent's events up to a seq, then runs live.
 
 The fork's first events are copies of the parent's events 1..at_seq (same types, same payloads,
 `request_seq` references renumbered to the fork's seqs), and its trace row records the lineage

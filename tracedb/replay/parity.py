@@ -1,4 +1,4 @@
-"""Parity replay (seed 003): re-execute a stored plan without its planner, then compare.
+"""Parity replay: re-execute a stored plan without its planner, then compare.
 
 A plan is the list of skill calls a run made: skill name, parameters, skill version, retry budget.
 `run_plan` executes one through the caller's skill functions and records it: a `plan.recorded`
@@ -270,7 +270,7 @@ def compare_steps(original: Sequence[StepOutcome], replay: Sequence[StepOutcome]
 
 
 def compare_traces(original: ExecutionRecord, replay: ExecutionRecord) -> ParityResult:
-    """Parity of two stored traces (seed 003's determinism validation)."""
+    """Parity of two stored traces: do they take the same steps?"""
     return compare_steps(trace_steps(original), trace_steps(replay))
 
 
@@ -480,7 +480,7 @@ def diff_traces(a: ExecutionRecord, b: ExecutionRecord) -> TraceDiff:
         parity: Optional[ParityResult] = compare_steps(steps_a, steps_b)
 
         def differs(x, y):
-            why = _step_difference(x, y)  # versions are shown, never compared (seed 003)
+            why = _step_difference(x, y)  # versions are shown, never compared
             return None if why == "same" else why
     else:
         unit = "event"

@@ -405,8 +405,7 @@ class StoreBackend:
             observer(lsn - prev[0], nbytes, seconds)
             prev[0] = lsn
 
-        # The store opens the WAL; its on_group hook is the writer's constructor argument.
-        w._on_group = on_group
+        w.on_group = on_group
 
     async def close(self) -> None:
         """Close the store: running executions are marked incomplete, everything is compacted."""
