@@ -8,15 +8,13 @@ checks that the migrated schema equals these models.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any, Optional
 
 import sqlalchemy as sa
 from pydantic import ConfigDict
 from sqlmodel import Field, SQLModel
 
-from .errors import InvalidInputError
+from .paging import encode_cursor
 from .record import STATUS_RUNNING, utc_iso
 from .validation import ID_LENGTH, TYPE_LENGTH
 
@@ -143,26 +141,6 @@ class TraceSummary(SQLModel):
             "duration_ms": None if d is None else round(d / 1e6, 3),
             "cursor": self.cursor,
         }
-
-
-def encode_cursor(created_at_ns: int, execution_id: str) -> str:
-    """The opaque text of a position in the newest-first order (after the given execution)."""
-    raw = f"{created_at_ns}:{execution_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-
-def decode_cursor(text: str) -> tuple[int, str]:
-    """(created_at_ns, execution_id) of a cursor from `encode_cursor`; InvalidInputError if it is not one."""
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
-        ns, sep, execution_id = raw.partition(":")
-        if sep and ns.isdigit() and execution_id:
-            return int(ns), execution_id
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        pass
-    raise InvalidInputError(
-        f"{text!r} is not a page cursor", hint="copy the cursor printed with the previous page"
-    )
 
 
 metadata = SQLModel.metadata

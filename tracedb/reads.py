@@ -19,7 +19,8 @@ from sqlalchemy.engine import Engine
 from . import db
 from .config import Config
 from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError
-from .models import TraceSummary, decode_cursor, trace_steps, traces
+from .models import TraceSummary, trace_steps, traces
+from .paging import DEFAULT_PAGE_SIZE, STREAM_PAGE_SIZE, decode_cursor
 from .record import (
     STATUSES,
     ExecutionEvent,
@@ -34,9 +35,6 @@ from .verify import verify as verify_traces
 
 TimeArg = Union[None, int, float, datetime]
 
-DEFAULT_PAGE_SIZE = 50
-# Rows per query when every execution is read (`Reader.each`): memory holds one page at a time.
-STREAM_PAGE_SIZE = 1000
 # How many candidates an ambiguous prefix error names.
 AMBIGUOUS_SHOWN = 5
 

@@ -243,3 +243,25 @@ def test_wal_scan_next_to_a_running_recorder_does_not_judge_the_live_tail(run, d
     out = json.loads(result.stdout)
     assert result.exit_code == 0 and out["live"] is True
     assert [d["live_tail"] for d in out["damages"]] == [True]
+
+
+def test_the_command_line_starts_without_loading_the_database_layer():
+    # `tracedb --help` and a usage error must stay fast: SQLAlchemy, the models (pydantic) and
+    # Alembic load only when a command runs.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from tracedb.cli import main\n"
+        "r = CliRunner().invoke(main, ['--help'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "r = CliRunner().invoke(main, ['inspect', '--list', '--before', 'not-a-cursor'])\n"
+        "assert r.exit_code == 2, r.output\n"
+        "heavy = sorted(m for m in ('sqlalchemy', 'sqlmodel', 'pydantic', 'alembic') if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""

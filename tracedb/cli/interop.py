@@ -8,7 +8,6 @@ from typing import Optional
 
 import click
 
-from .. import admin
 from ..errors import EXIT_ERROR, InvalidInputError
 from .main import config_of, emit_json, json_option, main, progress_bar, reading
 
@@ -40,6 +39,8 @@ def import_intentusnet(ctx, directory, workers, as_json):
     Example:
       tracedb --db postgresql+psycopg://tracedb@db/traces import intentusnet ./records
     """
+    from .. import admin
+
     with progress_bar("importing") as progress:
         result = admin.import_intentusnet(config_of(ctx), directory, workers=workers, progress=progress)
     if as_json:

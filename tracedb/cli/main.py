@@ -11,15 +11,20 @@ import os
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import click
 import orjson
 
-from .. import admin
 from ..config import Config, load_config, parse_duration_s
 from ..errors import TraceDBError
-from ..reads import Reader, decode_cursor
+from ..paging import decode_cursor
+
+if TYPE_CHECKING:
+    from ..reads import Reader
+
+# The commands import the library (SQLAlchemy, the models, the WAL) when they run, not when the
+# command line starts: `tracedb --help` and a usage error stay fast.
 
 
 class CommandError(click.ClickException):
@@ -45,6 +50,8 @@ class TraceDBGroup(click.Group):
         except click.ClickException:
             raise
         except Exception as e:
+            from .. import admin
+
             failure = admin.failure_of(e)
             if failure is None:
                 raise
@@ -76,6 +83,9 @@ def execution_id_argument(name: str = "execution_id", metavar: str = "ID", **kw)
 def reading(ctx: click.Context) -> Iterator[Reader]:
     """A Reader of the store; when it was read without error, the note that the store is not
     recovered yet (no recorder runs, WAL records not compacted) goes to stderr."""
+    from .. import admin
+    from ..reads import Reader
+
     cfg = config_of(ctx)
     with Reader.open(cfg) as reader:
         yield reader

@@ -12,7 +12,6 @@ import os
 
 import click
 
-from .. import admin
 from ..config import parse_duration_s
 from ..errors import EXIT_INTEGRITY
 from .main import config_of, emit_json, execution_id_argument, json_option, main, progress_bar
@@ -28,6 +27,8 @@ def compact(ctx, as_json):
     Example:
       tracedb compact
     """
+    from .. import admin
+
     with progress_bar("compacting") as progress:
         r = admin.compact(config_of(ctx), progress)
     if as_json:
@@ -51,6 +52,8 @@ def recover(ctx, as_json):
     Example:
       tracedb recover && tracedb inspect --list --status incomplete
     """
+    from .. import admin
+
     with progress_bar("recovering") as progress:
         r = admin.recover(config_of(ctx), progress)
     if as_json:
@@ -82,6 +85,8 @@ def prune(ctx, older_than, dry_run, as_json):
     Example:
       tracedb prune --older-than 30d --dry-run
     """
+    from .. import admin
+
     seconds = parse_duration_s(older_than) if older_than else None
     with progress_bar("pruning") as progress:
         r = admin.prune(config_of(ctx), seconds, dry_run=dry_run, progress=progress)
@@ -106,6 +111,8 @@ def _pin_command(pinned: bool, help_text: str) -> click.Command:
     @execution_id_argument()
     @click.pass_context
     def command(ctx, execution_id):
+        from .. import admin
+
         full_id = admin.set_pinned(config_of(ctx), execution_id, pinned)
         click.echo(f"{'pinned' if pinned else 'unpinned'} {full_id}")
 
@@ -145,6 +152,8 @@ def invalidate(ctx, execution_id, reason):
     Example:
       tracedb invalidate exec-a1b2c3d4 --reason "agent had a bug"
     """
+    from .. import admin
+
     r = admin.invalidate(config_of(ctx), execution_id, reason)
     click.echo(f"invalidated {r.execution_id}" if r.changed else f"{r.execution_id} was already invalidated")
 
@@ -158,6 +167,8 @@ def migrate(ctx):
     Example:
       tracedb migrate
     """
+    from .. import admin
+
     r = admin.migrate(config_of(ctx))
     click.echo(f"schema at {r.after}" + ("" if r.before == r.after else f" (was {r.before or 'empty'})"))
 
@@ -182,6 +193,8 @@ def wal_scan(ctx, as_json):
     Example:
       tracedb wal scan --json
     """
+    from .. import admin
+
     r = admin.scan_wal(config_of(ctx))
     if as_json:
         emit_json(
@@ -213,6 +226,8 @@ def wal_repair(ctx):
     Example:
       tracedb wal repair && tracedb recover
     """
+    from .. import admin
+
     r = admin.repair_wal(config_of(ctx))
     if r.damage is None:
         click.echo(f"nothing to repair; the log ends at LSN {r.last_lsn}")

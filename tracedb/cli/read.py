@@ -6,14 +6,13 @@ They read the database without the WAL's lock, so they work next to a running re
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import click
 import orjson
 
 from ..errors import EXIT_INTEGRITY
-from ..models import TraceSummary
-from ..reads import DEFAULT_PAGE_SIZE, Filter
+from ..paging import DEFAULT_PAGE_SIZE
 from ..record import STATUSES, utc_iso
 from .main import (
     CursorParam,
@@ -26,6 +25,9 @@ from .main import (
     reading,
     trace,
 )
+
+if TYPE_CHECKING:
+    from ..models import TraceSummary
 
 HEADER = ("ID", "CREATED", "INTENT", "STATUS", "REPLAY", "EVENTS", "DURATION")
 # Rows read before the column widths are fixed, when every execution is listed.
@@ -112,6 +114,8 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, limi
         if execution_id is not None:
             emit_json(reader.inspect(execution_id), as_json)
             return
+        from ..reads import Filter
+
         where = Filter(status=status, since=since, until=until, intent=intent, search=search)
         next_cursor: Optional[str] = None
         if all_:

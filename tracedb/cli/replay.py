@@ -12,7 +12,6 @@ from typing import Optional
 
 import click
 
-from .. import admin
 from .main import config_of, emit_json, execution_id_argument, json_option, main, reading, trace
 
 CELL = 46  # width of one side in `trace diff`
@@ -85,6 +84,8 @@ def fork_command(ctx, execution_id, at_seq, new_id, as_json):
     Example:
       tracedb fork exec-a1b2c3d4 --at 7 --json
     """
+    from .. import admin
+
     token = os.environ.get("TRACEDB_TOKEN") or None
     r = admin.fork(config_of(ctx), execution_id, at_seq, new_execution_id=new_id, token=token)
     made = r.fork
