@@ -398,7 +398,7 @@ def section_replay(args, workdir: str) -> None:
     reused = row("exact replay, engine reused", len(lat) / sum(lat), lat)
     lat2 = rb.exact_replay_latencies(iterations=iters // 4, fresh_engine=True)
     fresh = row("exact replay, new engine per call (checks run)", len(lat2) / sum(lat2), lat2)
-    print("  seed 000 quotes ~1 ms per replay; target p50 <= 0.050 ms")
+    print("  IntentusNet's replay docs quote ~1 ms per replay; target p50 <= 0.050 ms")
     d = tempfile.mkdtemp(dir=workdir)
     data = os.path.join(d, "data")
     os.makedirs(data)

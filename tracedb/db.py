@@ -203,7 +203,9 @@ def _create_sqlite_engine(path: str, busy_timeout_ms: int, write: bool) -> Engin
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        if write:
+            # Takes the write lock even when it changes nothing: readers must not wait for it.
+            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=FULL")
@@ -299,17 +301,60 @@ def open_store_engine(database: str, *, busy_timeout_ms: int = 5000, write: bool
     BEGIN IMMEDIATE, for the maintenance calls that write.
     """
     require_store(database)
-    writer = create_engine(database, busy_timeout_ms=busy_timeout_ms, write=True)
+    engine = create_engine(database, busy_timeout_ms=busy_timeout_ms, write=write)
+    if not write:
+        event.listen(engine, "connect", _refuse_writes)
     try:
-        migrate(writer)  # a read of the version table when the schema is current
+        if current_revision(engine) != HEAD_REVISION:
+            writer = engine if write else create_engine(database, busy_timeout_ms=busy_timeout_ms, write=True)
+            try:
+                migrate(writer)
+            finally:
+                if writer is not engine:
+                    writer.dispose()
     except BaseException:
-        writer.dispose()
+        engine.dispose()
         raise
-    if write:
-        return writer
-    writer.dispose()
-    engine = create_engine(database, busy_timeout_ms=busy_timeout_ms)
-    event.listen(engine, "connect", _refuse_writes)
+    return engine
+
+
+def create_async_read_engine(database: str, *, busy_timeout_ms: int = 5000):
+    """An asyncio engine that only reads: `sqlite+aiosqlite` for a SQLite file, psycopg's async
+    mode for PostgreSQL. The same JSON decoding and session settings as the sync engines; the
+    database refuses writes on its connections."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    if is_url(database):
+        url = _parse_url(database)
+        if url.get_backend_name() != "sqlite":
+            engine = create_async_engine(
+                url, json_serializer=_json_serializer, json_deserializer=orjson.loads,
+                pool_pre_ping=True, pool_size=2, max_overflow=10,
+            )
+
+            @event.listens_for(engine.sync_engine, "connect")
+            def _read_only(dbapi_conn, _record):
+                cur = dbapi_conn.cursor()
+                cur.execute("SET default_transaction_read_only TO on")
+                cur.close()
+                dbapi_conn.commit()
+
+            return engine
+        database = url.database
+    engine = create_async_engine(
+        "sqlite+aiosqlite:///" + os.path.abspath(database),
+        json_serializer=_json_serializer,
+        json_deserializer=_sqlite_json_loads,
+        connect_args={"timeout": busy_timeout_ms / 1000.0},
+    )
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        cur.execute("PRAGMA query_only=ON")
+        cur.close()
+
     return engine
 
 

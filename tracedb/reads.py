@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterator, Optional, Union
+from typing import TYPE_CHECKING, Iterator, Optional, Union
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 from . import db
 from .config import Config
@@ -90,17 +93,25 @@ def record_from_rows(row, steps) -> ExecutionRecord:
     )
 
 
+def _trace_stmt(execution_id: str):
+    return sa.select(traces).where(traces.c.execution_id == execution_id)
+
+
+def _steps_stmt(execution_id: str):
+    return (
+        sa.select(trace_steps.c.seq, trace_steps.c.type, trace_steps.c.payload, trace_steps.c.recorded_at_ns)
+        .where(trace_steps.c.execution_id == execution_id)
+        .order_by(trace_steps.c.seq)
+    )
+
+
 def _load(engine: Engine, execution_id: str):
     """The traces row and its steps (with their recorded times), from one snapshot."""
     with engine.connect() as conn, conn.begin():
-        row = conn.execute(sa.select(traces).where(traces.c.execution_id == execution_id)).first()
+        row = conn.execute(_trace_stmt(execution_id)).first()
         if row is None:
             raise ExecutionNotFoundError(execution_id)
-        steps = conn.execute(
-            sa.select(trace_steps.c.seq, trace_steps.c.type, trace_steps.c.payload, trace_steps.c.recorded_at_ns)
-            .where(trace_steps.c.execution_id == execution_id)
-            .order_by(trace_steps.c.seq)
-        ).all()
+        steps = conn.execute(_steps_stmt(execution_id)).all()
     return row, steps
 
 
@@ -260,6 +271,56 @@ def _prefix_range(prefix: str):
     return (col >= prefix) & (col < prefix[:-1] + chr(ord(prefix[-1]) + 1))
 
 
+def _resolve_stmts(dialect: str, prefix: str):
+    """(the exact id, up to AMBIGUOUS_SHOWN + 1 ids that start with `prefix`)."""
+    col = traces.c.execution_id
+    # SQLite's LIKE ignores case and uses no index, hence the range; PostgreSQL's LIKE is
+    # exact, and served by the primary key under the C collation.
+    match = _prefix_range(prefix) if dialect == "sqlite" else col.startswith(prefix, autoescape=True)
+    exact = sa.select(col).where(col == prefix)
+    return exact, sa.select(col).where(match).order_by(col).limit(AMBIGUOUS_SHOWN + 1)
+
+
+def _resolved(prefix: str, found: list) -> str:
+    if not found:
+        raise ExecutionNotFoundError(prefix)
+    if len(found) > 1:
+        raise AmbiguousExecutionIdError(prefix, found[:AMBIGUOUS_SHOWN], len(found) > AMBIGUOUS_SHOWN)
+    return found[0]
+
+
+def _page_stmt(where: Filter, before: Optional[str], limit: int):
+    if limit < 0:
+        raise InvalidInputError("limit must not be negative")
+    last_at = (
+        sa.select(trace_steps.c.recorded_at_ns)
+        .where(trace_steps.c.execution_id == traces.c.execution_id)
+        .where(trace_steps.c.seq == traces.c.last_seq)
+        .scalar_subquery()
+    )
+    q = where.apply(sa.select(*_SUMMARY_COLS, last_at.label("last_event_at_ns")))
+    if before is not None:
+        ns, execution_id = decode_cursor(before)
+        q = q.where(sa.tuple_(traces.c.created_at_ns, traces.c.execution_id) < sa.tuple_(ns, execution_id))
+    # One row more than asked tells whether another page follows.
+    return q.order_by(*_NEWEST_FIRST).limit(limit + 1)
+
+
+def _page_of(rows: list, limit: int) -> Page:
+    items = tuple(TraceSummary.model_validate(r._mapping) for r in rows[:limit])
+    more = len(rows) > limit and items
+    return Page(items, items[-1].cursor if more else None)
+
+
+def _timeline(row, steps) -> Timeline:
+    times = []
+    previous = row.created_at_ns
+    for s in steps:
+        times.append(EventTime(s.seq, s.recorded_at_ns, max(0, s.recorded_at_ns - previous)))
+        previous = s.recorded_at_ns
+    return Timeline(record_from_rows(row, steps), tuple(times))
+
+
 class Reader:
     """Reads of one store's database, without the WAL lock: a recorder may run meanwhile.
 
@@ -296,24 +357,11 @@ class Reader:
         An exact id wins even when it is also the prefix of others. ExecutionNotFoundError (exit 3)
         when nothing matches, AmbiguousExecutionIdError (exit 2) when several do.
         """
-        col = traces.c.execution_id
-        # SQLite's LIKE ignores case and uses no index, hence the range; PostgreSQL's LIKE is
-        # exact, and served by the primary key under the C collation.
-        if self._engine.dialect.name == "sqlite":
-            match = _prefix_range(prefix)
-        else:
-            match = col.startswith(prefix, autoescape=True)
+        exact, candidates = _resolve_stmts(self._engine.dialect.name, prefix)
         with self._engine.connect() as conn:
-            if conn.execute(sa.select(col).where(col == prefix)).first() is not None:
+            if conn.execute(exact).first() is not None:
                 return prefix
-            found = conn.execute(
-                sa.select(col).where(match).order_by(col).limit(AMBIGUOUS_SHOWN + 1)
-            ).scalars().all()
-        if not found:
-            raise ExecutionNotFoundError(prefix)
-        if len(found) > 1:
-            raise AmbiguousExecutionIdError(prefix, found[:AMBIGUOUS_SHOWN], len(found) > AMBIGUOUS_SHOWN)
-        return found[0]
+            return _resolved(prefix, conn.execute(candidates).scalars().all())
 
     def page(self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE) -> Page:
         """Up to `limit` executions that match `where`, newest first, older than the cursor
@@ -322,25 +370,9 @@ class Reader:
         The filters run in SQL. The position is a keyset (created_at_ns, execution_id), served by
         an index ending in those columns, so a page costs the same however deep it is.
         """
-        if limit < 0:
-            raise InvalidInputError("limit must not be negative")
-        last_at = (
-            sa.select(trace_steps.c.recorded_at_ns)
-            .where(trace_steps.c.execution_id == traces.c.execution_id)
-            .where(trace_steps.c.seq == traces.c.last_seq)
-            .scalar_subquery()
-        )
-        q = where.apply(sa.select(*_SUMMARY_COLS, last_at.label("last_event_at_ns")))
-        if before is not None:
-            ns, execution_id = decode_cursor(before)
-            q = q.where(sa.tuple_(traces.c.created_at_ns, traces.c.execution_id) < sa.tuple_(ns, execution_id))
-        # One row more than asked tells whether another page follows.
-        q = q.order_by(*_NEWEST_FIRST).limit(limit + 1)
+        q = _page_stmt(where, before, limit)
         with self._engine.connect() as conn:
-            rows = conn.execute(q).all()
-        items = tuple(TraceSummary.model_validate(r._mapping) for r in rows[:limit])
-        more = len(rows) > limit and items
-        return Page(items, items[-1].cursor if more else None)
+            return _page_of(conn.execute(q).all(), limit)
 
     def each(
         self, where: Filter = EVERYTHING, *, before: Optional[str] = None, page_size: int = STREAM_PAGE_SIZE
@@ -363,13 +395,7 @@ class Reader:
 
     def timeline(self, execution_id: str) -> Timeline:
         """The record and each event's recorded time, read from one snapshot."""
-        row, steps = _load(self._engine, self.resolve(execution_id))
-        times = []
-        previous = row.created_at_ns
-        for s in steps:
-            times.append(EventTime(s.seq, s.recorded_at_ns, max(0, s.recorded_at_ns - previous)))
-            previous = s.recorded_at_ns
-        return Timeline(record_from_rows(row, steps), tuple(times))
+        return _timeline(*_load(self._engine, self.resolve(execution_id)))
 
     def inspect(self, execution_id: str) -> dict:
         """The `inspect ID` view: status, the last event, replayability."""
@@ -409,3 +435,66 @@ class Reader:
     def verify(self, execution_id: Optional[str] = None) -> VerifyResult:
         """Verify one execution, or all of them and the database itself."""
         return verify_traces(self._engine, None if execution_id is None else self.resolve(execution_id))
+
+
+class AsyncReader:
+    """`Reader` for an event loop: the same queries, awaited, on an asyncio engine (aiosqlite for
+    SQLite, psycopg's async mode for PostgreSQL), so the loop never blocks on the database.
+
+    `reader = await AsyncReader.open(config)`, then `await reader.page(...)`; `await
+    reader.close()` (or `async with`).
+    """
+
+    def __init__(self, engine: "AsyncEngine"):
+        self._engine = engine
+
+    @classmethod
+    async def open(cls, config: Config) -> "AsyncReader":
+        """A reader of the store `config` names; StoreNotFoundError (exit 3) if there is none."""
+        import asyncio
+
+        # Checking the schema is blocking work, done once, off the loop.
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms).dispose()
+        )
+        return cls(db.create_async_read_engine(config.database, busy_timeout_ms=config.busy_timeout_ms))
+
+    async def close(self) -> None:
+        await self._engine.dispose()
+
+    async def __aenter__(self) -> "AsyncReader":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def resolve(self, prefix: str) -> str:
+        """The execution id that is `prefix` or starts with it (see `Reader.resolve`)."""
+        exact, candidates = _resolve_stmts(self._engine.dialect.name, prefix)
+        async with self._engine.connect() as conn:
+            if (await conn.execute(exact)).first() is not None:
+                return prefix
+            return _resolved(prefix, (await conn.execute(candidates)).scalars().all())
+
+    async def page(self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE) -> Page:
+        """Up to `limit` executions that match `where`, newest first (see `Reader.page`)."""
+        q = _page_stmt(where, before, limit)
+        async with self._engine.connect() as conn:
+            return _page_of((await conn.execute(q)).all(), limit)
+
+    async def _load(self, execution_id: str):
+        eid = await self.resolve(execution_id)
+        async with self._engine.connect() as conn, conn.begin():
+            row = (await conn.execute(_trace_stmt(eid))).first()
+            if row is None:
+                raise ExecutionNotFoundError(eid)
+            steps = (await conn.execute(_steps_stmt(eid))).all()
+        return row, steps
+
+    async def get(self, execution_id: str) -> ExecutionRecord:
+        """The whole record of one execution."""
+        return record_from_rows(*await self._load(execution_id))
+
+    async def timeline(self, execution_id: str) -> Timeline:
+        """The record and each event's recorded time, read from one snapshot."""
+        return _timeline(*await self._load(execution_id))

@@ -176,3 +176,32 @@ def test_pages_of_executions_and_id_prefixes_on_postgresql(pg_url, tmp_path):
     assert "ix_traces_created_id" in plans[0] and "ix_traces_created_id" in plans[1]
     assert "ix_traces_status_created_id" in plans[2]
     assert not any("Sort" in p for p in plans), plans
+
+
+def test_the_async_reader_answers_like_the_sync_one_on_postgresql(open_pg_store, pg_url, tmp_path):
+    import asyncio
+
+    from tracedb.reads import AsyncReader, Filter
+
+    store = open_pg_store()
+    for i in range(5):
+        ex = store.start("Batch" if i % 2 else "Other", ENVELOPE, f"exec-async-{i}")
+        ex.event(*SEED_002_EVENTS[0][1:])
+        ex.finish({"status": "success", "payload": {"i": i}})
+    store.compact()
+    cfg = load_config(None, overrides={"db_url": pg_url, "data_dir": str(tmp_path / "reader")})
+
+    async def read():
+        async with await AsyncReader.open(cfg) as r:
+            first = await r.page(limit=2)
+            rest = await r.page(Filter(intent="Batch"), before=first.next_cursor, limit=10)
+            return first, rest, await r.get("exec-async-3"), await r.resolve("exec-async-4")
+
+    first, rest, record, resolved = asyncio.run(read())
+    with Reader.open(cfg) as sync:
+        assert first == sync.page(limit=2)
+        assert rest == sync.page(Filter(intent="Batch"), before=first.next_cursor, limit=10)
+        assert record == sync.get("exec-async-3")
+    assert [i.execution_id for i in rest.items] == ["exec-async-1"]
+    assert record.finalResponse == {"status": "success", "payload": {"i": 3}}
+    assert resolved == "exec-async-4"
