@@ -164,7 +164,7 @@ class Store:
         self._closed = False
         self._lock = threading.Lock()  # guards closing
         self._executions = ExecutionTable()
-        self._now = _AppendNow(self)
+        self._appender = _AppendNow(self)
         self._compact_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -644,7 +644,7 @@ class Store:
         start = self.reserve_start(intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns)
         try:
             self.check_new_in_db(start)
-            self.stage_start(self._now, start)
+            self.stage_start(self._appender, start)
         finally:
             self.cancel_start(start)
         return Execution(self, start.execution_id, start.envelope_hash)
@@ -664,7 +664,7 @@ class Store:
 
     def _record_now(self, stage: Callable[..., int], execution_id: str, *args) -> int:
         try:
-            return stage(self._now, execution_id, *args)
+            return stage(self._appender, execution_id, *args)
         except StageMiss:
             raise self.not_held_error(execution_id) from None
 
@@ -674,19 +674,19 @@ class Store:
         Works on running and closed executions; invalidating twice is a no-op.
         """
         self._check_sync("invalidate")
-        self.stage_status_change(self._now, execution_id, OP_INVALIDATE, reason)
+        self.stage_status_change(self._appender, execution_id, OP_INVALIDATE, reason)
 
     def mark_recording_failure(self, execution_id: str, detail: str) -> None:
         """Flag an execution not replayable because its recording is known to be incomplete
         (recording_failure). Its status does not change."""
         self._check_sync("mark_recording_failure")
-        self.stage_status_change(self._now, execution_id, OP_RECORDING_FAILURE, detail)
+        self.stage_status_change(self._appender, execution_id, OP_RECORDING_FAILURE, detail)
 
     def abandon(self, execution_id: str, why: str) -> str:
         """Mark a running execution incomplete now because its agent died; returns the status it
         had (ExecutionNotFoundError if unknown). Durable when it returns."""
         self._check_sync("abandon")
-        status = self.stage_abandon(self._now, execution_id, why)
+        status = self.stage_abandon(self._appender, execution_id, why)
         if status is None:
             status = reads.trace_status(self._read_engine, execution_id)
             if status is None:
@@ -697,7 +697,7 @@ class Store:
         return self._executions.with_status(STATUS_RUNNING)
 
     def _mark_incomplete(self, states: list[ExecutionState], why: str, idle_since_ns: Optional[int] = None) -> int:
-        return sum(self._stage_incomplete(self._now, s, why, idle_since_ns) for s in states)
+        return sum(self._stage_incomplete(self._appender, s, why, idle_since_ns) for s in states)
 
     def sweep_idle(self, now_ns: Optional[int] = None) -> int:
         """Mark executions with no event for `idle_timeout_s` incomplete; returns how many.

@@ -24,6 +24,7 @@ _NO_LIMIT = 1 << 64
 _CHUNK_BYTES = 8 << 20  # a segment is read in pieces: a preallocated one is mostly zeros
 _ZERO_HEAD = bytes(fmt.RECORD_HEADER_SIZE)
 _NONZERO = re.compile(rb"[^\x00]")
+_ZERO_BLOCK = bytes(1 << 20)
 # records() checks at most this many records ahead of its consumer, a record costing one more
 # for each 4 KiB of payload (so about 2 MiB of payloads at most, or one larger record).
 _RECORDS_AHEAD = 512
@@ -34,13 +35,16 @@ _SCAN_BATCH = 65536
 
 def _zeros_from(path: str, offset: int) -> bool:
     """True if every byte of the file from `offset` on is zero (preallocated, never written)."""
-    with open(path, "rb") as f:
+    # Comparing with a block of zeros is a memcmp: a 64 MiB preallocated tail takes a few ms,
+    # where a regular expression hunting for a non-zero byte took about 200 ms.
+    buf = bytearray(len(_ZERO_BLOCK))
+    with open(path, "rb", buffering=0) as f:
         f.seek(offset)
         while True:
-            chunk = f.read(_CHUNK_BYTES)
-            if not chunk:
+            n = f.readinto(buf)
+            if not n:
                 return True
-            if _NONZERO.search(chunk) is not None:
+            if (buf != _ZERO_BLOCK) if n == len(buf) else (buf[:n] != _ZERO_BLOCK[:n]):
                 return False
 
 
@@ -499,7 +503,7 @@ class WalReader:
                                 self._need = n + 28
                                 break
                         if buf[off : off + 20] == _ZERO_HEAD and (
-                            _NONZERO.search(buf, off) is None
+                            data.count(0, off, end) == end - off
                             and (at_eof or _zeros_from(seg.path, base + end))
                         ):
                             zero_end = True  # preallocated space: the end of the written data
