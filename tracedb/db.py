@@ -341,11 +341,19 @@ def create_async_read_engine(database: str, *, busy_timeout_ms: int = 5000):
 
             return engine
         database = url.database
+    import aiosqlite
+
+    path = os.path.abspath(database)
+
+    async def connect_read_only():
+        # Opened read-only by SQLite itself, as the sidecar's quick reader is.
+        return await aiosqlite.connect(f"file:{path}?mode=ro", uri=True, timeout=busy_timeout_ms / 1000.0)
+
     engine = create_async_engine(
-        "sqlite+aiosqlite:///" + os.path.abspath(database),
+        "sqlite+aiosqlite://",
+        async_creator=connect_read_only,
         json_serializer=_json_serializer,
         json_deserializer=_sqlite_json_loads,
-        connect_args={"timeout": busy_timeout_ms / 1000.0},
     )
 
     @event.listens_for(engine.sync_engine, "connect")
