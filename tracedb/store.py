@@ -29,7 +29,7 @@ import sqlalchemy as sa
 
 import wal
 
-from . import db, reads, recovery, retention
+from . import db, handles, reads, recovery, retention
 from .backoff import Backoff
 from .codec import (
     OP_INCOMPLETE,
@@ -54,7 +54,7 @@ from .errors import (
     StoreInUseError,
     UsageError,
 )
-from . import handles
+from .ids import new_execution_id
 from .models import TraceSummary, traces
 from .record import (
     FINAL_RESPONSE,
@@ -442,7 +442,7 @@ class Store:
         if explicit:
             validate_id(execution_id, "execution_id")
         else:
-            execution_id = f"exec-{uuid.uuid4().hex}"
+            execution_id = new_execution_id()
         if parent_execution_id is not None:
             validate_id(parent_execution_id, "parent_execution_id")
         if forked_at_seq is not None:

@@ -36,7 +36,6 @@ import select
 import socket
 import threading
 import time
-import uuid
 from typing import Any, Awaitable, Optional
 from urllib.parse import urlparse
 
@@ -45,6 +44,7 @@ import orjson
 from .. import errors as E
 from .. import handles
 from ..backoff import Backoff
+from ..ids import new_execution_id
 from ..record import ExecutionRecord
 from . import protocol as P
 
@@ -188,11 +188,6 @@ def resolve_sidecar(sidecar: Optional[str], data_dir: Optional[str]) -> Optional
         finally:
             probe.close()
     return None
-
-
-def new_execution_id() -> str:
-    """A fresh execution id, chosen by the client so that a resent start is recognised."""
-    return "exec-" + uuid.uuid4().hex
 
 
 def _request_start(rid, intent, envelope, execution_id, parent_execution_id, forked_at_seq) -> dict:
