@@ -180,6 +180,13 @@ def _create_pg_engine(url: sa.engine.URL, busy_timeout_ms: int) -> Engine:
     return engine
 
 
+def sqlite_json(value):
+    """A JSON column's value as SQLite hands it back (None, a number, or JSON text), decoded."""
+    if value is None:
+        return None
+    return _sqlite_json_loads(value)
+
+
 def _sqlite_json_loads(value):
     """Read a JSON column of SQLite. A column declared JSON has NUMERIC affinity: SQLite stores
     a document that is a bare number (a payload of `5` or `1.5`) as an INTEGER or REAL, and hands

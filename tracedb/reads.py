@@ -9,6 +9,9 @@ prefix, records with their event times, diff, lineage and verification.
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Iterator, Optional, Union
@@ -21,7 +24,7 @@ if TYPE_CHECKING:
 
 from . import db
 from .config import Config
-from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError
+from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError, StoreClosedError
 from .models import TraceSummary, trace_steps, traces
 from .paging import DEFAULT_PAGE_SIZE, STREAM_PAGE_SIZE, decode_cursor
 from .record import (
@@ -118,6 +121,83 @@ def _load(engine: Engine, execution_id: str):
 def read_record(engine: Engine, execution_id: str) -> ExecutionRecord:
     """The whole record of one execution; ExecutionNotFoundError if there is none."""
     return record_from_rows(*_load(engine, execution_id))
+
+
+class RecordReader:
+    """Whole records by id, as fast as the driver allows; for the store's `get` and replay.
+
+    On SQLite it reads through the sqlite3 module directly, one read-only connection per
+    thread, whose statement cache keeps both queries prepared: SQLAlchemy builds and runs each
+    statement anew, which cost about ten times the queries themselves. Elsewhere it reads
+    through the engine. Either way the header and the steps come from one snapshot.
+    """
+
+    _TRACE_SQL = (
+        "SELECT execution_id, created_at_ns, envelope_hash, replayable, replayable_reason, envelope, "
+        "router_decision, final_response, status, intent, parent_execution_id, forked_at_seq "
+        "FROM traces WHERE execution_id = ?"
+    )
+    _STEPS_SQL = "SELECT seq, type, payload FROM trace_steps WHERE execution_id = ? ORDER BY seq"
+
+    def __init__(self, engine: Engine, *, busy_timeout_ms: int = 5000):
+        self._engine = engine
+        self._path = engine.url.database if engine.dialect.name == "sqlite" else None
+        self._timeout_s = busy_timeout_ms / 1000.0
+        self._local = threading.local()
+        self._opened: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def read(self, execution_id: str) -> ExecutionRecord:
+        """The whole record of one execution; ExecutionNotFoundError if there is none."""
+        if self._path is None:
+            return read_record(self._engine, execution_id)
+        if self._closed:
+            raise StoreClosedError()
+        conn = getattr(self._local, "conn", None) or self._connect()
+        conn.execute("BEGIN")
+        try:
+            row = conn.execute(self._TRACE_SQL, (execution_id,)).fetchone()
+            steps = conn.execute(self._STEPS_SQL, (execution_id,)).fetchall() if row is not None else ()
+        finally:
+            conn.execute("COMMIT")
+        if row is None:
+            raise ExecutionNotFoundError(execution_id)
+        (eid, created, ehash, replayable, reason, envelope, decision, final, status, intent, parent, fork_seq) = row
+        return ExecutionRecord(
+            header=ExecutionHeader(
+                executionId=eid, createdUtcIso=utc_iso(created), envelopeHash=ehash,
+                replayable=bool(replayable), replayableReason=reason,
+            ),
+            envelope=db.sqlite_json(envelope),
+            routerDecision=db.sqlite_json(decision),
+            events=[ExecutionEvent(seq=seq, type=type_, payload=db.sqlite_json(p)) for seq, type_, p in steps],
+            finalResponse=db.sqlite_json(final),
+            status=status,
+            intent=intent,
+            parentExecutionId=parent,
+            forkedAtSeq=fork_seq,
+        )
+
+    def _connect(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._closed:
+                raise StoreClosedError()
+            conn = sqlite3.connect(
+                f"file:{os.path.abspath(self._path)}?mode=ro", uri=True, timeout=self._timeout_s,
+                isolation_level=None, check_same_thread=False, cached_statements=16,
+            )
+            self._opened.append(conn)
+        self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        """Close every connection it opened, in whichever thread."""
+        with self._lock:
+            self._closed = True
+            opened, self._opened = self._opened, []
+        for conn in opened:
+            conn.close()
 
 
 def trace_status(engine: Engine, execution_id: str) -> Optional[str]:

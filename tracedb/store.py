@@ -170,6 +170,7 @@ class Store:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._engine = self._read_engine = None
+        self._records: Optional[reads.RecordReader] = None
         self._compactor: Optional[Compactor] = None
         self._worker = None  # a CompactorWorker when compact_worker is set
         self._hinting = False  # see _keep_records_in_memory
@@ -224,6 +225,7 @@ class Store:
         cfg = self.config
         self._engine = db.create_engine(cfg.sqlite_path, busy_timeout_ms=cfg.busy_timeout_ms, write=True)
         self._read_engine = db.create_engine(cfg.sqlite_path, busy_timeout_ms=cfg.busy_timeout_ms)
+        self._records = reads.RecordReader(self._read_engine, busy_timeout_ms=cfg.busy_timeout_ms)
         db.migrate(self._engine)
         self.recorder_id = _resolve_recorder_id(cfg)
         applied = db.ensure_checkpoint(self._engine, self.recorder_id, self.clock())
@@ -319,6 +321,8 @@ class Store:
             self._worker = None
         if self._compactor is not None:
             self._compactor.close()
+        if self._records is not None:
+            self._records.close()
         for eng in (self._engine, self._read_engine):
             if eng is not None:
                 eng.dispose()
@@ -827,7 +831,7 @@ class Store:
     def get(self, execution_id: str) -> ExecutionRecord:
         """The execution's whole record, including events not yet compacted."""
         self._refresh()
-        return reads.read_record(self._read_engine, execution_id)
+        return self._records.read(execution_id)
 
     def list(
         self,
