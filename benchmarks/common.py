@@ -73,9 +73,51 @@ def pct(sorted_values: list[float], q: float) -> float:
 
 def rate_line(name: str, rate: float) -> str:
     """A result line: what was measured, and its rate per second."""
-    return f"  {name:<52} {rate:>12,.0f}/s"
+    return f"  {name:<56} {rate:>12,.0f}/s"
 
 
 def ratio_line(label: str, r: float) -> str:
     """A line comparing two rates of the same run."""
-    return f"  ratio {label:<46} {r:10.2f}x" if r < 10 else f"  ratio {label:<46} {r:10.1f}x"
+    return f"  ratio {label:<52} {r:10.2f}x" if r < 10 else f"  ratio {label:<52} {r:10.1f}x"
+
+
+# -- the user's workload: what an agent records through the public API ------------------------
+
+# An execution as an agent records it: a start, then model and tool calls, then the final
+# response. EVENTS_PER_EXECUTION counts the steps stored for it (the events and the finish).
+EVENTS_PER_EXECUTION = 10
+AGENT_INTENT = "AnswerQuestion"
+AGENT_EVENT_TYPES = ("llm.requested", "llm.responded", "tool.requested", "tool.responded")
+
+
+def agent_envelope(n: int) -> dict:
+    """The envelope an agent starts an execution with (~250 bytes of JSON)."""
+    return {
+        "intent": AGENT_INTENT,
+        "payload": {"question": "What is the capital of France, and how large is it?", "user": f"u-{n % 997}"},
+        "context": {"sourceAgent": "assistant", "timestamp": "2026-01-15T10:30:00+00:00"},
+        "metadata": {"requestId": f"req-{n}", "source": "bench"},
+    }
+
+
+def agent_payload(size: int, i: int = 0) -> dict:
+    """An event payload whose JSON is about `size` bytes: a tool or model call and its result."""
+    base = {"name": "web_search", "call": i, "arguments": {"q": "capital of France"}, "result": ""}
+    fill = max(0, size - len(orjson.dumps(base)))
+    base["result"] = ("Paris is the capital and largest city of France. " * (fill // 50 + 1))[:fill]
+    return base
+
+
+def agent_response(n: int) -> dict:
+    """The final response an execution finishes with."""
+    return {"status": "success", "payload": {"answer": "Paris", "n": n}, "metadata": {"agent": "assistant"}}
+
+
+def agent_event_type(seq: int) -> str:
+    """The type of the `seq`-th event of an execution (1-based): model and tool calls in turn."""
+    return AGENT_EVENT_TYPES[(seq - 1) % len(AGENT_EVENT_TYPES)]
+
+
+def payload_bytes(size: int) -> int:
+    """The JSON length of `agent_payload(size)`."""
+    return len(orjson.dumps(agent_payload(size)))
