@@ -27,7 +27,6 @@ import wal
 from .common import (
     AGENT_INTENT,
     EVENTS_PER_EXECUTION,
-    T0_NS,
     TOOL_RESULT,
     agent_envelope,
     agent_event_type,
@@ -378,9 +377,14 @@ def _fresh_db(path: str):
 
 
 def bench_compaction(workdir: str, executions: int, events_per: int) -> tuple[dict, dict]:
-    """tracedb's compactor over a WAL, next to a raw executemany of the same rows, same schema."""
-    from tracedb import compute_envelope_hash, db
+    """tracedb's compactor reading the WAL segments (recovery, `tracedb compact`, the sidecar's
+    compactor process) over records written straight into the WAL, sequential ids, each
+    execution's records contiguous; next to a raw executemany of the same rows into the same
+    schema, in one transaction."""
+    from tracedb import db
     from tracedb.compactor import Compactor
+
+    from .api import executemany_one_transaction
 
     d = tempfile.mkdtemp(dir=workdir)
     wal_dir = os.path.join(d, "wal")
@@ -394,61 +398,27 @@ def bench_compaction(workdir: str, executions: int, events_per: int) -> tuple[di
     result = comp.compact(durable)
     elapsed = time.perf_counter() - t0
     comp.close()
+    engine.dispose()
     assert result.steps == n_events, result
     ours = row(f"compaction from WAL segments ({n_events:,} events)", n_events / elapsed)
-
-    # The baseline: the same trace and step rows, already built in memory (no WAL read, no
-    # JSON decode), inserted with the DBAPI's executemany in batches of the same size.
-    engine2 = _fresh_db(os.path.join(d, "raw.db"))
-    raw = engine2.raw_connection()
-    cur = raw.cursor()
-    t = T0_NS
-    trace_rows = []
-    step_rows = []
-    payload = orjson.dumps(TOOL_RESULT).decode()
-    lsn = 0
-    for e in range(executions):
-        eid = f"exec-{e:08d}"
-        lsn += 1
-        trace_rows.append((eid, "bench", "summarize", "completed", 1, None, None,
-                           orjson.dumps(execution_envelope(e)).decode(), compute_envelope_hash(execution_envelope(e)),
-                           None, orjson.dumps({"status": "success"}).decode(), events_per, t, t, None, None, 0))
-        for i in range(1, events_per + 1):
-            lsn += 1
-            step_rows.append((eid, i, "tool.responded", payload, t + i, lsn))
-    cols_t = ("execution_id, recorder_id, intent, status, replayable, replayable_reason, status_note, "
-              "envelope, envelope_hash, router_decision, final_response, last_seq, created_at_ns, "
-              "updated_at_ns, parent_execution_id, forked_at_seq, pinned")
-    sql_t = f"INSERT INTO traces ({cols_t}) VALUES ({', '.join('?' * 17)})"
-    sql_s = ("INSERT INTO trace_steps (execution_id, seq, type, payload, recorded_at_ns, lsn) "
-             "VALUES (?, ?, ?, ?, ?, ?)")
-    per_batch = max(1, 5000 // (events_per + 1))
-    t0 = time.perf_counter()
-    for i in range(0, executions, per_batch):
-        cur.execute("BEGIN IMMEDIATE")
-        cur.executemany(sql_t, trace_rows[i : i + per_batch])
-        cur.executemany(sql_s, step_rows[i * events_per : (i + per_batch) * events_per])
-        cur.execute("COMMIT")
-    elapsed = time.perf_counter() - t0
-    raw.close()
-    base = row(f"raw executemany, same rows and schema ({n_events:,})", n_events / elapsed)
-    engine.dispose()
-    engine2.dispose()
+    raw_s = executemany_one_transaction(os.path.join(d, "compact.db"), os.path.join(d, "raw.db"))
+    base = row(f"raw executemany, same rows, one transaction ({n_events:,})", n_events / raw_s)
     shutil.rmtree(d)
     return ours, base
 
 
 def bench_compaction_live(workdir: str, executions: int, events_per: int) -> dict:
-    """The recorder's own compaction: executions recorded through the store (the sidecar's
-    staging path, one WAL append per chunk), compacted after each chunk as the background
-    compactor does; only store.compact() is timed. In-process, it takes the records it was
-    just handed from memory instead of reading them back from the WAL."""
+    """The recorder's own compaction of an unrealistic recording: sequential ids, each
+    execution's records contiguous in the log (the staging API beneath the public one, one WAL
+    append per chunk of executions), compacted after each chunk as the background compactor
+    does; only store.compact() is timed. In-process, it takes the records it was just handed
+    from memory instead of reading them back from the WAL."""
     import tracedb
     from tracedb.state import StagedBatch
 
     d = tempfile.mkdtemp(dir=workdir)
     store = tracedb.open(os.path.join(d, "data"), config={"compact_interval_ms": 0, "idle_timeout_s": 0})
-    payload = TOOL_RESULT
+    payload = TOOL_RESULT  # the rows of fill_store_wal, which the raw baseline inserts
     chunk = 300  # executions per chunk: ~15,000 records, well inside the in-memory window
     elapsed = 0.0
     steps = 0
@@ -456,7 +426,6 @@ def bench_compaction_live(workdir: str, executions: int, events_per: int) -> dic
     async def record(lo: int, hi: int) -> None:
         batch = StagedBatch()
         for e in range(lo, hi):
-            # The baseline's execution ids (random ones insert a little slower, for both).
             start = store.reserve_start("summarize", execution_envelope(e), f"exec-{e:08d}")
             store.check_new_in_db(start)
             store.stage_start(batch, start)
@@ -474,7 +443,7 @@ def bench_compaction_live(workdir: str, executions: int, events_per: int) -> dic
     store.close()
     shutil.rmtree(d)
     assert steps == executions * events_per, steps
-    return row(f"compaction, live recorder ({steps:,} events)", steps / elapsed)
+    return row(f"compaction, live, sequential ids, contiguous ({steps:,})", steps / elapsed)
 
 
 def bench_get_and_prune(workdir: str, executions: int, events_per: int) -> tuple[dict, dict]:
@@ -492,7 +461,7 @@ def bench_get_and_prune(workdir: str, executions: int, events_per: int) -> tuple
         store.get(eid)
         lat.append(time.perf_counter() - t0)
     store.close()
-    get_row = row(f"store.get one record by id ({events_per} events)", len(lat) / sum(lat), lat)
+    get_row = row(f"store.get, sequential ids ({events_per} events)", len(lat) / sum(lat), lat)
     from tracedb import db
     from tracedb.retention import prune
 
@@ -509,16 +478,64 @@ def bench_get_and_prune(workdir: str, executions: int, events_per: int) -> tuple
 
 
 def section_store(args, workdir: str) -> None:
-    print("\n== Store: compaction into SQLite, reads by id, retention (steps/s)")
+    from . import api
+
+    sec, w = args.seconds, args.warmup
+    print("\n== Store, through the public API: executions of 10 events with the ids the store generates,"
+          " 64 recording at once")
+    print(f"  each run: {w:g} s of load before the measured {sec:g} s, in a new data directory with the"
+          " default configuration (background compaction in-process); an event is one `ex.event` or"
+          " the `ex.finish`, counted once acknowledged (durable)")
+    ingest: dict = {}
+    for size in (200, 600):
+        a = api.ingest_async(workdir, 64, size, sec, w)
+        arow = row(f"async API, 64 executions at once, {size} B payloads", a["events_per_s"], a["lat"],
+                   f"{a['executions']:,} executions, flushed by the {a['flushed_by']}")
+        t = api.ingest_sync(workdir, 64, size, sec, w)
+        trow = row(f"sync API, 64 threads, {size} B payloads", t["events_per_s"], t["lat"])
+        wrow = bench_wal_async(workdir, 64, sec, warmup=w, payloads=api.wal_records(size),
+                               label=f"the WAL alone, 64 producers, the same {size} B records")
+        ra = ratio(f"async API / the WAL alone ({size} B)", arow["rate"], wrow["rate"])
+        check(arow, ">= 0.8x the WAL alone", ra >= 0.8, f"async API, {size} B")
+        check(arow, "p99 <= 10 ms", arow["p99_ms"] <= 10.0, f"async API, {size} B")
+        rt = ratio(f"sync API, 64 thr / the WAL alone ({size} B)", trow["rate"], wrow["rate"])
+        check(trow, ">= 0.5x the WAL alone", rt >= 0.5, f"sync API, {size} B")
+        arow["vs_wal"], trow["vs_wal"] = ra, rt
+        ingest[str(size)] = {"async_api": arow, "sync_api_64_threads": trow, "wal_alone": wrow}
+
+    events = args.executions * 50
+    print(f"\n== Store: compaction into SQLite of {events:,} events (steps/s), next to raw executemany of the"
+          " same rows into the same schema in one transaction")
+    c = api.compaction_interleaved(workdir, events)
+    print(f"  recorded through `tracedb.open_async`: generated ids, 64 executions interleaved; compacted live"
+          f" in-process every 20,000 records, mid-execution ({c['compactions']} compactions, only those timed)")
+    live = row(f"compaction, live, as recorded ({c['events']:,} events)", c["events_per_s"])
+    live_base = row(f"raw executemany, same rows, one transaction ({c['events']:,})", c["raw_rows_per_s"])
+    r = ratio("live compaction / raw executemany", live["rate"], live_base["rate"])
+    check(live, ">= 0.8x raw executemany", r >= 0.8, "generated ids")
+    live["vs_raw"] = r
+    print("  the same with ids the caller chooses: random uuid4 (`ex = await astore.start(intent, env, id)`)")
+    c4 = api.compaction_interleaved(workdir, events, make_id=lambda: f"exec-{uuid.uuid4().hex}")
+    live4 = row(f"compaction, live, caller's uuid4 ids ({c4['events']:,})", c4["events_per_s"])
+    base4 = row(f"raw executemany, same rows, one transaction ({c4['events']:,})", c4["raw_rows_per_s"])
+    r4 = ratio("live compaction / raw executemany (uuid4 ids)", live4["rate"], base4["rate"])
+    check(live4, ">= 0.8x raw executemany", r4 >= 0.8, "uuid4 ids")
+    live4["vs_raw"] = r4
+    print("  the layer beneath: records written below the public API, sequential ids, each execution's"
+          " records contiguous in the log")
     ex = args.executions
-    live = bench_compaction_live(workdir, ex, 50)
+    seq_live = bench_compaction_live(workdir, ex, 50)
     ours, base = bench_compaction(workdir, ex, 50)
+    ratio("sequential: live compaction / raw executemany", seq_live["rate"], base["rate"])
+    ratio("sequential: from WAL segments / raw executemany", ours["rate"], base["rate"])
     get_row, prune_row = bench_get_and_prune(workdir, ex, 50)
-    ratio("live compaction / raw executemany (target >= 0.8x)", live["rate"], base["rate"])
-    ratio("compaction from WAL segments / raw executemany", ours["rate"], base["rate"])
     RESULTS["store"] = {
-        "compaction_live": live, "compaction_from_wal": ours, "raw_executemany": base,
-        "get": get_row, "prune": prune_row,
+        "ingest": ingest,
+        "compaction_live": live, "raw_executemany": live_base,
+        "compaction_live_uuid4": live4, "raw_executemany_uuid4": base4,
+        "compaction_live_sequential": seq_live, "compaction_from_wal_sequential": ours,
+        "raw_executemany_sequential": base,
+        "get_sequential": get_row, "prune": prune_row,
     }
 
 
