@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import sqlite3
 import tempfile
@@ -198,6 +199,24 @@ async def record_interleaved(
     return ids
 
 
+def build_store(data_dir: str, events: int, concurrency: int = 64, size: int = 200) -> tuple[list[str], float]:
+    """A store of `events` events (executions of EVENTS_PER_EXECUTION), recorded through
+    `tracedb.open_async` with the default configuration; closed when this returns.
+    Returns the execution ids and the seconds it took."""
+    import tracedb
+
+    async def main() -> list[str]:
+        astore = await tracedb.open_async(data_dir, config=QUIET)
+        try:
+            return await record_interleaved(astore, events // EVENTS_PER_EXECUTION, concurrency, size)
+        finally:
+            await astore.close()
+
+    t0 = time.perf_counter()
+    ids = asyncio.run(main())
+    return ids, time.perf_counter() - t0
+
+
 # -- compaction of a realistic recording --------------------------------------------------------
 
 
@@ -307,3 +326,64 @@ def executemany_one_transaction(source_db: str, target_db: str) -> float:
     raw.close()
     engine.dispose()
     return elapsed
+
+
+# -- replay from the store ----------------------------------------------------------------------
+
+
+def replay_from_store(workdir: str, executions: int, samples: int = 2000) -> dict:
+    """`store.get(id)` and exact replay of what it returns, for stored executions of
+    EVENTS_PER_EXECUTION events recorded through the public API, next to the same two queries
+    (the trace row, then its steps in seq order, in one read transaction) in raw sqlite3.
+
+    The store is recorded, closed, and opened again with `tracedb.open` (a user reading what
+    was recorded earlier). Ids are taken in a random order. Returns latency lists in seconds."""
+    import tracedb
+    from tracedb import ReplayEngine
+
+    d = tempfile.mkdtemp(dir=workdir)
+    data = os.path.join(d, "data")
+    ids, _ = build_store(data, executions * EVENTS_PER_EXECUTION)
+    rng = random.Random(7)
+    picks = [rng.choice(ids) for _ in range(samples)]
+
+    get_lat, replay_lat, both_lat = [], [], []
+    pc = time.perf_counter
+    with tracedb.open(data, config={**QUIET, "compact_interval_ms": 0}) as store:
+        for eid in picks[:50]:  # warm the connection pool and the page cache
+            ReplayEngine(store.get(eid)).replay()
+        for eid in picks:
+            t0 = pc()
+            record = store.get(eid)
+            t1 = pc()
+            result = ReplayEngine(record).replay()
+            t2 = pc()
+            get_lat.append(t1 - t0)
+            replay_lat.append(t2 - t1)
+            both_lat.append(t2 - t0)
+        assert len(record.events) == EVENTS_PER_EXECUTION and result.payload["answer"] == "Paris"
+
+    con = sqlite3.connect(f"file:{os.path.join(data, 'traces.db')}?mode=ro", uri=True, isolation_level=None)
+    q_trace = "SELECT * FROM traces WHERE execution_id = ?"
+    q_steps = ("SELECT seq, type, payload, recorded_at_ns FROM trace_steps WHERE execution_id = ? "
+               "ORDER BY seq")
+    raw_lat = []
+
+    def raw_get(eid: str):
+        con.execute("BEGIN")
+        row = con.execute(q_trace, (eid,)).fetchone()
+        steps = con.execute(q_steps, (eid,)).fetchall()
+        con.execute("COMMIT")
+        return row, steps
+
+    for eid in picks[:50]:
+        raw_get(eid)
+    for eid in picks:
+        t0 = pc()
+        row, steps = raw_get(eid)
+        raw_lat.append(pc() - t0)
+    assert row is not None and len(steps) == EVENTS_PER_EXECUTION
+    con.close()
+    shutil.rmtree(d)
+    return {"executions": len(ids), "get": get_lat, "replay": replay_lat, "get_and_replay": both_lat,
+            "raw_sqlite3": raw_lat}
