@@ -368,6 +368,18 @@ class Store:
         except wal.WalClosedError:
             raise StoreClosedError() from None
 
+    def append_one_future(self, data: bytes, loop, hint=None) -> asyncio.Future:
+        """Queue one record on the group commit; the future (of `loop`) resolves to its LSN once
+        it is durable. The WAL writes the record even if the future is cancelled."""
+        try:
+            return self._wal.append_one_future(data, loop, hint)
+        except wal.PayloadTooLargeError as e:
+            raise InvalidInputError(str(e), hint=_TOO_LARGE_HINT) from None
+        except wal.WalFailedError as e:
+            raise RecordingFailedError(e.message, hint=e.hint) from None
+        except wal.WalClosedError:
+            raise StoreClosedError() from None
+
     def append_staged(self, batch: StagedBatch, loop) -> Optional[asyncio.Future]:
         """Append a batch's records with one WAL call; the future (of `loop`) resolves to their
         LSNs once they are durable. None for an empty batch."""

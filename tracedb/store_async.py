@@ -26,26 +26,37 @@ from .verify import VerifyResult
 
 class _Queue:
     """A sink that queues each record on the WAL as it is handed over (under the execution's
-    lock, so LSN order follows seq order); `durable()` waits for the last one."""
+    lock, so LSN order follows seq order); `durable()` waits for it."""
 
-    __slots__ = ("store", "loop", "future")
+    __slots__ = ("store", "loop", "future", "closing")
 
     def __init__(self, store: Store, loop: asyncio.AbstractEventLoop):
         self.store = store
         self.loop = loop
         self.future: Optional[asyncio.Future] = None
+        self.closing = False
 
     def put(self, data: bytes, hint, state, closing: bool) -> None:
-        batch = StagedBatch()
-        batch.put(data, hint, state, closing)
-        self.future = self.store.append_staged(batch, self.loop)
+        if closing:
+            batch = StagedBatch()
+            batch.put(data, hint, state, closing)
+            self.future = self.store.append_staged(batch, self.loop)
+            self.closing = True
+        else:
+            self.future = self.store.append_one_future(data, self.loop, hint)
 
     async def durable(self) -> None:
-        """Wait until what was handed over is durable. Cancelling the caller never cancels the
-        record, which the WAL writes anyway (the wait is shielded)."""
-        if self.future is not None:
-            await asyncio.shield(self.future)
-            self.store.note_append()
+        """Wait until what was handed over is durable. Cancelling the caller never takes the
+        record back: the WAL writes it anyway."""
+        fut = self.future
+        if fut is None:
+            return
+        if self.closing:
+            # Shielded: the state learns its closing record's LSN whether or not anyone waits.
+            await asyncio.shield(fut)
+        else:
+            await fut
+        self.store.note_append()
 
 
 class AsyncStore:
