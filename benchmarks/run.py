@@ -3,6 +3,11 @@
 Run through `scripts/bench` (which sets up the virtualenv), or `python -m benchmarks.run` from
 the project root, with the same options. The machines are shared and noisy:
 compare the ratios printed by one run, not absolute figures across runs.
+
+Sections: wal (the log alone), store (recording and compaction through the public API, next to
+the layers beneath), replay (from the store, and in memory), sidecar, pg, cli (the read
+commands on stores of 10k, 100k and 1M events; building the 1M store takes a minute or two).
+Every row with a target prints whether this run met it; `--json FILE` keeps every figure.
 """
 
 from __future__ import annotations
@@ -662,12 +667,51 @@ def section_pg(args, workdir: str) -> None:
     RESULTS["pg"] = result
 
 
+# -- the CLI's read commands ----------------------------------------------------------------
+
+
+def section_cli(args, workdir: str) -> None:
+    from benchmarks import cli
+
+    sizes = (10_000,) if args.quick else (10_000, 100_000, 1_000_000)
+    runs = 1 if args.quick else 3
+    print(f"\n== CLI: read commands as a user runs them, on stores of {', '.join(f'{n:,}' for n in sizes)} events")
+    print("  each store: executions of 10 events, ~200-byte payloads, recorded through `tracedb.open_async`"
+          " (generated ids, 64 at once), then closed: no recorder running. A new `tracedb` process per run:"
+          f" wall time (median of {runs} after one run not counted) and peak RSS of the whole process")
+
+    def show(size, name, fig) -> None:
+        if name == "build":
+            print(f"  -- {fig['events']:,} events ({fig['executions']:,} executions), built through the public API in"
+                  f" {fig['build_s']:.1f} s, traces.db {fig['db_mb']:.0f} MB", flush=True)
+            return
+        codes = "" if fig["exit_codes"] == [0] else f"   exit codes {fig['exit_codes']}"
+        print(f"  {name:<52} {fig['wall_s'] * 1e3:9.0f} ms   RSS {fig['rss_mb']:5.0f} MB{codes}", flush=True)
+        if name == "tracedb --help":
+            check(fig, "<= 150 ms", fig["wall_s"] <= 0.150)
+        elif size == sizes[-1] and size >= 1_000_000 and name in cli.LOOKUPS:
+            check(fig, "<= 250 ms on 1M events", fig["wall_s"] <= 0.250)
+
+    result = cli.run(sizes=sizes, workdir=workdir, runs=runs, on_result=show)
+    stores = result["stores"]
+    if "100000" in stores and "1000000" in stores:
+        for name in cli.LINEAR:
+            small = stores["100000"]["commands"][name]
+            big = stores["1000000"]["commands"][name]
+            r = big["wall_s"] / (10 * small["wall_s"])
+            print(ratio_line(f"{name}: 1M / (10 x 100k)", r), flush=True)
+            big["vs_10x_100k"] = r
+            check(big, "1M within 1.2x of ten times 100k", r <= 1.2)
+    RESULTS["cli"] = result
+
+
 SECTIONS = {
     "wal": section_wal,
     "store": section_store,
     "replay": section_replay,
     "sidecar": section_sidecar,
     "pg": section_pg,
+    "cli": section_cli,
 }
 
 
