@@ -1,0 +1,61 @@
+"""Smoke tests of scripts/bench's measurements of the user's path (benchmarks/api.py, cli.py and
+the IntentusNet baseline): tiny sizes, so that a change to the library that breaks the bench
+shows up in the test suite and not in the next benchmark run."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from benchmarks import api, cli, run
+from benchmarks.common import EVENTS_PER_EXECUTION, agent_payload, payload_bytes
+
+
+def test_payloads_have_the_sizes_the_rows_name():
+    assert payload_bytes(200) == 200 and payload_bytes(600) == 600
+    assert agent_payload(600, 3)["call"] == 3
+
+
+def test_ingest_through_both_apis_counts_acknowledged_events(tmp_path):
+    a = api.ingest_async(str(tmp_path), 8, 200, 0.3, warmup=0.1)
+    assert a["events_per_s"] > 0 and a["executions"] > 0 and min(a["lat"]) > 0
+    s = api.ingest_sync(str(tmp_path), 4, 600, 0.3, warmup=0.1)
+    assert s["events_per_s"] > 0 and min(s["lat"]) > 0
+    assert len(api.wal_records(600, 4)) == 4
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("make_id", [None, lambda: f"exec-{uuid.uuid4().hex}"], ids=["generated", "uuid4"])
+def test_interleaved_compaction_compacts_every_event_in_chunks(tmp_path, make_id):
+    r = api.compaction_interleaved(str(tmp_path), 1000, concurrency=16, chunk=300, make_id=make_id)
+    assert r["events"] == 1000 and r["executions"] == 1000 // EVENTS_PER_EXECUTION
+    assert r["compactions"] >= 3  # stopped mid-recording, then once at the end
+    assert r["events_per_s"] > 0 and r["raw_rows_per_s"] > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_replay_from_the_store_times_each_sample(tmp_path):
+    r = api.replay_from_store(str(tmp_path), 30, samples=20)
+    assert r["executions"] == 30
+    assert all(len(r[k]) == 20 for k in ("get", "replay", "get_and_replay", "raw_sqlite3"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cli_section_runs_every_read_command(tmp_path):
+    seen = []
+    out = cli.run(sizes=(200,), workdir=str(tmp_path), runs=1, on_result=lambda *a: seen.append(a[1]))
+    assert out["help"]["exit_codes"] == [0] and out["help"]["rss_mb"] > 5
+    store = out["stores"]["200"]
+    assert store["executions"] == 200 // EVENTS_PER_EXECUTION
+    assert [name for name, _ in cli.COMMANDS] == list(store["commands"])
+    assert all(fig["exit_codes"] == [0] and fig["wall_s"] > 0 for fig in store["commands"].values())
+    assert seen[:2] == ["tracedb --help", "build"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_intentusnet_per_execution_baseline_writes_a_file_per_execution(tmp_path, capsys):
+    r = run.bench_intentusnet_per_execution(str(tmp_path), 2, 0.3, warmup=0.1)
+    assert r["rate"] > 0 and r["p99_ms"] > 0
+    assert "executions, a WAL file and a record file each" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
