@@ -62,7 +62,7 @@ def __getattr__(name):
 
         return getattr(store_async, name)
     if name == "TraceSummary":
-        from .models import TraceSummary
+        from .rows import TraceSummary
 
         return TraceSummary
     if name == "CompactResult":

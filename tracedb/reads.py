@@ -22,10 +22,12 @@ from sqlalchemy.engine import Engine
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+    from .rows import TraceSummary
+
 from . import db
 from .config import Config
 from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError, StoreClosedError
-from .models import TraceSummary, trace_steps, traces
+from .models import trace_steps, traces
 from .paging import DEFAULT_PAGE_SIZE, STREAM_PAGE_SIZE, decode_cursor
 from .record import (
     STATUSES,
@@ -263,6 +265,8 @@ def list_traces(
         q = q.limit(limit)
     with engine.connect() as conn:
         rows = conn.execute(q).all()
+    from .rows import TraceSummary
+
     return [TraceSummary.model_validate(r._mapping) for r in rows]
 
 
@@ -387,6 +391,8 @@ def _page_stmt(where: Filter, before: Optional[str], limit: int):
 
 
 def _page_of(rows: list, limit: int) -> Page:
+    from .rows import TraceSummary  # pydantic: loaded by the commands that list
+
     items = tuple(TraceSummary.model_validate(r._mapping) for r in rows[:limit])
     more = len(rows) > limit and items
     return Page(items, items[-1].cursor if more else None)

@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import sqlalchemy as sa
 
@@ -55,7 +55,7 @@ from .errors import (
     UsageError,
 )
 from .ids import new_execution_id
-from .models import TraceSummary, traces
+from .models import traces
 from .record import (
     FINAL_RESPONSE,
     STATUS_COMPLETED,
@@ -77,6 +77,9 @@ from .validation import (
     validate_text,
 )
 from .verify import VerifyResult, verify as _verify
+
+if TYPE_CHECKING:
+    from .rows import TraceSummary
 
 log = logging.getLogger(__name__)
 

@@ -9,19 +9,21 @@ Database work runs in the default executor.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import handles
 from .codec import OP_INVALIDATE, OP_RECORDING_FAILURE
 from .compactor import CompactResult
 from .config import Config, as_config
-from .models import TraceSummary
 from .record import ExecutionRecord
 from .recovery import RecoverResult
 from .retention import PruneResult
 from .state import StagedBatch, StageMiss
 from .store import Store
 from .verify import VerifyResult
+
+if TYPE_CHECKING:
+    from .rows import TraceSummary
 
 
 class _Queue:

@@ -27,7 +27,7 @@ from .main import (
 )
 
 if TYPE_CHECKING:
-    from ..models import TraceSummary
+    from ..rows import TraceSummary
 
 HEADER = ("ID", "CREATED", "INTENT", "STATUS", "REPLAY", "EVENTS", "DURATION")
 # Rows read before the column widths are fixed, when every execution is listed.
