@@ -265,3 +265,26 @@ def test_the_command_line_starts_without_loading_the_database_layer():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+def test_reading_one_execution_does_not_load_the_listing_models(seeded):
+    # pydantic (SQLModel's rows) is the largest import of a command: only listings load it.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from tracedb.cli import main\n"
+        f"d = {seeded!r}\n"
+        "for args in (['trace', 'get', 'exec-a1b2'], ['replay', 'exec-a1b2'], ['inspect', 'exec-e5f6'], ['verify']):\n"
+        "    r = CliRunner().invoke(main, ['--data-dir', d, *args])\n"
+        "    assert r.exit_code == 0, (args, r.output)\n"
+        "print('pydantic' in sys.modules, 'sqlmodel' in sys.modules)\n"
+        "r = CliRunner().invoke(main, ['--data-dir', d, 'inspect', '--list'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print('pydantic' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "True"]
