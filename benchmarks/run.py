@@ -195,7 +195,8 @@ def bench_intentusnet(workdir: str, producers: int, seconds: float, warmup: floa
 
 
 def bench_intentusnet_per_execution(
-    workdir: str, producers: int, seconds: float, warmup: float = 0.0, size: int = 200
+    workdir: str, producers: int, seconds: float, warmup: float = 0.0, size: int = 200,
+    endless: bool = False,
 ) -> dict:
     """IntentusNet's own layout, with its own classes: each execution gets a WALWriter of its
     own (`<wal_dir>/<execution_id>.wal`, opened and closed around the execution, as its
@@ -206,10 +207,26 @@ def bench_intentusnet_per_execution(
     `producers` threads each record executions one after another: EXECUTION_STARTED, then 9
     entries each carrying one ~`size`-byte event, then EXECUTION_COMPLETED. As in the tracedb
     rows, the 9 events and the completion count (10 per execution, each durable when its call
-    returns); the start does not. Without intentusnet: the same layout with plain JSON lines."""
+    returns); the start does not. Without intentusnet: the same layout with plain JSON lines.
+
+    `endless`: the layout's upper bound, not a workload: each thread records one execution for
+    the whole run, so no file is ever created or closed after the first entry."""
     d = tempfile.mkdtemp(dir=workdir)
     wal_dir, record_dir = os.path.join(d, "wal"), os.path.join(d, "records")
     payloads = [agent_payload(size, i) for i in range(1, EVENTS_PER_EXECUTION)]
+    pc = time.perf_counter
+    t0 = pc() + warmup
+    stop = t0 + seconds
+
+    def event_seqs():
+        if not endless:
+            yield from range(1, EVENTS_PER_EXECUTION)
+            return
+        seq = 1
+        while pc() < stop:
+            yield seq
+            seq += 1
+
     try:
         from intentusnet.recording.models import ExecutionRecord
         from intentusnet.recording.recorder import InMemoryExecutionRecorder
@@ -220,7 +237,7 @@ def bench_intentusnet_per_execution(
         from intentusnet.wal.writer import WALWriter
 
         records = FileExecutionStore(record_dir)
-        label = f"IntentusNet per-execution files, {producers} thr"
+        label = f"IntentusNet per-execution files, {producers} thr" + (", endless" if endless else "")
 
         def execution(n: int, timed: Callable[[Callable[[], object]], None]) -> None:
             env = agent_envelope(n)
@@ -228,8 +245,8 @@ def bench_intentusnet_per_execution(
             recorder = InMemoryExecutionRecorder(record)
             with WALWriter(wal_dir, record.header.executionId) as w:
                 w.execution_started(record.header.envelopeHash, AGENT_INTENT)
-                for seq in range(1, EVENTS_PER_EXECUTION):
-                    type_, payload = agent_event_type(seq), payloads[seq - 1]
+                for seq in event_seqs():
+                    type_, payload = agent_event_type(seq), payloads[(seq - 1) % len(payloads)]
 
                     def step():
                         recorder.record_event(type_, payload)
@@ -248,7 +265,7 @@ def bench_intentusnet_per_execution(
     except ImportError:
         os.makedirs(wal_dir)
         os.makedirs(record_dir)
-        label = f"per-execution JSONL files (fsync/append), {producers} thr"
+        label = f"per-execution JSONL files (fsync/append), {producers} thr" + (", endless" if endless else "")
 
         def execution(n: int, timed: Callable[[Callable[[], object]], None]) -> None:
             eid = uuid.uuid4().hex
@@ -260,8 +277,8 @@ def bench_intentusnet_per_execution(
                     os.fsync(f.fileno())
 
                 put({"type": "EXECUTION_STARTED", "envelope": agent_envelope(n)})
-                for seq in range(1, EVENTS_PER_EXECUTION):
-                    doc = {"seq": seq, "type": agent_event_type(seq), "payload": payloads[seq - 1]}
+                for seq in event_seqs():
+                    doc = {"seq": seq, "type": agent_event_type(seq), "payload": payloads[(seq - 1) % len(payloads)]}
                     events.append(doc)
                     timed(lambda doc=doc: put(doc))
                 timed(lambda: put({"type": "EXECUTION_COMPLETED", "response": agent_response(n)}))
@@ -269,9 +286,6 @@ def bench_intentusnet_per_execution(
                 json.dump({"events": events}, f, indent=2)
 
     lat: list[list[float]] = [[] for _ in range(producers)]
-    pc = time.perf_counter
-    t0 = pc() + warmup
-    stop = t0 + seconds
 
     def run(k: int) -> None:
         mine = lat[k]
@@ -350,6 +364,9 @@ def section_wal(args, workdir: str) -> None:
     threaded = bench_wal_async(workdir, 64, s, attach_loop=False, warmup=w)
     print("  the fsync baseline: IntentusNet's own layout (a WAL file and a record file per execution)")
     base = {n: bench_intentusnet_per_execution(workdir, n, s, w) for n in (1, 8, 64)}
+    print("  the layout's upper bound, not a workload: one endless execution per thread (no file created"
+          " or closed after the first entry)")
+    endless = bench_intentusnet_per_execution(workdir, 64, s, w, endless=True)
     print("  not IntentusNet's layout: one WALWriter, one file, shared by every thread")
     shared = bench_intentusnet(workdir, 64, s, w)
     sqlite_row = bench_sqlite_commit(workdir, s, w)
@@ -357,6 +374,7 @@ def section_wal(args, workdir: str) -> None:
     check(scan_row, ">= 500,000 records/s", scan_row["rate"] >= 500_000)
     for n in (1, 8, 64):
         ratio(f"WAL {n} producers / IntentusNet layout, {n} thr", ours[n]["rate"], base[n]["rate"])
+    ratio("WAL 64 producers / IntentusNet endless, 64 thr", ours[64]["rate"], endless["rate"])
     ratio("WAL 64 producers / one shared WALWriter 64 thr", ours[64]["rate"], shared["rate"])
     ratio("WAL 64 producers / SQLite commit per event", ours[64]["rate"], sqlite_row["rate"])
     ratio("WAL 64 producers / the same, flusher thread", ours[64]["rate"], threaded["rate"])
@@ -364,6 +382,7 @@ def section_wal(args, workdir: str) -> None:
         "tracedb": ours,
         "tracedb_flusher_thread_64": threaded,
         "intentusnet_per_execution": base,
+        "intentusnet_per_execution_endless_64": endless,
         "shared_walwriter_64": shared,
         "sqlite_commit_per_event": sqlite_row,
         "recovery_scan": scan_row,

@@ -58,4 +58,7 @@ def test_the_intentusnet_per_execution_baseline_writes_a_file_per_execution(tmp_
     r = run.bench_intentusnet_per_execution(str(tmp_path), 2, 0.3, warmup=0.1)
     assert r["rate"] > 0 and r["p99_ms"] > 0
     assert "executions, a WAL file and a record file each" in capsys.readouterr().out
+    endless = run.bench_intentusnet_per_execution(str(tmp_path), 2, 0.3, warmup=0.1, endless=True)
+    assert endless["rate"] > 0
+    assert "2 executions" in capsys.readouterr().out  # one per thread for the whole run
     assert list(tmp_path.iterdir()) == []
