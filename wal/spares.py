@@ -28,8 +28,9 @@ class SpareSegments:
         self.fs = fs
         self.directory = directory
         self.path = os.path.join(directory, SPARE_FILE)
-        # Room for the group that crosses the size bound; a longer one just extends the file.
-        self._size = segment_size_bytes + segment_size_bytes // 8
+        # The configured size: the group that crosses the writer's bound extends the file by
+        # appending, and the file is cut after its SEAL anyway.
+        self.size = segment_size_bytes
         self._on_ready = on_ready
         self.ready_event = threading.Event()  # set when a spare is ready or preparing stopped
         self._wanted = threading.Event()
@@ -87,7 +88,7 @@ class SpareSegments:
     def _write_spare(self) -> None:
         fd = self.fs.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            left = self._size
+            left = self.size
             unsynced = 0
             while left > 0 and not self._stopped:
                 chunk = _ZERO_CHUNK if left >= len(_ZERO_CHUNK) else _ZERO_CHUNK[:left]

@@ -134,6 +134,7 @@ class Wal(LoopFlusher):
         self._first_spare_due = False  # the first spare is yet to be asked for
         self._spare_ready = False  # (under the lock) a spare is ready for the next rotation
         self._prealloc = False  # the open segment was zero-filled ahead of its writes
+        self._bound = segment_size_bytes  # the open segment is sealed once this long
         os.makedirs(self.directory, exist_ok=True)
         self._lock_fd = acquire_dir_lock(self.directory)
         try:
@@ -186,7 +187,8 @@ class Wal(LoopFlusher):
         except BaseException:
             self.fs.close(fd)
             raise
-        self._set_segment(fd, last.number, last.first_lsn, tail.seed, end, size - truncated > end)
+        kept = size - truncated  # past `end`: zeros, preallocated
+        self._set_segment(fd, last.number, last.first_lsn, tail.seed, end, kept if kept > end else 0)
         self._next_lsn = next_lsn
         self._durable_lsn = next_lsn - 1
         self._group_last_lsn = next_lsn - 1
@@ -201,7 +203,7 @@ class Wal(LoopFlusher):
         """Open the log on a new, empty segment (a new log, or the last one was sealed)."""
         salt = secrets.randbits(32)
         fd = self._create_segment_file(salt, number, first_lsn)
-        self._set_segment(fd, number, first_lsn, fmt.salt_seed(salt), fmt.SEGMENT_HEADER_SIZE, False)
+        self._set_segment(fd, number, first_lsn, fmt.salt_seed(salt), fmt.SEGMENT_HEADER_SIZE, 0)
         self._encode_seed = self._seed
         self._durable_lsn = first_lsn - 1
         self._group_last_lsn = first_lsn - 1
@@ -215,15 +217,25 @@ class Wal(LoopFlusher):
         return fd
 
     def _set_segment(
-        self, fd: int, number: int, first_lsn: int, seed: int, end: int, prealloc: bool
+        self, fd: int, number: int, first_lsn: int, seed: int, end: int, prealloc_size: int
     ) -> None:
-        """Make `fd` the open segment, written up to byte `end` (`prealloc`: zero-filled past it)."""
+        """Make `fd` the open segment, written up to byte `end`; `prealloc_size`: the length of
+        the file zero-filled ahead of its writes (0: a plain segment, appended to).
+
+        A preallocated segment is sealed once its zeros are used up (at most at the configured
+        segment size), a plain one at the segment size, or earlier when a spare is ready."""
         self._fd = fd
         self._segment_number = number
         self._segment_first = first_lsn
         self._seed = seed
         self._segment_bytes = end
-        self._prealloc = prealloc
+        self._prealloc = prealloc_size > end
+        self._bound = self.segment_size_bytes
+        if self._prealloc:
+            # Sealed before fewer zeros than a record header would be left after the last
+            # record: the reader tells the end of the data by a zero record header followed by
+            # zeros, and a shorter run of zeros at the end of a file is a torn record.
+            self._bound = min(prealloc_size - (fmt.RECORD_HEADER_SIZE - 1), self._bound)
 
     # -- appending -----------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -420,7 +432,7 @@ class Wal(LoopFlusher):
         self._group = bytearray()
         self._waiters = []
         rotate_to = None
-        if self._segment_bytes + len(group) >= self.segment_size_bytes or (
+        if self._segment_bytes + len(group) >= self._bound or (
             # A plain segment (the first after open) is left early for a zero-filled spare,
             # once one is ready: fdatasync over preallocated blocks skips the file-size journal
             # commit that an append costs.
@@ -561,7 +573,8 @@ class Wal(LoopFlusher):
             fd = self._spares.install(name, fmt.encode_segment_header(salt, number, first_lsn))
         else:
             fd = self._create_segment_file(salt, number, first_lsn)
-        self._set_segment(fd, number, first_lsn, fmt.salt_seed(salt), fmt.SEGMENT_HEADER_SIZE, use_spare)
+        spare_size = self._spares.size if use_spare else 0
+        self._set_segment(fd, number, first_lsn, fmt.salt_seed(salt), fmt.SEGMENT_HEADER_SIZE, spare_size)
 
     # -- spare segments (preallocate) ----------------------------------------------------
     def _request_first_spare(self) -> None:
