@@ -116,6 +116,18 @@ def _resolve_recorder_id(cfg: Config) -> str:
     return rid
 
 
+_WAL_REFUSALS = (wal.PayloadTooLargeError, wal.WalFailedError, wal.WalClosedError)
+
+
+def _refusal(e: Exception) -> Exception:
+    """The store's error for a WAL that refused an append."""
+    if isinstance(e, wal.PayloadTooLargeError):
+        return InvalidInputError(str(e), hint=_TOO_LARGE_HINT)
+    if isinstance(e, wal.WalFailedError):
+        return RecordingFailedError(e.message, hint=e.hint)
+    return StoreClosedError()
+
+
 def check_record_size(data: bytes) -> bytes:
     """Refuse a record the WAL would refuse, before anything is numbered or written."""
     if len(data) > wal.MAX_PAYLOAD_BYTES:
@@ -350,12 +362,8 @@ class Store:
     def _append(self, data: bytes, hint=None) -> int:
         try:
             lsn = self._wal.append(data, hint)
-        except wal.PayloadTooLargeError as e:
-            raise InvalidInputError(str(e), hint=_TOO_LARGE_HINT) from None
-        except wal.WalFailedError as e:
-            raise RecordingFailedError(e.message, hint=e.hint) from None
-        except wal.WalClosedError:
-            raise StoreClosedError() from None
+        except _WAL_REFUSALS as e:
+            raise _refusal(e) from None
         self.note_append()
         return lsn
 
@@ -364,24 +372,16 @@ class Store:
         once they are durable."""
         try:
             return self._wal.append_future(payloads, loop, hints)
-        except wal.PayloadTooLargeError as e:
-            raise InvalidInputError(str(e), hint=_TOO_LARGE_HINT) from None
-        except wal.WalFailedError as e:
-            raise RecordingFailedError(e.message, hint=e.hint) from None
-        except wal.WalClosedError:
-            raise StoreClosedError() from None
+        except _WAL_REFUSALS as e:
+            raise _refusal(e) from None
 
     def append_one_future(self, data: bytes, loop, hint=None) -> asyncio.Future:
         """Queue one record on the group commit; the future (of `loop`) resolves to its LSN once
         it is durable. The WAL writes the record even if the future is cancelled."""
         try:
             return self._wal.append_one_future(data, loop, hint)
-        except wal.PayloadTooLargeError as e:
-            raise InvalidInputError(str(e), hint=_TOO_LARGE_HINT) from None
-        except wal.WalFailedError as e:
-            raise RecordingFailedError(e.message, hint=e.hint) from None
-        except wal.WalClosedError:
-            raise StoreClosedError() from None
+        except _WAL_REFUSALS as e:
+            raise _refusal(e) from None
 
     def append_staged(self, batch: StagedBatch, loop) -> Optional[asyncio.Future]:
         """Append a batch's records with one WAL call; the future (of `loop`) resolves to their
