@@ -33,6 +33,15 @@ from .record import (
 )
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tracedb")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
 def open(data_dir=None, *, config=None, clock=None):
     """Open (creating if needed) a data directory for recording and reading; a context manager.
 
@@ -52,6 +61,8 @@ async def open_async(data_dir=None, *, config=None, clock=None):
 
 
 def __getattr__(name):
+    if name == "__version__":
+        return _version()
     # The store pulls in SQLAlchemy and Alembic; load it only when asked for.
     if name in ("Store", "Execution"):
         from . import store

@@ -288,3 +288,28 @@ def test_reading_one_execution_does_not_load_the_listing_models(seeded):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False", "True"]
+
+
+def test_version(run):
+    import tracedb
+
+    r = run("--version")
+    assert r.exit_code == 0 and r.output.strip() == f"tracedb {tracedb.__version__}"
+    assert tracedb.__version__[0].isdigit()
+
+
+def test_a_reader_that_stops_early_ends_the_listing_quietly_with_success(data_dir):
+    # `tracedb inspect --list --all | head -1` under `set -o pipefail`: exit 0, no traceback.
+    import subprocess
+    import sys
+
+    with tracedb.open(data_dir, config=settings()) as store:
+        for i in range(3000):
+            store.start("Many", {"i": i}).finish({"status": "success"})
+    script = (
+        f"{sys.executable} -m tracedb --data-dir {data_dir} inspect --list --all --json | head -c 200 >/dev/null; "
+        "echo rc=${PIPESTATUS[0]}"
+    )
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "rc=0", out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "Broken pipe" not in out.stderr

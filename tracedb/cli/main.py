@@ -44,11 +44,18 @@ class CommandError(click.ClickException):
 class TraceDBGroup(click.Group):
     """Turns tracedb's and the WAL's known errors into a message, a hint and a stable exit code."""
 
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except click.ClickException:
             raise
+        except BrokenPipeError:
+            # The reader went away (`tracedb inspect --list | head -1`): stop quietly with
+            # success, as other Unix tools do, and keep Python from failing to flush at exit.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            ctx.exit(0)
         except Exception as e:
             from .. import admin
 
@@ -166,6 +173,7 @@ def format_duration(ns: Optional[int]) -> str:
 
 
 @click.group(cls=TraceDBGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tracedb", prog_name="tracedb", message="%(prog)s %(version)s")
 @click.option(
     "--data-dir",
     envvar="TRACEDB_DATA_DIR",
