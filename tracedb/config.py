@@ -35,7 +35,8 @@ class Config:
     # kept in <data_dir>/RECORDER_ID.
     recorder_id: str = ""
     wal_segment_size_bytes: int = 64 << 20
-    # Keep a zero-filled spare segment ready (wal/FORMAT.md, "Preallocation"): cheaper fsyncs.
+    # Zero-fill the next segment ahead of need, sized by the recording rate up to
+    # wal_segment_size_bytes (wal/FORMAT.md, "Preallocation"): cheaper fsyncs.
     wal_preallocate: bool = True
     # asyncio callers (AsyncStore, `tracedb serve`): the event loop writes each group and starts
     # its fdatasync through Linux native AIO, instead of handing both to the flusher thread.

@@ -14,23 +14,24 @@ _SYNC_BYTES = 1 << 20
 
 
 class SpareSegments:
-    """Keeps one zero-filled, fsynced spare segment file ready for the writer's next rotation.
+    """Makes one zero-filled, fsynced spare segment file when the writer asks for one.
 
     fdatasync over preallocated blocks skips the file-size journal commit that an append costs.
     The spare is only an optimisation: if making it fails (a full disk), rotation creates plain
     segments and the flusher reports the disk's state on its own writes.
 
-    A thread of its own makes a spare each time one is asked for (`request`, and `install` once
-    it used the last one), then calls `on_ready`. `stop` ends it, `join` waits for it.
+    The writer asks (`request`, with the size it wants) when its open segment fills at a rate
+    that will need one; a thread of its own zero-fills the file, fsyncs it, then calls
+    `on_ready(size)`. `install` turns it into the next segment; nothing more is made until the
+    next request. `stop` ends the thread, `join` waits for it, `discard` removes a spare left
+    unused.
     """
 
-    def __init__(self, fs, directory: str, segment_size_bytes: int, on_ready: Callable[[], None]):
+    def __init__(self, fs, directory: str, on_ready: Callable[[int], None]):
         self.fs = fs
         self.directory = directory
         self.path = os.path.join(directory, SPARE_FILE)
-        # The configured size: the group that crosses the writer's bound extends the file by
-        # appending, and the file is cut after its SEAL anyway.
-        self.size = segment_size_bytes
+        self._size = 0  # of the spare asked for
         self._on_ready = on_ready
         self.ready_event = threading.Event()  # set when a spare is ready or preparing stopped
         self._wanted = threading.Event()
@@ -38,8 +39,9 @@ class SpareSegments:
         self._thread = threading.Thread(target=self._run, name="wal-prealloc", daemon=True)
         self._thread.start()
 
-    def request(self) -> None:
-        """Make a spare (unless one is being made)."""
+    def request(self, size: int) -> None:
+        """Make a spare of `size` bytes (call it again only after `install`)."""
+        self._size = size
         self._wanted.set()
 
     def stop(self) -> None:
@@ -51,9 +53,18 @@ class SpareSegments:
         self._wanted.set()
         self._thread.join()
 
+    def discard(self) -> None:
+        """Remove the spare file, ready or unfinished (after `join`): it is disk space that only
+        a running writer uses, and opening the log removes it anyway."""
+        try:
+            if os.path.exists(self.path):
+                self.fs.unlink(self.path)
+        except OSError:
+            pass  # a temp file: the next open removes it
+
     def install(self, name: str, header: bytes) -> int:
-        """Turn the ready spare into the segment `name`, starting with `header`, and ask for the
-        next spare. Returns the segment's fd, positioned after the header."""
+        """Turn the ready spare into the segment `name`, starting with `header`. Returns the
+        segment's fd, positioned after the header."""
         self.ready_event.clear()
         fd = self.fs.open(self.path, os.O_WRONLY)
         try:
@@ -64,7 +75,6 @@ class SpareSegments:
         except BaseException:
             self.fs.close(fd)
             raise
-        self._wanted.set()
         return fd
 
     def _run(self) -> None:
@@ -74,21 +84,22 @@ class SpareSegments:
                 self._wanted.clear()
                 if self._stopped:
                     return
+                size = self._size
                 try:
-                    self._write_spare()
+                    self._write_spare(size)
                 except OSError:
                     return
                 if self._stopped:
                     return
-                self._on_ready()
+                self._on_ready(size)
                 self.ready_event.set()
         finally:
             self.ready_event.set()
 
-    def _write_spare(self) -> None:
+    def _write_spare(self, size: int) -> None:
         fd = self.fs.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            left = self.size
+            left = size
             unsynced = 0
             while left > 0 and not self._stopped:
                 chunk = _ZERO_CHUNK if left >= len(_ZERO_CHUNK) else _ZERO_CHUNK[:left]

@@ -35,7 +35,15 @@ from .retained_records import RetainedRecords
 from .spares import SpareSegments
 
 DEFAULT_SEGMENT_SIZE_BYTES = 64 << 20
+# Spare segments follow the recording rate (see _spare_size_for_rate): the smallest is 1 MiB (or the
+# segment size, when that is smaller), and each is sized, in powers of two of the smallest, to
+# last about SPARE_SECONDS at the rate the open segment was filled, up to the segment size.
+MIN_SPARE_BYTES = 1 << 20
+SPARE_SECONDS = 2.0
+# The rate is measured over at least this long: a burst of a few milliseconds is not a rate.
+_RATE_MIN_SECONDS = 0.25
 _frame_record = fmt.frame_record  # the single async append's framing, looked up once
+_monotonic = time.monotonic  # the clock fill rates are measured with (tests set their own)
 
 
 @dataclass(frozen=True)
@@ -124,17 +132,22 @@ class Wal(LoopFlusher):
         self._watch = threading.Condition(self._lock)  # the thread's timed waits on the loop
         self._rotation = None  # (rotate_to, last_lsn) the flusher is to carry out for the loop
         self._init_loop_flusher()
-        # Spare segments (preallocate): made by their own thread once this much was written
-        # since open, so that a short-lived writer (a script, a test) never pays for
-        # zero-filling a whole segment.
+        # Spare segments (preallocate), made by their own thread when asked for: for a plain
+        # segment once this much was written in it since it was opened (so that a short-lived
+        # writer, a script, a test, never zero-fills anything), for a preallocated one once it
+        # is half full. Each is sized by the rate the open segment fills at (_spare_size_for_rate).
+        self._min_spare = min(MIN_SPARE_BYTES, segment_size_bytes)
         self._prealloc_after = (
-            segment_size_bytes // 64 if preallocate_after_bytes is None else preallocate_after_bytes
+            self._min_spare // 2 if preallocate_after_bytes is None else preallocate_after_bytes
         )
         self._spares: Optional[SpareSegments] = None
-        self._first_spare_due = False  # the first spare is yet to be asked for
         self._spare_ready = False  # (under the lock) a spare is ready for the next rotation
+        self._spare_size = 0  # (under the lock) the ready spare's size
+        self._spare_asked = False  # a spare was asked for and not yet installed
+        self._spare_at: Optional[int] = None  # ask for a spare once the open segment is this long
         self._prealloc = False  # the open segment was zero-filled ahead of its writes
         self._bound = segment_size_bytes  # the open segment is sealed once this long
+        self._rate_mark = (0.0, 0)  # (time, segment length) the fill rate is measured from
         os.makedirs(self.directory, exist_ok=True)
         self._lock_fd = acquire_dir_lock(self.directory)
         try:
@@ -146,10 +159,12 @@ class Wal(LoopFlusher):
         self._thread = threading.Thread(target=self._flusher, name="wal-flusher", daemon=True)
         self._thread.start()
         if preallocate:
-            self._spares = SpareSegments(self.fs, self.directory, segment_size_bytes, self._spare_made)
+            self._spares = SpareSegments(self.fs, self.directory, self._spare_made)
             self._spare_event = self._spares.ready_event  # set once a spare is ready (tests wait on it)
-            self._first_spare_due = True
-            self._request_first_spare()
+            with self._lock:
+                size = self._spare_due_locked()
+            if size:
+                self._spares.request(size)
 
     # -- opening -------------------------------------------------------------------------
     def _release_lock(self) -> None:
@@ -189,6 +204,10 @@ class Wal(LoopFlusher):
             raise
         kept = size - truncated  # past `end`: zeros, preallocated
         self._set_segment(fd, last.number, last.first_lsn, tail.seed, end, kept if kept > end else 0)
+        if self._prealloc:
+            # Reopened inside a preallocated segment: a spare once it is half full, and not
+            # before this writer wrote as much as a plain segment asks for first.
+            self._spare_at = max(self._bound // 2, end + self._prealloc_after)
         self._next_lsn = next_lsn
         self._durable_lsn = next_lsn - 1
         self._group_last_lsn = next_lsn - 1
@@ -230,12 +249,18 @@ class Wal(LoopFlusher):
         self._seed = seed
         self._segment_bytes = end
         self._prealloc = prealloc_size > end
-        self._bound = self.segment_size_bytes
+        self._rate_mark = (_monotonic(), end)
         if self._prealloc:
             # Sealed before fewer zeros than a record header would be left after the last
             # record: the reader tells the end of the data by a zero record header followed by
             # zeros, and a shorter run of zeros at the end of a file is a torn record.
-            self._bound = min(prealloc_size - (fmt.RECORD_HEADER_SIZE - 1), self._bound)
+            self._bound = min(prealloc_size - (fmt.RECORD_HEADER_SIZE - 1), self.segment_size_bytes)
+            self._spare_at = max(self._bound // 2, end)  # the next spare once half full
+        else:
+            self._bound = self.segment_size_bytes
+            # A spare asked for already (not ready in time for this rotation) is taken as soon
+            # as it is ready; else one is asked for once this segment has grown a little.
+            self._spare_at = None if self._spare_asked else end + self._prealloc_after
 
     # -- appending -----------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -511,12 +536,15 @@ class Wal(LoopFlusher):
                 self.on_group(nbytes, dt)
             except Exception:  # noqa: BLE001 - metrics must never break the log
                 pass
-        if self._first_spare_due:
-            self._request_first_spare()
+        spare = 0
         if rotate_to is None:
             with self._lock:
                 self._segment_bytes += nbytes
                 self._owner = None
+                if self._spare_at is not None and self._segment_bytes >= self._spare_at:
+                    spare = self._spare_due_locked()
+            if spare:
+                self._spares.request(spare)
             if loop is not None:
                 # Start the next group's fdatasync before acknowledging this one: the disk
                 # works while the loop runs the producers this acknowledgment wakes.
@@ -566,26 +594,46 @@ class Wal(LoopFlusher):
         self.fs.close(self._fd)
         self._fd = None
         with self._lock:
-            use_spare = self._spare_ready
+            spare_size = self._spare_size if self._spare_ready else 0
             self._spare_ready = False
-        if use_spare:
+        if spare_size:
+            self._spare_asked = False
             name = fmt.segment_name(number, first_lsn)
             fd = self._spares.install(name, fmt.encode_segment_header(salt, number, first_lsn))
         else:
             fd = self._create_segment_file(salt, number, first_lsn)
-        spare_size = self._spares.size if use_spare else 0
         self._set_segment(fd, number, first_lsn, fmt.salt_seed(salt), fmt.SEGMENT_HEADER_SIZE, spare_size)
 
     # -- spare segments (preallocate) ----------------------------------------------------
-    def _request_first_spare(self) -> None:
-        if self._bytes >= self._prealloc_after:
-            self._first_spare_due = False
-            self._spares.request()
+    def _spare_due_locked(self) -> int:
+        """The size of the spare to ask for now (under the lock), once the open segment has
+        reached the length set for it (`_spare_at`); 0 when none is due. Asks only once."""
+        if (
+            self._spares is None or self._spare_at is None or self._spare_asked
+            or self._segment_bytes < self._spare_at
+        ):
+            return 0
+        self._spare_at = None
+        self._spare_asked = True
+        return self._spare_size_for_rate()
 
-    def _spare_made(self) -> None:
-        """The spare thread made a spare: the next rotation may use it."""
+    def _spare_size_for_rate(self) -> int:
+        """Enough zero-filled bytes for about SPARE_SECONDS at the rate the open segment was
+        filled: the smallest spare, doubled until it holds that much, at most the segment size.
+        A log that records little keeps small segments; a busy one gets whole ones."""
+        since, mark = self._rate_mark
+        elapsed = max(_monotonic() - since, _RATE_MIN_SECONDS)
+        wanted = (self._segment_bytes - mark) / elapsed * SPARE_SECONDS
+        size = self._min_spare
+        while size < wanted and size < self.segment_size_bytes:
+            size *= 2
+        return min(size, self.segment_size_bytes)
+
+    def _spare_made(self, size: int) -> None:
+        """The spare thread made a spare of `size` bytes: the next rotation may use it."""
         with self._lock:
             self._spare_ready = True
+            self._spare_size = size
 
     def _fail(self, op: str, cause: BaseException, waiters, *, from_flusher: bool = True) -> None:
         err = WalFailedError(op, cause)
@@ -687,6 +735,7 @@ class Wal(LoopFlusher):
             self._detach_from_outside(loop)
         if self._spares is not None:
             self._spares.join()
+            self._spares.discard()
         with self._lock:
             self._synced.notify_all()
         self._bell.close()

@@ -617,13 +617,19 @@ def test_preallocated_segments_are_zero_filled_ahead_sealed_at_their_seal_and_re
             assert spans[-1].rtype == fmt.TYPE_SEAL and spans[-1].end == os.path.getsize(s.path)
         last = segs[-1]
         assert os.path.getsize(last.path) >= size  # written over preallocated zeros
-        assert w._spare_event.wait(30) and os.path.getsize(spare) >= size
-    assert lsns == list(range(1, 101))
+        # The next spare is asked for once the open segment is half full; at this rate it is
+        # the smallest one, here the segment size.
+        while w._segment_bytes < size // 2:
+            lsns.append(w.append(payloads[len(lsns)]))
+        assert w._spare_event.wait(30) and os.path.getsize(spare) == size
+    n = len(lsns)
+    assert lsns == list(range(1, n + 1))
     assert wal.scan(d).damages == []
-    assert [r.payload for r in wal.read_records(d)] == payloads[:100]
+    assert [r.payload for r in wal.read_records(d)] == payloads[:n]
+    assert not os.path.exists(spare), "closing removes an unused spare"
     with wal.Wal(d, segment_size_bytes=size) as w:
-        assert w.open_result.truncated_bytes == 0 and w.open_result.last_lsn == 100
-        assert w.append_many(payloads[100:]) == list(range(101, 201))
+        assert w.open_result.truncated_bytes == 0 and w.open_result.last_lsn == n
+        assert w.append_many(payloads[n:]) == list(range(n + 1, 201))
     assert not os.path.exists(os.path.join(d, "preallocated.tmp")), "a stale spare is removed on open"
     assert [r.payload for r in wal.read_records(d, mode="absolute")] == payloads
     assert wal.scan(d, mode="absolute").damages == []
