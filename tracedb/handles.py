@@ -7,7 +7,7 @@ each has `event(id, type, payload)`, `finish(id, response)`, `invalidate(id, rea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Awaitable
 
 from .record import ExecutionRecord
 
@@ -52,13 +52,14 @@ class AsyncExecution:
         self.execution_id = execution_id
         self.envelope_hash = envelope_hash
 
-    async def event(self, type: str, payload: Any = None) -> int:
-        """Record an event; returns its seq once durable."""
-        return await self.recorder.event(self.execution_id, type, payload)
+    def event(self, type: str, payload: Any = None) -> Awaitable[int]:
+        """Record an event; await the result for its seq, which comes once it is durable.
+        (The recorder's own coroutine, returned as it is: one frame less per event.)"""
+        return self.recorder.event(self.execution_id, type, payload)
 
-    async def finish(self, response: dict) -> int:
-        """Record the final response; returns its seq once durable."""
-        return await self.recorder.finish(self.execution_id, response)
+    def finish(self, response: dict) -> Awaitable[int]:
+        """Record the final response; await the result for its seq, which comes once durable."""
+        return self.recorder.finish(self.execution_id, response)
 
     async def invalidate(self, reason: str) -> None:
         """Mark this execution invalidated (manually_invalidated)."""

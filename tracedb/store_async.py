@@ -9,7 +9,7 @@ Database work runs in the default executor.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import handles
 from .codec import OP_INVALIDATE, OP_RECORDING_FAILURE
@@ -50,15 +50,30 @@ class _Queue:
     async def durable(self) -> None:
         """Wait until what was handed over is durable. Cancelling the caller never takes the
         record back: the WAL writes it anyway."""
-        fut = self.future
-        if fut is None:
-            return
-        if self.closing:
-            # Shielded: the state learns its closing record's LSN whether or not anyone waits.
-            await asyncio.shield(fut)
-        else:
-            await fut
-        self.store.note_append()
+        await _Acked(self, None)
+
+
+class _Acked:
+    """The awaitable of a record queued at call time: yields until the record is durable, then
+    gives `value` (the event's seq). An object rather than a coroutine: one less frame per event."""
+
+    __slots__ = ("sink", "value")
+
+    def __init__(self, sink: _Queue, value):
+        self.sink = sink
+        self.value = value
+
+    def __await__(self):
+        sink = self.sink
+        fut = sink.future
+        if fut is not None:
+            if sink.closing:
+                # Shielded: the state learns its closing record's LSN whether or not anyone waits.
+                yield from asyncio.shield(fut).__await__()
+            else:
+                yield from fut.__await__()
+            sink.store.note_append()
+        return self.value
 
 
 class AsyncStore:
@@ -109,22 +124,23 @@ class AsyncStore:
         await sink.durable()
         return AsyncExecution(self, start.execution_id, start.envelope_hash)
 
-    async def _stage(self, stage: Callable[..., int], execution_id, *args) -> int:
-        sink = self._sink()
-        try:
-            seq = stage(sink, execution_id, *args)
-        except StageMiss:
-            raise await self._run(self.store.not_held_error, execution_id) from None
-        await sink.durable()
-        return seq
-
     async def event(self, execution_id: str, type: str, payload: Any = None) -> int:
         """Record one event; returns its seq once durable."""
-        return await self._stage(self.store.stage_event, execution_id, type, payload)
+        sink = self._sink()
+        try:
+            seq = self.store.stage_event(sink, execution_id, type, payload)
+        except StageMiss:
+            raise await self._run(self.store.not_held_error, execution_id) from None
+        return await _Acked(sink, seq)
 
     async def finish(self, execution_id: str, response: dict) -> int:
         """Record the final response and close the execution; returns its seq once durable."""
-        return await self._stage(self.store.stage_finish, execution_id, response)
+        sink = self._sink()
+        try:
+            seq = self.store.stage_finish(sink, execution_id, response)
+        except StageMiss:
+            raise await self._run(self.store.not_held_error, execution_id) from None
+        return await _Acked(sink, seq)
 
     async def invalidate(self, execution_id: str, reason: str) -> None:
         """Mark an execution invalidated (manually_invalidated); durable when this returns."""

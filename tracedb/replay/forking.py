@@ -13,11 +13,11 @@ shared lineage with the parent), later calls run live and land in the fork.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..errors import InvalidInputError, UsageError
+from ..handles import AsyncExecution
 from ..record import FINAL_RESPONSE, LLM_RESPONDED, TOOL_RESPONDED, ExecutionEvent, ExecutionRecord
 from .eventlog import ReplaySession, intent_of
 
@@ -55,7 +55,7 @@ class Fork:
         tools: Optional[Mapping[str, Callable[[Any], Any]]] = None,
     ) -> ReplaySession:
         """A session that replays the shared prefix, then runs live into the fork."""
-        if inspect.iscoroutinefunction(getattr(self.execution, "event", None)):
+        if isinstance(self.execution, AsyncExecution):
             raise UsageError(
                 "replay sessions record synchronously; this fork was made with fork_async",
                 hint="make the fork with fork(store, ...) on a sync store to re-run agent code in it",
