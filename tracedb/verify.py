@@ -1,17 +1,31 @@
-"""Verification of stored traces: envelope hash, event order, lifecycle, database integrity."""
+"""Verification of stored traces: envelope hash, event order, lifecycle, database integrity.
+
+The whole-store walk streams: traces are read in execution-id order, `CHUNK_TRACES` at a time
+(keyset over the primary key), each chunk with a summary of the steps whose execution id falls
+in its range (count, first and last seq, FINAL_RESPONSE events; one row per trace, counted by
+the database), in one short read transaction. Memory depends on the chunk, not on the store,
+and a recorder compacting next to it is never held up by one long snapshot. Each chunk is one
+consistent view (REPEATABLE READ on PostgreSQL, SQLite's snapshot of the transaction), so a
+trace and its steps are always checked as of the same moment.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from . import db
 from .errors import ExecutionNotFoundError
 from .models import trace_steps, traces
 from .record import FINAL_RESPONSE, STATUS_COMPLETED, compute_envelope_hash, normalize_envelope_hash
+
+# Traces per read transaction of the whole-store walk; their steps come in the same transaction.
+CHUNK_TRACES = 1000
+# Rows a PostgreSQL server-side cursor hands over at a time.
+_ROWS_PER_FETCH = 5000
 
 
 @dataclass(frozen=True)
@@ -27,63 +41,179 @@ class VerifyResult:
         return not self.problems
 
 
-def _check_trace(row, steps: list, problems: list) -> None:
-    eid = row.execution_id
+# What a trace's check needs, and nothing more (router_decision and the rest stay unread).
+_TRACE_COLUMNS = (
+    traces.c.execution_id,
+    traces.c.envelope,
+    traces.c.envelope_hash,
+    traces.c.status,
+    traces.c.final_response,
+    traces.c.last_seq,
+)
+
+
+def _hash_problem(row) -> Optional[str]:
     stored = normalize_envelope_hash(row.envelope_hash)
     computed = compute_envelope_hash(row.envelope)
     if stored != computed:
-        problems.append(f"{eid}: envelope hash {stored} does not match the envelope ({computed})")
+        return f"{row.execution_id}: envelope hash {stored} does not match the envelope ({computed})"
+    return None
+
+
+def _end_problems(row, last: int, finals: int, last_final: int, problems: list) -> None:
+    """The checks of a trace once all its steps were seen: `last` is the seq of its last step
+    (0: none), `finals` how many were FINAL_RESPONSE, `last_final` the seq of the last of those."""
+    eid = row.execution_id
+    if last != row.last_seq:
+        problems.append(f"{eid}: last_seq is {row.last_seq} but the last event has seq {last}")
+    if row.status == STATUS_COMPLETED:
+        if row.final_response is None or not finals:
+            problems.append(f"{eid}: completed without a FINAL_RESPONSE")
+        elif last_final != last:
+            problems.append(f"{eid}: events recorded after FINAL_RESPONSE (seq {last_final})")
+    if finals > 1:
+        problems.append(f"{eid}: {finals} FINAL_RESPONSE events")
+
+
+def _seq_problems(eid: str, seqs: Iterable[int], problems: list) -> None:
+    """The gaps and repeats in a trace's seqs (in order), each where it is first seen."""
     expected = 1
-    for seq, type_ in steps:
+    for seq in seqs:
         if seq != expected:
             problems.append(f"{eid}: event seq {seq} where {expected} was expected")
             expected = seq
         expected += 1
-    last = steps[-1][0] if steps else 0
-    if last != row.last_seq:
-        problems.append(f"{eid}: last_seq is {row.last_seq} but the last event has seq {last}")
-    finals = [seq for seq, type_ in steps if type_ == FINAL_RESPONSE]
-    if row.status == STATUS_COMPLETED:
-        if row.final_response is None or not finals:
-            problems.append(f"{eid}: completed without a FINAL_RESPONSE")
-        elif finals[-1] != last:
-            problems.append(f"{eid}: events recorded after FINAL_RESPONSE (seq {finals[-1]})")
-    if len(finals) > 1:
-        problems.append(f"{eid}: {len(finals)} FINAL_RESPONSE events")
 
 
-def verify(engine: Engine, execution_id: Optional[str] = None) -> VerifyResult:
-    """Verify one trace, or every trace plus the database's own integrity checks."""
+def _seqs(conn: Connection, eid: str) -> Iterable[int]:
+    return conn.execute(
+        sa.select(trace_steps.c.seq).where(trace_steps.c.execution_id == eid).order_by(trace_steps.c.seq)
+    ).scalars()
+
+
+def _walk(conn: Connection, rows: list, summaries: Iterable, problems: list) -> tuple[int, int]:
+    """Check `rows` (traces ordered by execution id) against `summaries`, one row per execution
+    id of the same range with steps (_summary_query), side by side. Returns (traces, steps).
+
+    A trace's seqs are read one by one only when its summary shows they are not exactly
+    1..count, to report each gap as it comes; the steps of an execution id without a row are
+    read to report each of them.
+
+    Whether a summary belongs to a row of the chunk is asked of the chunk's ids, not of Python's
+    string order, which a server's collation need not share. Steps without a trace (possible
+    only in an SQLite file written with foreign keys off, whose order is Python's) are placed
+    by that order, among the traces' own problems."""
+    ids = {row.execution_id for row in rows}
+    it = iter(summaries)
+    pending = next(it, None)
+
+    def orphans(eid: str) -> None:
+        for seq in _seqs(conn, eid):
+            problems.append(f"{eid}: step {seq} has no trace")
+
+    n_traces = n_steps = 0
+    for row in rows:
+        eid = row.execution_id
+        while pending is not None and pending[0] != eid and pending[0] not in ids and pending[0] < eid:
+            orphans(pending[0])
+            pending = next(it, None)
+        problem = _hash_problem(row)
+        if problem is not None:
+            problems.append(problem)
+        last = finals = last_final = 0
+        if pending is not None and pending[0] == eid:
+            _, count, first, last, finals, last_final = pending
+            pending = next(it, None)
+            if first != 1 or last != count:  # seqs are unique (primary key): else exactly 1..count
+                _seq_problems(eid, _seqs(conn, eid), problems)
+            n_steps += count
+        _end_problems(row, last, finals, last_final or 0, problems)
+        n_traces += 1
+    while pending is not None:
+        orphans(pending[0])
+        pending = next(it, None)
+    return n_traces, n_steps
+
+
+def _reader(conn: Connection) -> Connection:
+    if conn.dialect.name == "postgresql":
+        # One snapshot for all the chunk's statements (READ COMMITTED takes one per statement),
+        # and results through a server-side cursor.
+        return conn.execution_options(
+            isolation_level="REPEATABLE READ", stream_results=True, max_row_buffer=_ROWS_PER_FETCH
+        )
+    return conn
+
+
+def _summary_query(after: Optional[str], upto: Optional[str]):
+    """Per execution id in (after, upto] with steps, in execution-id order: how many steps, the
+    first and last seq, how many FINAL_RESPONSE and the seq of the last. One row per trace
+    instead of one per step: the database does the counting."""
+    s = trace_steps.c
+    final = s.type == FINAL_RESPONSE
+    q = (
+        sa.select(
+            s.execution_id,
+            sa.func.count(),
+            sa.func.min(s.seq),
+            sa.func.max(s.seq),
+            sa.func.count(sa.case((final, 1))),
+            sa.func.max(sa.case((final, s.seq))),
+        )
+        .group_by(s.execution_id)
+        .order_by(s.execution_id)
+    )
+    if after is not None:
+        q = q.where(s.execution_id > after)
+    if upto is not None:
+        q = q.where(s.execution_id <= upto)
+    return q
+
+
+def _verify_one(engine: Engine, execution_id: str) -> VerifyResult:
+    problems: list[str] = []
+    with engine.connect() as base:
+        conn = _reader(base)
+        with conn.begin():
+            rows = conn.execute(sa.select(*_TRACE_COLUMNS).where(traces.c.execution_id == execution_id)).all()
+            if not rows:
+                raise ExecutionNotFoundError(execution_id)
+            summaries = conn.execute(_summary_query(None, None).where(trace_steps.c.execution_id == execution_id))
+            n_traces, n_steps = _walk(conn, rows, summaries, problems)
+    return VerifyResult(n_traces, n_steps, tuple(problems))
+
+
+def verify(
+    engine: Engine, execution_id: Optional[str] = None, *, chunk_traces: Optional[int] = None
+) -> VerifyResult:
+    """Verify one trace, or every trace plus the database's own integrity checks.
+
+    The whole-store walk reads `chunk_traces` traces (default CHUNK_TRACES) per transaction."""
+    if execution_id is not None:
+        return _verify_one(engine, execution_id)
+    if chunk_traces is None:
+        chunk_traces = CHUNK_TRACES
+    if chunk_traces <= 0:
+        raise ValueError(f"chunk_traces must be positive, got {chunk_traces}")
     problems: list[str] = []
     n_traces = n_steps = 0
-    with engine.connect() as conn, conn.begin():
-        q = sa.select(traces).order_by(traces.c.execution_id)
-        sq = sa.select(trace_steps.c.execution_id, trace_steps.c.seq, trace_steps.c.type).order_by(
-            trace_steps.c.execution_id, trace_steps.c.seq
-        )
-        if execution_id is not None:
-            q = q.where(traces.c.execution_id == execution_id)
-            sq = sq.where(trace_steps.c.execution_id == execution_id)
-        rows = conn.execute(q)
-        steps_iter = iter(conn.execute(sq))
-        pending = next(steps_iter, None)
-        for row in rows:
-            steps = []
-            # Both queries are ordered by execution id: walk them side by side.
-            while pending is not None and pending[0] < row.execution_id:
-                problems.append(f"{pending[0]}: step {pending[1]} has no trace")
-                pending = next(steps_iter, None)
-            while pending is not None and pending[0] == row.execution_id:
-                steps.append((pending[1], pending[2]))
-                pending = next(steps_iter, None)
-            _check_trace(row, steps, problems)
-            n_traces += 1
-            n_steps += len(steps)
-        while pending is not None:
-            problems.append(f"{pending[0]}: step {pending[1]} has no trace")
-            pending = next(steps_iter, None)
-    if execution_id is not None and n_traces == 0:
-        raise ExecutionNotFoundError(execution_id)
-    if execution_id is None:
-        problems.extend(db.integrity_check(engine))
+    after: Optional[str] = None  # the last execution id of the previous chunk
+    with engine.connect() as base:
+        conn = _reader(base)
+        while True:
+            with conn.begin():
+                q = sa.select(*_TRACE_COLUMNS).order_by(traces.c.execution_id).limit(chunk_traces)
+                if after is not None:
+                    q = q.where(traces.c.execution_id > after)
+                rows = conn.execute(q).all()
+                # A short chunk is the last: its steps range is open-ended, so that steps after
+                # the last trace, which belong to no trace, are reported too.
+                upto = rows[-1].execution_id if len(rows) == chunk_traces else None
+                t, s = _walk(conn, rows, conn.execute(_summary_query(after, upto)), problems)
+            n_traces += t
+            n_steps += s
+            if upto is None:
+                break
+            after = upto
+    problems.extend(db.integrity_check(engine))
     return VerifyResult(n_traces, n_steps, tuple(problems))
