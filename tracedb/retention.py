@@ -61,42 +61,132 @@ def _size(files: list[str]) -> int:
     return total
 
 
-def _candidates(cutoff_ns: int):
+def _is_candidate(t, cutoff):
+    """Old enough, terminal and not pinned: deleted unless a fork made from it is kept."""
+    return sa.and_(t.c.status.in_(TERMINAL_STATUSES), t.c.created_at_ns < cutoff, t.c.pinned == sa.false())
+
+
+# The statements of a batch, built once with bound parameters: a batch only binds its values
+# (the keyset position, the cutoff, its ids), so that the cost per batch is the database's.
+_IDS = sa.bindparam("ids", expanding=True)
+_CUTOFF = sa.bindparam("cutoff", type_=sa.BigInteger)
+
+
+def _old_traces_statement():
+    """The next :limit traces before the keyset position (:after_ns, :after_id), the
+    (created_at_ns, execution_id) of the last one seen ((cutoff, "") to begin), newest first.
+    One row-value comparison, which SQLite and PostgreSQL both turn into a range of
+    ix_traces_created_id: each batch reads only its own rows."""
     t = traces.c
-    child = traces.alias("child")
     return (
-        sa.select(t.execution_id)
-        .where(t.status.in_(TERMINAL_STATUSES))
-        .where(t.created_at_ns < cutoff_ns)
-        .where(t.pinned == sa.false())
-        .where(~sa.exists().where(child.c.parent_execution_id == t.execution_id))
+        sa.select(t.execution_id, t.created_at_ns, t.status, t.pinned)
+        .where(
+            sa.tuple_(t.created_at_ns, t.execution_id)
+            < sa.tuple_(sa.bindparam("after_ns", type_=sa.BigInteger), sa.bindparam("after_id", type_=sa.String))
+        )
+        .order_by(t.created_at_ns.desc(), t.execution_id.desc())
+        .limit(sa.bindparam("limit", type_=sa.Integer))
     )
 
 
-def _plan(conn, cutoff_ns: int) -> tuple[set, int, int]:
-    """Dry run: the traces prune would delete (transitively through forks) and what it keeps."""
+def _kept_for_forks_statement():
+    """Those of :ids with a descendant (a fork, a fork of a fork...) that prune keeps.
+
+    A trace is kept when a fork made from it is kept, and a fork is kept when it is not a
+    candidate itself or is kept for its own forks: so a candidate is kept exactly when a
+    non-candidate hangs below it. Walks only the batch's own fork trees (ix_traces_parent);
+    UNION, not UNION ALL, so that even a cycle of parents ends."""
     t = traces.c
-    old = (
-        sa.select(t.execution_id, t.pinned)
-        .where(t.status.in_(TERMINAL_STATUSES))
-        .where(t.created_at_ns < cutoff_ns)
+    below = (
+        sa.select(t.parent_execution_id.label("root"), t.execution_id.label("id"))
+        .where(t.parent_execution_id.in_(_IDS))
+        .cte("below", recursive=True)
     )
-    rows = conn.execute(old).all()
-    deletable = {r[0] for r in rows if not r[1]}
-    pinned = sum(1 for r in rows if r[1])
-    edges = conn.execute(
-        sa.select(t.execution_id, t.parent_execution_id).where(t.parent_execution_id.is_not(None))
-    ).all()
-    # A parent stays while any of its forks stays; repeat until nothing changes.
-    changed = True
-    while changed:
-        changed = False
-        for child_id, parent_id in edges:
-            if parent_id in deletable and child_id not in deletable:
-                deletable.discard(parent_id)
-                changed = True
-    kept_parents = len(rows) - pinned - len(deletable)
-    return deletable, pinned, kept_parents
+    fork = traces.alias("fork")
+    below = below.union(
+        sa.select(below.c.root, fork.c.execution_id).where(fork.c.parent_execution_id == below.c.id)
+    )
+    kept = traces.alias("kept")
+    return (
+        sa.select(below.c.root)
+        .distinct()
+        .select_from(below.join(kept, kept.c.execution_id == below.c.id))
+        .where(sa.not_(_is_candidate(kept, _CUTOFF)))
+    )
+
+
+_OLD_TRACES = _old_traces_statement()
+_KEPT_FOR_FORKS = _kept_for_forks_statement()
+_COUNT_STEPS = sa.select(sa.func.count()).select_from(trace_steps).where(trace_steps.c.execution_id.in_(_IDS))
+_DELETE_STEPS = trace_steps.delete().where(trace_steps.c.execution_id.in_(_IDS))
+_DELETE_TRACES = traces.delete().where(traces.c.execution_id.in_(_IDS))
+
+
+@dataclass
+class _Batch:
+    """What one batch saw and did; applied to the totals once its transaction committed."""
+
+    last: Optional[tuple[int, str]] = None  # keyset position of its last row; None: walk done
+    deleted: int = 0
+    steps: int = 0
+    pinned: int = 0
+    parents: int = 0
+
+
+def _run_batch(conn, cutoff_ns: int, after: tuple[int, str], limit: int, dry_run: bool) -> _Batch:
+    """One batch in the caller's transaction: classify the next `limit` old traces, then delete
+    (or, dry, count) those that go, with their steps."""
+    rows = conn.execute(_OLD_TRACES, {"after_ns": after[0], "after_id": after[1], "limit": limit}).all()
+    b = _Batch(last=(rows[-1].created_at_ns, rows[-1].execution_id) if len(rows) == limit else None)
+    candidates = []
+    for r in rows:
+        if r.status not in TERMINAL_STATUSES:
+            continue  # running: never deleted, and not counted as kept either
+        if r.pinned:
+            b.pinned += 1
+        else:
+            candidates.append(r.execution_id)
+    if not candidates:
+        return b
+    kept = set(conn.execute(_KEPT_FOR_FORKS, {"ids": candidates, "cutoff": cutoff_ns}).scalars())
+    b.parents = len(kept)
+    # Sorted: rows are locked in execution-id order, as the compactor does.
+    ids = sorted(eid for eid in candidates if eid not in kept)
+    if not ids:
+        return b
+    if dry_run:
+        b.steps = conn.execute(_COUNT_STEPS, {"ids": ids}).scalar()
+        b.deleted = len(ids)
+    else:
+        b.steps = conn.execute(_DELETE_STEPS, {"ids": ids}).rowcount
+        b.deleted = conn.execute(_DELETE_TRACES, {"ids": ids}).rowcount
+    return b
+
+
+def _batch(engine: Engine, cutoff_ns: int, after, limit: int, dry_run: bool) -> _Batch:
+    """One batch in one short transaction, run again when it loses a deadlock or a lock wait."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            with engine.begin() as conn:
+                return _run_batch(conn, cutoff_ns, after, limit, dry_run)
+        except sa.exc.DBAPIError as e:
+            state = db.sqlstate(e)
+            if state not in db.RETRY_SQLSTATES or attempt >= _BATCH_ATTEMPTS:
+                raise
+            log.warning("prune batch hit %s (SQLSTATE %s); running it again", type(e.orig).__name__, state)
+
+
+def _estimate(engine: Engine, cutoff_ns: int) -> int:
+    """How many traces are old, terminal and unpinned: the progress bar's first total (the
+    fork parents kept come off it as the walk finds them)."""
+    with engine.connect() as conn:
+        n = conn.execute(
+            sa.select(sa.func.count()).select_from(traces).where(_is_candidate(traces, cutoff_ns))
+        ).scalar()
+        conn.rollback()
+    return int(n or 0)
 
 
 def prune(
@@ -110,39 +200,45 @@ def prune(
 ) -> PruneResult:
     """Delete terminal, unpinned traces created more than `older_than_s` ago, with their steps.
 
+    One walk over the traces created before the cutoff, newest first, `batch_traces` at a time
+    by keyset, each batch one short transaction that decides and deletes: memory does not grow
+    with the store, and a recorder compacting next to it waits at most one batch. A dry run is
+    the same walk, counting instead of deleting, so its counts are the real run's. Newest first,
+    a fork (created after its parent) goes before, or with, the trace it was made from.
+
     Idempotent: a second run deletes nothing more. Then reclaims space (incremental vacuum, and
-    a truncating checkpoint of SQLite's own WAL).
+    a truncating checkpoint of SQLite's own WAL; a plain VACUUM on PostgreSQL).
     """
     if older_than_s < 0:
         raise InvalidInputError(f"older_than must not be negative, got {older_than_s}")
+    if batch_traces <= 0:
+        raise InvalidInputError(f"batch_traces must be positive, got {batch_traces}")
     cutoff = now_ns - int(older_than_s * 1e9)
-    with engine.connect() as conn:
-        deletable, pinned, kept_parents = _plan(conn, cutoff)
-        conn.rollback()
-        if dry_run:
-            steps = 0
-            ids = list(deletable)
-            for i in range(0, len(ids), 500):
-                steps += conn.execute(
-                    sa.select(sa.func.count())
-                    .select_from(trace_steps)
-                    .where(trace_steps.c.execution_id.in_(ids[i : i + 500]))
-                ).scalar()
-            return PruneResult(len(deletable), steps, pinned, kept_parents, 0, 0, True)
-    total = len(deletable)
     files = _db_files(engine)
-    before = _size(files) if engine.dialect.name == "sqlite" else _pg_size(engine)
-    deleted = steps = batches = 0
-    query = _candidates(cutoff).order_by(traces.c.created_at_ns).limit(batch_traces)
+    if dry_run:
+        before = 0
+        progress = None  # a dry run shows no bar, as it never has
+    else:
+        before = _size(files) if engine.dialect.name == "sqlite" else _pg_size(engine)
+    estimate = _estimate(engine, cutoff) if progress is not None else 0
+    deleted = steps = pinned = parents = batches = 0
+    # (created_at_ns, execution_id) < (cutoff, ""): exactly the traces created before the cutoff.
+    after: tuple[int, str] = (cutoff, "")
     while True:
-        n_traces, n_steps = _delete_batch(engine, query)
-        if not n_traces:
+        b = _batch(engine, cutoff, after, batch_traces, dry_run)
+        deleted += b.deleted
+        steps += b.steps
+        pinned += b.pinned
+        parents += b.parents
+        if b.deleted and not dry_run:
+            batches += 1
+        if progress is not None and deleted and (b.deleted or b.last is None):
+            progress(deleted, max(estimate - parents, deleted))
+        if b.last is None:
             break
-        deleted += n_traces
-        steps += n_steps
-        batches += 1
-        if progress is not None:
-            progress(deleted, max(total, deleted))
+        after = b.last
+    if dry_run:
+        return PruneResult(deleted, steps, pinned, parents, 0, 0, True)
     freed = 0
     if engine.dialect.name == "sqlite" and deleted:
         _reclaim(engine)
@@ -150,31 +246,7 @@ def prune(
     elif engine.dialect.name == "postgresql" and deleted:
         _vacuum_pg(engine)
         freed = max(0, before - _pg_size(engine))
-    _, pinned_after, parents_after = _plan_counts(engine, cutoff)
-    return PruneResult(deleted, steps, pinned_after, parents_after, batches, freed, False)
-
-
-def _delete_batch(engine: Engine, query) -> tuple[int, int]:
-    """Delete one batch of candidates in one transaction; (traces, steps) deleted."""
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            with engine.begin() as conn:
-                # Sorted: rows are locked in execution-id order, as the compactor does.
-                ids = sorted(conn.execute(query).scalars().all())
-                if not ids:
-                    return 0, 0
-                n_steps = conn.execute(
-                    trace_steps.delete().where(trace_steps.c.execution_id.in_(ids))
-                ).rowcount
-                n_traces = conn.execute(traces.delete().where(traces.c.execution_id.in_(ids))).rowcount
-                return n_traces, n_steps
-        except sa.exc.DBAPIError as e:
-            state = db.sqlstate(e)
-            if state not in db.RETRY_SQLSTATES or attempt >= _BATCH_ATTEMPTS:
-                raise
-            log.warning("prune batch hit %s (SQLSTATE %s); running it again", type(e.orig).__name__, state)
+    return PruneResult(deleted, steps, pinned, parents, batches, freed, False)
 
 
 def _pg_size(engine: Engine) -> int:
@@ -207,12 +279,6 @@ def _reclaim(engine: Engine) -> None:
             raw.executescript(f"PRAGMA incremental_vacuum({VACUUM_PAGES_PER_STEP});")
         # Move SQLite's own WAL into the file and cut it to zero bytes.
         raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-
-
-def _plan_counts(engine: Engine, cutoff: int) -> tuple[int, int, int]:
-    with engine.connect() as conn:
-        deletable, pinned, kept_parents = _plan(conn, cutoff)
-    return len(deletable), pinned, kept_parents
 
 
 def set_pinned(engine: Engine, execution_id: str, pinned: bool) -> None:

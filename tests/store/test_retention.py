@@ -6,11 +6,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 import sqlalchemy as sa
 
 from tracedb.models import trace_steps, traces
 
 from .conftest import REPO, record_seed_002
+from .streaming_scenarios import forks_without_parent, record, record_retention_store, stored_ids
 
 DAY = 86400
 
@@ -110,3 +112,49 @@ def test_cli_prune_runs_next_to_a_live_recorder(open_store, clock, data_dir):
     assert [r.execution_id for r in store.list()] == ["exec-live"]
     with store.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(traces)).scalar() == 1
+
+
+# --- prune walks the old traces in batches ------------------------------------------------
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 7, 500])
+def test_batches_of_any_size_keep_pins_and_fork_parents_and_dry_run_counts_the_same(open_store, clock, batch):
+    store = open_store(prune_batch_traces=batch)
+    want = record_retention_store(store, clock)
+    counts = (len(want["deleted"]), want["deleted_steps"], want["kept_pinned"], want["kept_parents"])
+
+    dry = store.prune(older_than_s=30 * DAY, dry_run=True)
+    assert (dry.deleted_traces, dry.deleted_steps, dry.kept_pinned, dry.kept_parents) == counts
+    assert stored_ids(store.engine) == want["kept"] | want["deleted"]  # nothing deleted
+
+    orphaned = []
+
+    def progress(done, total):
+        # Called between batches: no fork may have lost its parent while its turn has not come.
+        assert done <= total
+        orphaned.extend(forks_without_parent(store.engine))
+
+    result = store.prune(older_than_s=30 * DAY, progress=progress)
+    assert (result.deleted_traces, result.deleted_steps, result.kept_pinned, result.kept_parents) == counts
+    assert stored_ids(store.engine) == want["kept"]
+    assert orphaned == []
+    if batch < len(want["deleted"]):
+        assert result.batches > 1
+    assert store.verify().ok
+    again = store.prune(older_than_s=30 * DAY)
+    assert (again.deleted_traces, again.kept_pinned, again.kept_parents) == (0, 4, 5)
+
+
+def test_a_fork_started_after_the_dry_run_keeps_its_parent(open_store, clock):
+    # Each batch decides in its own transaction: the real run sees the fork the dry run did not.
+    store = open_store(prune_batch_traces=2)
+    for i in range(6):
+        record(store, clock, f"exec-old{i}")
+    clock.advance(31 * DAY)
+    store.compact()
+    assert store.prune(older_than_s=30 * DAY, dry_run=True).deleted_traces == 6
+    record(store, clock, "exec-new-fork", parent_execution_id="exec-old0", forked_at_seq=1)
+    store.compact()
+    result = store.prune(older_than_s=30 * DAY)
+    assert (result.deleted_traces, result.kept_parents) == (5, 1)
+    assert stored_ids(store.engine) == {"exec-old0", "exec-new-fork"}
+
