@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -22,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from . import db
+from .backoff import Backoff
 from .errors import ExecutionNotFoundError, InvalidInputError
 from .models import TERMINAL_STATUSES, trace_steps, traces
 from .record import REASON_MANUALLY_INVALIDATED, STATUS_INVALIDATED
@@ -165,17 +167,17 @@ def _run_batch(conn, cutoff_ns: int, after: tuple[int, str], limit: int, dry_run
 
 def _batch(engine: Engine, cutoff_ns: int, after, limit: int, dry_run: bool) -> _Batch:
     """One batch in one short transaction, run again when it loses a deadlock or a lock wait."""
-    attempt = 0
+    backoff = Backoff(first_s=0.01, max_s=0.5)
     while True:
-        attempt += 1
         try:
             with engine.begin() as conn:
                 return _run_batch(conn, cutoff_ns, after, limit, dry_run)
         except sa.exc.DBAPIError as e:
             state = db.sqlstate(e)
-            if state not in db.RETRY_SQLSTATES or attempt >= _BATCH_ATTEMPTS:
+            if state not in db.RETRY_SQLSTATES or backoff.attempts + 1 >= _BATCH_ATTEMPTS:
                 raise
             log.warning("prune batch hit %s (SQLSTATE %s); running it again", type(e.orig).__name__, state)
+            time.sleep(backoff.next_delay())
 
 
 def _estimate(engine: Engine, cutoff_ns: int) -> int:
