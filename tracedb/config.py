@@ -8,6 +8,7 @@ TRACE_RETENTION_DAYS and TRACING_ENABLED. A TRACEDB_* variable wins over its ali
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -211,8 +212,9 @@ def _validate(cfg: Config) -> None:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
     for name in ("compact_interval_ms", "idle_timeout_s", "retention_days", "busy_timeout_ms"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"{name} must not be negative, got {getattr(cfg, name)}")
+        value = getattr(cfg, name)
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a finite number, not negative, got {value}")
     if cfg.db_url and "://" not in cfg.db_url:
         raise ConfigError(
             f"db_url {cfg.db_url!r} is not a database URL",
@@ -242,15 +244,21 @@ def as_config(config: Any, data_dir: Optional[str]) -> Config:
     return cfg
 
 
+# Ten thousand years: past that an age cannot be turned into a date.
+_MAX_DURATION_S = 10_000 * 366 * 86400.0
+
+
 def parse_duration_s(text: str) -> float:
-    """'30d', '12h', '90m', '45s' or a bare number of days (retention is counted in days)."""
-    text = str(text).strip().lower()
+    """'30d', '12h', '90m', '45s', '2w' or a bare number of days (retention is counted in days);
+    ConfigError for anything else, a negative age, or one too large to be a time."""
+    raw = str(text).strip().lower()
     units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "w": 7 * 86400.0}
     try:
-        if text and text[-1] in units:
-            return float(text[:-1]) * units[text[-1]]
-        return float(text) * 86400.0
+        value = float(raw[:-1]) * units[raw[-1]] if raw and raw[-1] in units else float(raw) * 86400.0
     except ValueError:
-        raise ConfigError(
-            f"{text!r} is not a duration", hint="write it like 30d, 12h, 90m or 45s"
-        ) from None
+        value = math.nan
+    if not math.isfinite(value) or abs(value) > _MAX_DURATION_S:
+        raise ConfigError(f"{text!r} is not a duration", hint="write it like 30d, 12h, 90m or 45s")
+    if value < 0:
+        raise ConfigError(f"{text!r} is a negative duration", hint="give an age back from now, such as 30d")
+    return value

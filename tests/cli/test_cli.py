@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import click
+import pytest
 
 import tracedb
 from tracedb import db
@@ -189,7 +190,7 @@ def test_compact_prune_pin_migrate_wal_scan(seeded, run, data_dir):
     assert run("unpin", "exec-a1b2c3d4").exit_code == 0
     assert "deleted 1 trace(s)" in run("prune", "--older-than", "1s").stdout
     assert run("migrate").stdout.startswith("schema at 0002")
-    assert run("prune", "--older-than", "soon").exit_code == 1
+    assert run("prune", "--older-than", "soon").exit_code == 2  # a bad option value is a usage error
 
 
 def test_the_command_runs_as_a_real_process(seeded, data_dir):
@@ -313,3 +314,24 @@ def test_a_reader_that_stops_early_ends_the_listing_quietly_with_success(data_di
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "rc=0", out.stdout + out.stderr
     assert "Traceback" not in out.stderr and "Broken pipe" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "age, says",
+    [("30x", "not a duration"), ("-5d", "negative duration"), ("nan", "not a duration"),
+     ("inf", "not a duration"), ("1e400d", "not a duration"), ("", "not a duration")],
+)
+def test_a_bad_age_for_prune_is_a_usage_error_that_deletes_nothing(seeded, run, age, says):
+    r = run("prune", "--older-than", age)
+    assert r.exit_code == 2, r.output
+    assert says in r.output and "Traceback" not in r.output
+    assert run("inspect", "exec-a1b2c3d4").exit_code == 0
+
+
+@pytest.mark.parametrize("days", ["nan", "inf", "-1"])
+def test_retention_days_must_be_a_finite_age(days, monkeypatch):
+    from tracedb.config import load_config
+
+    monkeypatch.setenv("TRACEDB_RETENTION_DAYS", days)
+    with pytest.raises(tracedb.ConfigError):
+        load_config()

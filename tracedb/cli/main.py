@@ -142,6 +142,20 @@ class TimeParam(click.ParamType):
         return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
+class DurationParam(click.ParamType):
+    """An age: 30d, 12h, 90m, 45s, 2w, or a bare number of days."""
+
+    name = "AGE"
+
+    def convert(self, value, param, ctx) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration_s(value)
+        except TraceDBError as e:
+            self.fail(f"{e.message} ({e.hint})" if e.hint else e.message, param, ctx)
+
+
 class CursorParam(click.ParamType):
     """A page cursor printed with the previous page of a listing."""
 

@@ -12,9 +12,8 @@ import os
 
 import click
 
-from ..config import parse_duration_s
 from ..errors import EXIT_INTEGRITY
-from .main import config_of, emit_json, execution_id_argument, json_option, main, progress_bar
+from .main import DurationParam, config_of, emit_json, execution_id_argument, json_option, main, progress_bar
 
 
 @main.command()
@@ -72,7 +71,7 @@ def recover(ctx, as_json):
 
 
 @main.command()
-@click.option("--older-than", "older_than", help="Age such as 30d, 12h (default: retention days).")
+@click.option("--older-than", "older_than", type=DurationParam(), help="Age such as 30d, 12h (default: retention days).")
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @json_option()
 @click.pass_context
@@ -87,9 +86,8 @@ def prune(ctx, older_than, dry_run, as_json):
     """
     from .. import admin
 
-    seconds = parse_duration_s(older_than) if older_than else None
     with progress_bar("pruning") as progress:
-        r = admin.prune(config_of(ctx), seconds, dry_run=dry_run, progress=progress)
+        r = admin.prune(config_of(ctx), older_than, dry_run=dry_run, progress=progress)
     if as_json:
         emit_json(
             {"dry_run": r.dry_run, "deleted_traces": r.deleted_traces, "deleted_steps": r.deleted_steps,
