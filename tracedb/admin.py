@@ -19,7 +19,14 @@ import wal
 
 from . import db, retention
 from .config import Config
-from .errors import EXIT_ERROR, EXIT_INTEGRITY, ExecutionNotFoundError, StoreInUseError, TraceDBError
+from .errors import (
+    EXIT_ERROR,
+    EXIT_INTEGRITY,
+    ExecutionNotFoundError,
+    StoreInUseError,
+    StoreNotFoundError,
+    TraceDBError,
+)
 from .models import compaction_checkpoint, traces
 from .reads import Reader
 from .recovery import RecoverResult
@@ -97,7 +104,14 @@ def recovery_note(config: Config, reader: Reader) -> Optional[str]:
     )
 
 
+def _require_data_dir(config: Config) -> None:
+    """Maintenance never makes a data directory out of a typo: a missing one is not found."""
+    if not os.path.isdir(config.data_dir):
+        raise StoreNotFoundError(config.data_dir)
+
+
 def _open_store(config: Config, progress: Progress = None) -> Store:
+    _require_data_dir(config)
     # No background threads: this process does one job and closes the store.
     return Store(config.replace(compact_interval_ms=0, idle_timeout_s=0), recovery_progress=progress)
 
@@ -186,9 +200,12 @@ class Migrated:
     after: Optional[str]
 
 
-def migrate(config: Config) -> Migrated:
-    """Create or upgrade the database schema; a new SQLite file's directory is made."""
+def migrate(config: Config, *, create: bool = False) -> Migrated:
+    """Create or upgrade the database schema. A SQLite file is made only in an existing data
+    directory, or with `create` (which makes the directory too)."""
     if not db.is_url(config.database):
+        if not create:
+            _require_data_dir(config)
         os.makedirs(os.path.dirname(os.path.abspath(config.database)), exist_ok=True)
     engine = db.create_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
     try:

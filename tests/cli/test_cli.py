@@ -9,6 +9,7 @@ import sys
 
 import click
 import pytest
+from click.testing import CliRunner
 
 import tracedb
 from tracedb import db
@@ -335,3 +336,20 @@ def test_retention_days_must_be_a_finite_age(days, monkeypatch):
     monkeypatch.setenv("TRACEDB_RETENTION_DAYS", days)
     with pytest.raises(tracedb.ConfigError):
         load_config()
+
+
+@pytest.mark.parametrize("args", [["compact"], ["recover"], ["migrate"]])
+def test_maintenance_refuses_a_data_directory_that_does_not_exist(tmp_path, args):
+    # A mistyped --data-dir must not start an empty store and report success.
+    missing = tmp_path / "no-such-dir"
+    r = CliRunner().invoke(main, ["--data-dir", str(missing), *args])
+    assert r.exit_code == 3, r.output
+    assert f"no trace store at {missing}" in r.output and "hint:" in r.output
+    assert not missing.exists()
+
+
+def test_migrate_create_makes_a_new_store(tmp_path):
+    target = tmp_path / "new"
+    r = CliRunner().invoke(main, ["--data-dir", str(target), "migrate", "--create"])
+    assert r.exit_code == 0 and r.output.startswith("schema at 0002")
+    assert (target / "traces.db").exists()

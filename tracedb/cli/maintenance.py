@@ -157,17 +157,22 @@ def invalidate(ctx, execution_id, reason):
 
 
 @main.command()
+@click.option("--create", is_flag=True, help="Make the data directory and its database if they do not exist.")
 @click.pass_context
-def migrate(ctx):
+def migrate(ctx, create):
     """Create or upgrade the database schema (opening a store does this too).
+
+    A data directory that does not exist is refused (exit 3) unless --create is given, so a
+    mistyped --data-dir never starts an empty store.
 
     \b
     Example:
       tracedb migrate
+      tracedb --data-dir /var/lib/tracedb migrate --create
     """
     from .. import admin
 
-    r = admin.migrate(config_of(ctx))
+    r = admin.migrate(config_of(ctx), create=create)
     click.echo(f"schema at {r.after}" + ("" if r.before == r.after else f" (was {r.before or 'empty'})"))
 
 
