@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import sys
 import time
 
+from ..errors import ConfigError
 from .metrics import MetricsHttpServer, SidecarMetrics, configure_logging
 from .server import ServerConfig, SidecarServer, check_config
 
@@ -39,6 +41,22 @@ def tune_runtime() -> None:
     sys.setswitchinterval(0.001)
 
 
+_CANNOT_LISTEN = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
+
+
+def _cannot_listen(e: OSError, what: str, scfg: ServerConfig) -> ConfigError:
+    ports = []
+    if scfg.metrics_port is not None:
+        ports.append(f"--metrics-port {scfg.metrics_port}")
+    if scfg.tcp_port is not None:
+        ports.append(f"--tcp {scfg.tcp_host or '127.0.0.1'}:{scfg.tcp_port}")
+    return ConfigError(
+        f"cannot listen on {what}: {e.strerror}" + (f" ({', '.join(ports)})" if ports else ""),
+        hint="another process holds that address (is a recorder already running?): stop it, or "
+        "choose another port",
+    )
+
+
 async def serve(cfg, scfg: ServerConfig) -> int:
     """Open the store on `cfg.data_dir`, serve until SIGTERM/SIGINT, shut down cleanly."""
     from .store_backend import open_backend
@@ -59,17 +77,21 @@ async def serve(cfg, scfg: ServerConfig) -> int:
     )
     server = SidecarServer(backend, scfg, version=_version())
     http = None
+    listening = "the metrics port"
     try:
         metrics = SidecarMetrics()
         metrics.attach(server)
         if scfg.metrics_port is not None:
             http = MetricsHttpServer(metrics, port=scfg.metrics_port)
             await http.start()
+        listening = "the socket or TCP port"
         await server.start()
-    except BaseException:
+    except BaseException as e:
         if http is not None:
             await http.close()
         await backend.close()
+        if isinstance(e, OSError) and e.errno in _CANNOT_LISTEN:
+            raise _cannot_listen(e, listening, scfg) from None
         raise
     server.install_signal_handlers()
     tune_runtime()

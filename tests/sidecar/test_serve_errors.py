@@ -1,0 +1,36 @@
+"""`tracedb serve` on a busy address: one error line and one hint, no traceback, the store closed."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("flag", ["--metrics-port", "--tcp"])
+def test_a_busy_port_is_one_error_and_one_hint(tmp_path, flag):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    value = str(port) if flag == "--metrics-port" else f"127.0.0.1:{port}"
+    data_dir = tmp_path / "d"
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "tracedb", "--data-dir", str(data_dir), "serve", flag, value],
+            capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        holder.close()
+    assert r.returncode == 1
+    lines = [line for line in r.stderr.splitlines() if not line.startswith("{")]  # JSON log lines
+    assert len(lines) == 2 and lines[0].startswith("error: cannot listen") and f"{flag} " in lines[0]
+    assert lines[1].startswith("hint: ")
+    assert "Traceback" not in r.stderr
+    # The store it opened was closed again: the next recorder takes the data directory at once.
+    import tracedb
+
+    with tracedb.open(str(data_dir), config={"compact_interval_ms": 0}):
+        pass
