@@ -201,8 +201,8 @@ class Store:
         except wal.WalLockedError as e:
             raise StoreInUseError(
                 f"data directory {self.data_dir} is in use by a running recorder ({e.holder})",
-                hint="the running recorder compacts and recovers in the background; read commands "
-                "(inspect, trace get, verify, prune, pin, invalidate) work next to it",
+                hint="record through it: `from tracedb.client import connect` (it finds the recorder's "
+                "socket); it compacts and recovers by itself, and read commands work next to it",
             ) from None
         try:
             self._open_database()
