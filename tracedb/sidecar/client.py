@@ -14,7 +14,10 @@ Where the recording goes (`connect(sidecar=None, data_dir=None)`):
 
 Reconnecting without duplicates: every request is idempotent, so after a transient failure (the
 connection drops, the server restarts gracefully, answers `unavailable` or `overloaded`) the client
-reconnects and resends every request not yet answered, in order, until `reconnect_timeout_s`.
+reconnects and resends every request not yet answered, in order, until `reconnect_timeout_s`
+(default 30 s). The first connection is different: a recorder that was never reachable fails it
+after `connect_timeout_s` (default 1 s), so an agent is not held up by a recorder that is not
+running.
 A connection on which a request goes unanswered for `timeout_s` (default 60 s: a recorder stuck
 on its disk) counts as dropped, for the sync and the asyncio client alike.
 - `start` always carries an execution id (chosen here, a UUID, when the caller gives none): a
@@ -51,6 +54,9 @@ from . import protocol as P
 log = logging.getLogger(__name__)
 
 RETRYABLE = frozenset({P.UNAVAILABLE, P.OVERLOADED})
+# How long the first connection to a recorder may take, retries included: an agent whose recorder
+# was never started learns it in about a second, not after the reconnect timeout.
+DEFAULT_CONNECT_TIMEOUT_S = 1.0
 _OPT = orjson.OPT_APPEND_NEWLINE
 
 
@@ -286,7 +292,8 @@ class _SyncConn:
 class _SyncSidecar:
     """The sync transport to a sidecar: reconnects and resends on transient failures."""
 
-    def __init__(self, address: str, *, token=None, timeout_s=60.0, reconnect_timeout_s=30.0):
+    def __init__(self, address: str, *, token=None, timeout_s=60.0, reconnect_timeout_s=30.0,
+                 connect_timeout_s=DEFAULT_CONNECT_TIMEOUT_S):
         self.address = address
         self.token = token if token is not None else os.environ.get("TRACEDB_TOKEN")
         self.timeout_s = timeout_s
@@ -297,14 +304,15 @@ class _SyncSidecar:
         self.reconnects = 0
         self.max_frame_bytes = P.DEFAULT_MAX_FRAME_BYTES
         with self.lock:
-            self._connect(time.monotonic() + reconnect_timeout_s)
+            # A recorder that was never reachable fails the first connection fast.
+            self._connect(time.monotonic() + connect_timeout_s, min(timeout_s, connect_timeout_s))
 
-    def _connect(self, deadline: float) -> None:
+    def _connect(self, deadline: float, attempt_timeout_s: Optional[float] = None) -> None:
         backoff = Backoff(deadline=deadline)
         last: Optional[BaseException] = None
         while True:
             try:
-                conn = _SyncConn(self.address, self.token, self.timeout_s)
+                conn = _SyncConn(self.address, self.token, attempt_timeout_s or self.timeout_s)
                 self.next_id += 1
                 hello = {"id": self.next_id, "op": "hello", "client": "tracedb-py"}
                 if self.token:
@@ -317,6 +325,7 @@ class _SyncSidecar:
                         raise ConnectionRefusedError(err.get("message"))
                     raise error_from_wire(err)
                 conn.max_frame_bytes = self.max_frame_bytes = resp["limits"]["max_frame_bytes"]
+                conn.sock.settimeout(self.timeout_s)
                 self.conn = conn
                 return
             except (OSError, ValueError) as e:
@@ -421,6 +430,7 @@ class Client:
         token: Optional[str] = None,
         timeout_s: float = 60.0,
         reconnect_timeout_s: float = 30.0,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         embedded: Optional[bool] = None,
     ):
         self.address = None if embedded else resolve_sidecar(sidecar, data_dir)
@@ -432,7 +442,8 @@ class Client:
             self._store = tracedb.open(default_data_dir(data_dir))
         else:
             self._remote = _SyncSidecar(
-                self.address, token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s
+                self.address, token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s,
+                connect_timeout_s=connect_timeout_s,
             )
 
     @property
@@ -561,9 +572,11 @@ class _Pending:
 class _AsyncSidecar:
     """The asyncio transport: pipelined requests matched by id, resent in order after a reconnect."""
 
-    def __init__(self, address: str, *, token=None, reconnect_timeout_s=30.0, timeout_s=60.0):
+    def __init__(self, address: str, *, token=None, reconnect_timeout_s=30.0, timeout_s=60.0,
+                 connect_timeout_s=DEFAULT_CONNECT_TIMEOUT_S):
         self.address = address
         self.token = token if token is not None else os.environ.get("TRACEDB_TOKEN")
+        self.connect_timeout_s = connect_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
         self.timeout_s = timeout_s
         self.pending: dict[int, _Pending] = {}  # insertion order is send order
@@ -577,8 +590,9 @@ class _AsyncSidecar:
         self._watchdog: Optional[asyncio.TimerHandle] = None
 
     async def connect(self) -> None:
-        """Connect (retrying until `reconnect_timeout_s`) and say hello."""
-        await self._reconnect(time.monotonic() + self.reconnect_timeout_s, initial=True)
+        """Connect (retrying until `connect_timeout_s`: a recorder that was never reachable fails
+        fast) and say hello."""
+        await self._reconnect(time.monotonic() + self.connect_timeout_s, initial=True)
 
     async def _open(self):
         kind, where = parse_address(self.address)
@@ -594,15 +608,16 @@ class _AsyncSidecar:
     async def _reconnect(self, deadline: float, initial: bool = False) -> None:
         backoff = Backoff(deadline=deadline)
         last: Optional[BaseException] = None
+        attempt_timeout_s = min(self.timeout_s, self.connect_timeout_s) if initial else self.timeout_s
         while not self._closed:
             try:
-                reader, writer = await asyncio.wait_for(self._open(), timeout=self.timeout_s)
+                reader, writer = await asyncio.wait_for(self._open(), timeout=attempt_timeout_s)
                 self.next_id += 1
                 hello = {"id": self.next_id, "op": "hello", "client": "tracedb-py-async"}
                 if self.token:
                     hello["token"] = self.token
                 writer.write(orjson.dumps(hello, option=_OPT))
-                line = await asyncio.wait_for(reader.readline(), timeout=self.timeout_s)
+                line = await asyncio.wait_for(reader.readline(), timeout=attempt_timeout_s)
                 if not line:
                     raise ConnectionResetError("the server closed the connection")
                 resp = orjson.loads(line)
@@ -861,6 +876,7 @@ class AsyncClient:
         token: Optional[str] = None,
         timeout_s: float = 60.0,
         reconnect_timeout_s: float = 30.0,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         embedded: Optional[bool] = None,
     ) -> "AsyncClient":
         """Connect (or open the embedded store)."""
@@ -872,7 +888,8 @@ class AsyncClient:
             self._store = await tracedb.open_async(default_data_dir(data_dir))
         else:
             self._remote = _AsyncSidecar(
-                self.address, token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s
+                self.address, token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s,
+                connect_timeout_s=connect_timeout_s,
             )
             await self._remote.connect()
         return self
