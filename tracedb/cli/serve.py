@@ -85,7 +85,10 @@ def _read_token(token_file: Optional[str]) -> Optional[str]:
 @click.option("--max-inflight", "max_inflight_requests", type=click.IntRange(1),
               help=f"Requests in flight per connection before it is not read (default {P.DEFAULT_MAX_INFLIGHT_REQUESTS}).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Default info.")
-@click.option("--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True)
+@click.option(
+    "--log-format", type=click.Choice(["auto", "json", "text"]), default="auto", show_default=True,
+    help="Logs on stderr: text with key=value fields for people, JSON lines for machines; auto picks text on a terminal.",
+)
 @click.option("--compact-in-process", is_flag=True,
               help="Compact in a thread of the recorder instead of a child process (slower ingest).")
 @click.pass_context
@@ -127,7 +130,7 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, max_fra
         drain_timeout_s=file.get("drain_timeout_s", 10.0),
         data_dir=cfg.data_dir,
     )
-    serve_forever(cfg, scfg, log_level=log_level or file.get("log_level", "info"), log_json=log_format == "json")
+    serve_forever(cfg, scfg, log_level=log_level or file.get("log_level", "info"), log_json={"json": True, "text": False}.get(log_format))
 
 
 @main.command()

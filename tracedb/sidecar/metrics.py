@@ -277,25 +277,47 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         """The record as one line of JSON."""
-        out = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for k, v in record.__dict__.items():
-            if k not in _STD_ATTRS and not k.startswith("_"):
-                out[k] = v
+        out = {"ts": _utc(record), "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        out.update(_fields(record))
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(out, default=str).decode()
 
 
-def configure_logging(level: str = "info", *, json_format: bool = True, stream=None) -> None:
-    """Send tracedb's logs to stderr, one JSON object per line (or plain text)."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if json_format else logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+class TextFormatter(logging.Formatter):
+    """One line a person reads: time, level, message, then every `extra=` field as key=value."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of text."""
+        fields = " ".join(f"{k}={_text(v)}" for k, v in _fields(record).items() if v is not None)
+        line = f"{_utc(record)} {record.levelname.lower():<7} {record.getMessage()}" + (f"  {fields}" if fields else "")
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _utc(record: logging.LogRecord) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+
+
+def _fields(record: logging.LogRecord) -> dict:
+    return {k: v for k, v in record.__dict__.items() if k not in _STD_ATTRS and not k.startswith("_")}
+
+
+def _text(value) -> str:
+    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    return text if text and " " not in text and '"' not in text else orjson.dumps(text).decode()
+
+
+def configure_logging(level: str = "info", *, json_format: Optional[bool] = None, stream=None) -> None:
+    """Send tracedb's logs to stderr: one JSON object per line for machines, or one line of text
+    with the same fields for people. `json_format` None chooses by the stream: text on a
+    terminal, JSON otherwise."""
+    stream = stream or sys.stderr
+    if json_format is None:
+        json_format = not (hasattr(stream, "isatty") and stream.isatty())
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if json_format else TextFormatter())
     root = logging.getLogger("tracedb")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -8,6 +8,7 @@ import gc
 import logging
 import sys
 import time
+from typing import Optional
 
 from ..errors import ConfigError
 from .metrics import MetricsHttpServer, SidecarMetrics, configure_logging
@@ -103,7 +104,7 @@ async def serve(cfg, scfg: ServerConfig) -> int:
     return 0
 
 
-def serve_forever(cfg, scfg: ServerConfig, *, log_level: str = "info", log_json: bool = True) -> None:
+def serve_forever(cfg, scfg: ServerConfig, *, log_level: str = "info", log_json: Optional[bool] = None) -> None:
     """Run `serve` in a fresh event loop (the CLI entry point)."""
     configure_logging(log_level, json_format=log_json)
     asyncio.run(serve(cfg, scfg))
