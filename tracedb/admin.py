@@ -110,6 +110,11 @@ def _require_data_dir(config: Config) -> None:
         raise StoreNotFoundError(config.data_dir)
 
 
+def _require_wal_dir(config: Config) -> None:
+    if not os.path.isdir(config.wal_dir):
+        raise StoreNotFoundError(config.wal_dir)
+
+
 def _open_store(config: Config, progress: Progress = None) -> Store:
     _require_data_dir(config)
     # No background threads: this process does one job and closes the store.
@@ -250,6 +255,7 @@ class WalReport:
 
 def scan_wal(config: Config) -> WalReport:
     """Read the whole WAL and report records, LSNs and damage, without its lock (read-only)."""
+    _require_wal_dir(config)
     live = os.path.isdir(config.wal_dir) and recorder_running(config)
     for attempt in range(3):
         try:
@@ -271,6 +277,7 @@ def scan_wal(config: Config) -> WalReport:
 
 def repair_wal(config: Config) -> wal.RepairResult:
     """Cut the WAL at its first damage, keeping .broken copies; needs the recorder stopped."""
+    _require_wal_dir(config)
     try:
         return wal.repair(config.wal_dir)
     except wal.WalLockedError as e:

@@ -353,3 +353,10 @@ def test_migrate_create_makes_a_new_store(tmp_path):
     r = CliRunner().invoke(main, ["--data-dir", str(target), "migrate", "--create"])
     assert r.exit_code == 0 and r.output.startswith("schema at 0002")
     assert (target / "traces.db").exists()
+
+
+@pytest.mark.parametrize("args", [["wal", "scan"], ["wal", "repair"]])
+def test_the_wal_commands_on_a_missing_directory_exit_3_with_a_hint(tmp_path, args):
+    r = CliRunner().invoke(main, ["--data-dir", str(tmp_path / "nope"), *args])
+    assert r.exit_code == 3 and "no trace store at" in r.output and "hint:" in r.output
+    assert not (tmp_path / "nope").exists()
