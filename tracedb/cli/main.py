@@ -48,6 +48,10 @@ class TraceDBGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:
+            # A bad argument or option value: one error line and one hint, like every failure.
+            where = e.ctx.command_path if e.ctx is not None else ctx.command_path
+            raise CommandError(e.format_message(), f"see `{where} --help`", e.exit_code) from None
         except click.ClickException:
             raise
         except BrokenPipeError:

@@ -1,0 +1,72 @@
+"""Every command, given bad input, answers with an error and a hint and a stable exit code,
+never a traceback: a missing data directory, an unknown execution, and bad option values."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from tracedb.cli import main
+
+# Commands that record or serve (their bad input has tests of its own) are left out of the walk.
+NOT_WALKED = {"serve", "demo"}
+
+
+def _commands(group: click.Group, prefix=()):
+    for name, cmd in sorted(group.commands.items()):
+        if name in NOT_WALKED:
+            continue
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, prefix + (name,))
+        else:
+            yield prefix + (name,), cmd
+
+
+def _args_for(cmd: click.Command, execution_id: str) -> list[str]:
+    """The command's required arguments and options, filled with `execution_id` or junk."""
+    args: list[str] = []
+    for p in cmd.params:
+        if isinstance(p, click.Argument) and p.required:
+            args += [execution_id] * (p.nargs if p.nargs > 0 else 1)
+        elif isinstance(p, click.Option) and p.required:
+            args += [p.opts[-1], "1" if p.type is click.INT or isinstance(p.type, click.types.IntParamType) else "why"]
+    return args
+
+
+WALK = list(_commands(main))
+
+
+def _ok(result) -> None:
+    # A usage error or a TraceDBError ends in SystemExit; anything else escaped as a traceback.
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        f"traceback: {result.exception!r}\n{result.output}"
+    )
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("path, cmd", WALK, ids=[" ".join(p) for p, _ in WALK])
+def test_missing_data_directory(tmp_path, path, cmd):
+    missing = str(tmp_path / "no-such-dir")
+    r = CliRunner().invoke(main, ["--data-dir", missing, *path, *_args_for(cmd, "exec-nope")])
+    _ok(r)
+    assert r.exit_code in (2, 3), r.output
+    assert not (tmp_path / "no-such-dir").exists()
+
+
+@pytest.mark.parametrize("path, cmd", WALK, ids=[" ".join(p) for p, _ in WALK])
+def test_unknown_execution_in_an_existing_store(seeded, path, cmd):
+    r = CliRunner().invoke(main, ["--data-dir", seeded, *path, *_args_for(cmd, "exec-nope")])
+    _ok(r)
+    if any(isinstance(p, click.Argument) and p.required for p in cmd.params):
+        assert r.exit_code in (2, 3), r.output
+        assert "error:" in r.output
+
+
+@pytest.mark.parametrize("path, cmd", WALK, ids=[" ".join(p) for p, _ in WALK])
+def test_an_unknown_option(seeded, path, cmd):
+    r = CliRunner().invoke(main, ["--data-dir", seeded, *path, "--no-such-option"])
+    _ok(r)
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: ")
