@@ -470,9 +470,12 @@ class Store:
             if not isinstance(forked_at_seq, int) or isinstance(forked_at_seq, bool) or forked_at_seq < 0:
                 raise InvalidInputError(f"forked_at_seq must be an int >= 0, got {forked_at_seq!r}")
         if created_at_ns is not None and (
-            not isinstance(created_at_ns, int) or isinstance(created_at_ns, bool) or created_at_ns <= 0
+            not isinstance(created_at_ns, int) or isinstance(created_at_ns, bool)
+            or not 0 < created_at_ns < 1 << 63
         ):
-            raise InvalidInputError(f"created_at_ns must be a positive int, got {created_at_ns!r}")
+            raise InvalidInputError(
+                f"created_at_ns must be a positive int below 2**63 (ns since the epoch), got {created_at_ns!r}"
+            )
         try:
             envelope_hash = compute_envelope_hash(envelope)
         except (TypeError, ValueError) as e:

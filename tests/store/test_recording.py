@@ -455,3 +455,11 @@ def test_a_bare_integer_payload_outside_64_bits_is_refused_embedded(open_store):
     with pytest.raises(tracedb.InvalidInputError, match="64-bit"):
         ex.event("tool.responded", 2**63)
     assert ex.event("tool.responded", {"n": 2**63}) == 1
+
+
+def test_a_creation_time_out_of_range_is_named_not_blamed_on_the_envelope(open_store):
+    store = open_store()
+    for bad in (2**70, 2**63, 0, -1, True, 1.5):
+        with pytest.raises(tracedb.InvalidInputError, match="created_at_ns"):
+            store.start("Import", {"intent": "Import"}, created_at_ns=bad)
+    assert store.start("Import", {"intent": "Import"}, created_at_ns=2**63 - 1).execution_id
