@@ -360,3 +360,19 @@ def test_the_wal_commands_on_a_missing_directory_exit_3_with_a_hint(tmp_path, ar
     r = CliRunner().invoke(main, ["--data-dir", str(tmp_path / "nope"), *args])
     assert r.exit_code == 3 and "no trace store at" in r.output and "hint:" in r.output
     assert not (tmp_path / "nope").exists()
+
+
+def test_shell_completion_as_the_readme_documents_it(tmp_path):
+    # The script the README tells users to eval, and what it answers for a partial command.
+    import subprocess
+    import sys
+
+    exe = [sys.executable, "-m", "tracedb"]
+    env = dict(os.environ, _TRACEDB_COMPLETE="bash_source")
+    script = subprocess.run(exe, env=env, capture_output=True, text=True, timeout=60)
+    assert script.returncode == 0 and "_tracedb_completion" in script.stdout
+    env = dict(os.environ, _TRACEDB_COMPLETE="bash_complete", COMP_WORDS="tracedb ins", COMP_CWORD="1")
+    words = subprocess.run(exe, env=env, capture_output=True, text=True, timeout=60).stdout
+    assert "inspect" in words
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "README.md")) as f:
+        assert "_TRACEDB_COMPLETE=bash_source tracedb" in f.read()
