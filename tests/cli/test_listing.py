@@ -257,3 +257,30 @@ def test_page_queries_use_the_keyset_indexes(many, data_dir):
     assert "ix_traces_created_id" in plans[0] and "ix_traces_created_id" in plans[1]
     assert "ix_traces_status_created_id" in plans[2]
     assert not any("TEMP B-TREE" in p for p in plans), plans
+
+
+def test_list_formats_carry_the_same_rows(many, data_dir):
+    import csv
+    import io
+
+    from click.testing import CliRunner
+
+    from tracedb.cli import main
+
+    def listing(*args):
+        r = CliRunner().invoke(main, ["--data-dir", data_dir, "inspect", "--list", "--limit", "5", *args])
+        assert r.exit_code == 0, r.output
+        return r.stdout
+
+    as_json = json.loads(listing("--format", "json"))
+    assert as_json == json.loads(listing("--json"))
+    as_ndjson = [json.loads(line) for line in listing("--format", "ndjson").splitlines()]
+    assert as_ndjson == as_json
+    rows = list(csv.DictReader(io.StringIO(listing("--format", "csv"))))
+    assert [r["execution_id"] for r in rows] == [d["execution_id"] for d in as_json]
+    assert [r["replayable"] for r in rows] == [str(d["replayable"]).lower() for d in as_json]
+    assert [r["cursor"] for r in rows] == [d["cursor"] for d in as_json]
+    table = listing()
+    assert [line.split()[0] for line in table.splitlines()] == [d["execution_id"] for d in as_json]
+    clash = CliRunner().invoke(main, ["--data-dir", data_dir, "inspect", "--list", "--json", "--format", "csv"])
+    assert clash.exit_code == 2

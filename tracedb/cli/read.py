@@ -74,6 +74,39 @@ def _print_json(items: Iterable[TraceSummary]) -> None:
     click.echo("]")
 
 
+def _print_ndjson(items: Iterable[TraceSummary]) -> None:
+    """One JSON object per line (for jq, log shippers, `while read`)."""
+    for item in items:
+        click.echo(orjson.dumps(item.to_dict(), option=orjson.OPT_SORT_KEYS).decode())
+
+
+def _print_csv(items: Iterable[TraceSummary]) -> None:
+    """A header row, then one row per execution, the JSON's fields as columns."""
+    import csv
+    import sys
+
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(CSV_COLUMNS)
+    for item in items:
+        d = item.to_dict()
+        out.writerow([_csv_cell(d[c]) for c in CSV_COLUMNS])
+
+
+def _csv_cell(value) -> object:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as in the JSON
+    return value
+
+
+CSV_COLUMNS = (
+    "execution_id", "created_utc_iso", "intent", "status", "replayable", "replayable_reason",
+    "last_seq", "duration_ms", "pinned", "parent_execution_id", "cursor",
+)
+PRINTERS = {"table": _print_table, "json": _print_json, "ndjson": _print_ndjson, "csv": _print_csv}
+
+
 @main.command()
 @execution_id_argument(required=False)
 @click.option("--list", "list_", is_flag=True, help="List executions, newest first, a page at a time.")
@@ -85,15 +118,20 @@ def _print_json(items: Iterable[TraceSummary]) -> None:
 @click.option("--limit", type=click.IntRange(min=0), help=f"Executions per page (default {DEFAULT_PAGE_SIZE}).")
 @click.option("--before", type=CursorParam(), help="The next page: the cursor printed after the previous one.")
 @click.option("--all", "all_", is_flag=True, help="Every matching execution, not one page.")
-@json_option()
+@click.option(
+    "--format", "fmt", type=click.Choice(sorted(PRINTERS)), default=None,
+    help="How --list prints: table (default), json (one list), ndjson (an object per line), csv.",
+)
+@json_option("Machine-readable JSON (the same as --format json for --list).")
 @click.pass_context
-def inspect(ctx, execution_id, list_, status, since, until, intent, search, limit, before, all_, as_json):
+def inspect(ctx, execution_id, list_, status, since, until, intent, search, limit, before, all_, fmt, as_json):
     """List executions (--list), or show one execution's state.
 
     --list prints a line per execution, newest first: id, creation time, intent, status,
     replayability, events, duration (creation to the last event; '-' while running). The
-    header, and the cursor of the next page when there is one, go to stderr. --json prints a
-    list; each row carries its `cursor`. Filters combine: --status, --since/--until, --intent
+    header, and the cursor of the next page when there is one, go to stderr. --format json (or
+    --json) prints a list, ndjson an object per line, csv a header and a row per execution; each
+    row carries its `cursor`. Filters combine: --status, --since/--until, --intent
     (exact), --search (a substring of the intent).
 
     With an id (or a unique prefix of one): JSON with execution_id, status, last_event,
@@ -102,6 +140,7 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, limi
     \b
     Example:
       tracedb inspect --list --status incomplete --since 1d
+      tracedb inspect --list --all --format csv > executions.csv
       tracedb inspect exec-e5f6g7h8
     """
     if execution_id is None and not list_:
@@ -110,6 +149,8 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, limi
         raise click.UsageError("give either an execution id or --list, not both")
     if all_ and limit is not None:
         raise click.UsageError("give --limit or --all, not both")
+    if fmt is not None and as_json and fmt != "json":
+        raise click.UsageError(f"give --json or --format {fmt}, not both")
     with reading(ctx) as reader:
         if execution_id is not None:
             emit_json(reader.inspect(execution_id), as_json)
@@ -123,7 +164,7 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, limi
         else:
             page = reader.page(where, before=before, limit=DEFAULT_PAGE_SIZE if limit is None else limit)
             items, next_cursor = page.items, page.next_cursor
-        (_print_json if as_json else _print_table)(items)
+        PRINTERS[fmt or ("json" if as_json else "table")](items)
         if next_cursor is not None:
             click.echo(
                 f"more: add --before {next_cursor} for the next page, or list every one with --all",
