@@ -376,3 +376,13 @@ def test_shell_completion_as_the_readme_documents_it(tmp_path):
     assert "inspect" in words
     with open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "README.md")) as f:
         assert "_TRACEDB_COMPLETE=bash_source tracedb" in f.read()
+
+
+def test_byte_counts_read_as_people_read_them(seeded, run):
+    from tracedb.cli.main import format_bytes
+
+    assert [format_bytes(n) for n in (0, 512, 1023, 1024, 41_000_000, 3 * 2**30, 5 * 2**40)] == [
+        "0 B", "512 B", "1023 B", "1.0 KiB", "39.1 MiB", "3.0 GiB", "5.0 TiB",
+    ]
+    out = run("prune", "--older-than", "1s").stdout
+    assert "freed " in out and "byte(s)" not in out

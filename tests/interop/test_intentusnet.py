@@ -312,8 +312,12 @@ def test_export_one_execution_to_standard_output_or_a_file(tmp_path, store, data
     assert cli(data_dir, "export", "exec-2", "--format", "intentusnet", "-o", target).exit_code == 0
     with open(target) as f:
         assert json.load(f) == record_dict("exec-2")
-    several = cli(data_dir, "export", "exec-1", "exec-2")
-    assert several.exit_code == 2 and "--output DIR" in several.output
+    # Several to standard output are JSON lines, one execution a line (they were refused).
+    several = cli(data_dir, "export", "exec-1", "exec-2", "--format", "intentusnet")
+    assert several.exit_code == 0
+    assert [json.loads(line) for line in several.stdout.splitlines()] == [record_dict("exec-1"), record_dict("exec-2")]
+    every = cli(data_dir, "export", "--all")
+    assert sorted(json.loads(line)["header"]["executionId"] for line in every.stdout.splitlines()) == ["exec-1", "exec-2"]
     assert cli(data_dir, "export", "exec-nope").exit_code == 3
 
 

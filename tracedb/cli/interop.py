@@ -84,13 +84,15 @@ def _write_atomic(path: str, text: str) -> None:
 def export_command(ctx, execution_ids, all_, fmt, output, as_json):
     """Write executions as JSON, in tracedb's record shape or IntentusNet's.
 
-    In IntentusNet's shape the header's envelopeHash is IntentusNet's hash of the envelope
+    To standard output, one execution is indented JSON (one line with --json) and several (ids,
+    or --all) are JSON lines, one execution per line. In IntentusNet's shape the header's envelopeHash is IntentusNet's hash of the envelope
     (bare hex), so its ReplayEngine verifies and replays the record as its own.
 
     \b
     Example:
       tracedb export exec-a1b2c3d4 --format intentusnet
       tracedb export --all --format intentusnet -o .intentusnet/records
+      tracedb export --all | gzip > executions.jsonl.gz
     """
     if all_ and execution_ids:
         raise click.UsageError("give execution ids or --all, not both")
@@ -101,8 +103,7 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
     to_dir: Optional[str] = None
     if output is not None and (all_ or len(execution_ids) > 1 or os.path.isdir(output)):
         to_dir = output
-    elif output is None and (all_ or len(execution_ids) > 1):
-        raise click.UsageError("several executions need --output DIR (one <id>.json each)")
+
     n = 0
     with reading(ctx) as reader:
         # With --all the ids come a page at a time: memory holds a page of ids and one record.
@@ -120,7 +121,8 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
             doc = to_intentusnet_dict(record) if fmt == "intentusnet" else record.to_dict()
             n += 1
             if output is None:
-                emit_json(doc, as_json)
+                # One execution: indented unless --json. Several: one JSON document per line.
+                emit_json(doc, as_json or all_ or len(execution_ids) > 1)
                 continue
             # IntentusNet's FileExecutionStore writes json.dump(..., ensure_ascii=False, indent=2).
             text = json.dumps(doc, ensure_ascii=False, indent=2)

@@ -173,6 +173,16 @@ class CursorParam(click.ParamType):
         return value
 
 
+def format_bytes(n: int) -> str:
+    """A byte count as a person reads it: 512 B, 40.0 KiB, 39.1 MiB, 2.3 GiB."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
 def format_duration(ns: Optional[int]) -> str:
     """A duration as a person reads it: 340ms, 1.2s, 3m12s, 2h05m, 3d04h; '-' for none."""
     if ns is None:

@@ -13,7 +13,7 @@ import os
 import click
 
 from ..errors import EXIT_INTEGRITY
-from .main import DurationParam, config_of, emit_json, execution_id_argument, json_option, main, progress_bar
+from .main import DurationParam, config_of, format_bytes, emit_json, execution_id_argument, json_option, main, progress_bar
 
 
 @main.command()
@@ -63,7 +63,7 @@ def recover(ctx, as_json):
         )
     else:
         click.echo(
-            f"truncated {r.wal_truncated_bytes} byte(s) of torn WAL tail; compacted "
+            f"truncated {format_bytes(r.wal_truncated_bytes)} of torn WAL tail; compacted "
             f"{r.compacted_records} record(s); marked {r.marked_incomplete} execution(s) incomplete"
         )
         for eid in r.incomplete_ids:
@@ -98,7 +98,7 @@ def prune(ctx, older_than, dry_run, as_json):
         verb = "would delete" if dry_run else "deleted"
         click.echo(
             f"{verb} {r.deleted_traces} trace(s) and {r.deleted_steps} step(s); kept "
-            f"{r.kept_pinned} pinned and {r.kept_parents} fork parent(s); freed {r.bytes_freed} byte(s)"
+            f"{r.kept_pinned} pinned and {r.kept_parents} fork parent(s); freed {format_bytes(r.bytes_freed)}"
         )
 
 
