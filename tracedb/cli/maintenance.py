@@ -240,3 +240,50 @@ def wal_repair(ctx):
             f"the log now ends at LSN {r.last_lsn}; copies: "
             + ", ".join(os.path.basename(c) for c in r.broken_copies)
         )
+
+
+@main.command("backup")
+@click.argument("dest", type=click.Path(file_okay=False))
+@json_option()
+@click.pass_context
+def backup_command(ctx, dest, as_json):
+    """Copy the data directory into DEST (new or empty), online, next to a running recorder.
+
+    The database is copied with SQLite's online backup API, then the WAL segments holding
+    every record it has not applied; every file is fsynced. `tracedb restore` makes a data
+    directory of it again.
+
+    \b
+    Example:
+      tracedb --data-dir /var/lib/tracedb backup /backups/tracedb-$(date +%F)
+    """
+    from .. import backup
+
+    r = backup.backup(config_of(ctx), dest)
+    if as_json:
+        emit_json({"path": r.path, "applied_lsn": r.applied_lsn, "wal_segments": r.wal_segments,
+                   "wal_bytes": r.wal_bytes, "database_bytes": r.database_bytes}, True)
+    else:
+        click.echo(
+            f"backed up to {r.path}: database {format_bytes(r.database_bytes)} (applied LSN {r.applied_lsn}), "
+            f"{r.wal_segments} WAL segment(s), {format_bytes(r.wal_bytes)}"
+        )
+
+
+@main.command("restore")
+@click.argument("backup_dir", type=click.Path(exists=True, file_okay=False))
+@click.pass_context
+def restore_command(ctx, backup_dir):
+    """Make the data directory (--data-dir, which must be new or empty) from a backup.
+
+    Open it as usual afterwards (`tracedb serve`, `tracedb recover`): the first open compacts
+    the backed-up WAL into the backed-up database, as recovery does.
+
+    \b
+    Example:
+      tracedb --data-dir /var/lib/tracedb restore /backups/tracedb-2026-11-24 && tracedb recover
+    """
+    from .. import backup
+
+    where = backup.restore(backup_dir, config_of(ctx).data_dir)
+    click.echo(f"restored {backup_dir} into {where}; `tracedb --data-dir {where} recover` brings it up to date")
