@@ -284,3 +284,34 @@ def test_list_formats_carry_the_same_rows(many, data_dir):
     assert [line.split()[0] for line in table.splitlines()] == [d["execution_id"] for d in as_json]
     clash = CliRunner().invoke(main, ["--data-dir", data_dir, "inspect", "--list", "--json", "--format", "csv"])
     assert clash.exit_code == 2
+
+
+def test_trace_get_follow_prints_new_events_until_the_execution_closes(data_dir):
+    # A recorder keeps recording into an execution; `trace get --follow` in another process
+    # prints each new event as a JSON line, then the final status, and exits by itself.
+    import subprocess
+    import sys
+
+    import tracedb
+
+    with tracedb.open(data_dir, config={"compact_interval_ms": 20, "idle_timeout_s": 0}) as store:
+        ex = store.start("Followed", {"intent": "Followed"})
+        ex.event("tool.requested", {"n": 0})
+        store.compact()
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "tracedb", "--data-dir", data_dir, "trace", "get", ex.execution_id,
+             "--json", "--follow", "--interval", "0.05"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        first = follower.stdout.readline()  # the record as it is
+        assert json.loads(first)["events"] == [{"seq": 1, "type": "tool.requested", "payload": {"n": 0}}]
+        for n in (1, 2):
+            ex.event("tool.responded", {"n": n})
+        ex.finish({"status": "success", "payload": "done"})
+        out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(d.get("seq"), d.get("type")) for d in lines[:-1]] == [
+        (2, "tool.responded"), (3, "tool.responded"), (4, "FINAL_RESPONSE"),
+    ]
+    assert lines[-1] == {"status": "completed", "replayable": True, "replayable_reason": None}

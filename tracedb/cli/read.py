@@ -13,7 +13,7 @@ import orjson
 
 from ..errors import EXIT_INTEGRITY
 from ..paging import DEFAULT_PAGE_SIZE
-from ..record import STATUSES, utc_iso
+from ..record import STATUS_RUNNING, STATUSES, utc_iso
 from .main import (
     CursorParam,
     TimeParam,
@@ -175,8 +175,13 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, limi
 @trace.command("get")
 @execution_id_argument()
 @json_option("Compact one-line JSON of the record alone, instead of indented with eventTimes.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Then, as `tail -f` does, print each new event as one JSON line as it is recorded, "
+              "until the execution closes (Ctrl-C stops following).")
+@click.option("--interval", type=click.FloatRange(min=0.01), default=0.5, show_default=True,
+              help="With --follow: seconds between looks at the store.")
 @click.pass_context
-def trace_get(ctx, execution_id, as_json):
+def trace_get(ctx, execution_id, as_json, follow, interval):
     """Print an execution's whole record, in IntentusNet's ExecutionRecord shape.
 
     header{executionId, createdUtcIso, envelopeHash, replayable, replayableReason}, envelope,
@@ -184,16 +189,47 @@ def trace_get(ctx, execution_id, as_json):
     Indented (without --json), eventTimes follows: each event's seq, recordedUtcIso and
     sincePreviousMs (the time since the event before it; for the first, since the start).
 
+    With --follow the record is printed, then each event recorded after it as one line of
+    JSON ({seq, type, payload}), then one line with the execution's final status and
+    replayability once it closes. Events show as the recorder compacts them (within its
+    compaction interval).
+
     \b
     Example:
       tracedb trace get exec-a1b2c3d4 --json | jq .events
+      tracedb trace get exec-a1b2c3d4 --follow
     """
     with reading(ctx) as reader:
         timeline = reader.timeline(execution_id)
-        out = timeline.record.to_dict()
+        record = timeline.record
+        out = record.to_dict()
         if not as_json:
             out["eventTimes"] = [t.to_dict() for t in timeline.event_times]
         emit_json(out, as_json)
+        if follow:
+            _follow(reader, record, interval)
+
+
+def _follow(reader, record, interval: float) -> None:
+    """Print the events recorded after `record` until the execution closes."""
+    import time
+
+    eid = record.execution_id
+    last = record.events[-1].seq if record.events else 0
+    try:
+        while record.status == STATUS_RUNNING:
+            time.sleep(interval)
+            record = reader.get(eid)
+            for e in record.events:
+                if e.seq > last:
+                    click.echo(orjson.dumps({"seq": e.seq, "type": e.type, "payload": e.payload}).decode())
+                    last = e.seq
+    except KeyboardInterrupt:
+        return
+    click.echo(orjson.dumps({
+        "status": record.status, "replayable": record.header.replayable,
+        "replayable_reason": record.header.replayableReason,
+    }).decode())
 
 
 @trace.command("lineage")
