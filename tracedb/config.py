@@ -223,6 +223,20 @@ def _validate(cfg: Config) -> None:
         )
 
 
+def find_data_dir(start: str) -> Optional[str]:
+    """The nearest `.tracedb` directory in `start` or one of its parents, as git finds `.git`;
+    None if there is none up to the file system's root."""
+    here = os.path.abspath(start)
+    while True:
+        candidate = os.path.join(here, DEFAULT_DATA_DIR)
+        if os.path.isdir(candidate):
+            return candidate
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+
+
 def as_config(config: Any, data_dir: Optional[str]) -> Config:
     """Accept what `tracedb.open(config=...)` accepts: None, a Config, a mapping of settings, or
     the path of a TOML file; `data_dir`, when given, wins."""

@@ -201,7 +201,8 @@ class StoreNotFoundError(TraceDBError):
     def __init__(self, path: str):
         super().__init__(
             f"no trace store at {path}",
-            hint="point --data-dir (or TRACEDB_DATA_DIR) at the recorder's data directory; "
+            hint="point --data-dir (or TRACEDB_DATA_DIR) at the recorder's data directory (without "
+            "one, tracedb looks for .tracedb in the working directory and its parents); "
             "`tracedb serve` or `tracedb migrate --create` makes a new one",
         )
         self.path = path

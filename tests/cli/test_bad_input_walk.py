@@ -3,6 +3,8 @@ never a traceback: a missing data directory, an unknown execution, and bad optio
 
 from __future__ import annotations
 
+import os
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -37,6 +39,17 @@ def _args_for(cmd: click.Command, execution_id: str) -> list[str]:
 WALK = list(_commands(main))
 
 
+def _invoke(tmp_path, args):
+    # In a scratch working directory: a command that writes where it is told (backup DEST)
+    # writes there, not into the checkout.
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        return CliRunner().invoke(main, args)
+    finally:
+        os.chdir(here)
+
+
 def _ok(result) -> None:
     # A usage error or a TraceDBError ends in SystemExit; anything else escaped as a traceback.
     assert result.exception is None or isinstance(result.exception, SystemExit), (
@@ -48,24 +61,25 @@ def _ok(result) -> None:
 @pytest.mark.parametrize("path, cmd", WALK, ids=[" ".join(p) for p, _ in WALK])
 def test_missing_data_directory(tmp_path, path, cmd):
     missing = str(tmp_path / "no-such-dir")
-    r = CliRunner().invoke(main, ["--data-dir", missing, *path, *_args_for(cmd, "exec-nope")])
+    r = _invoke(tmp_path, ["--data-dir", missing, *path, *_args_for(cmd, "exec-nope")])
     _ok(r)
     assert r.exit_code in (2, 3), r.output
     assert not (tmp_path / "no-such-dir").exists()
 
 
 @pytest.mark.parametrize("path, cmd", WALK, ids=[" ".join(p) for p, _ in WALK])
-def test_unknown_execution_in_an_existing_store(seeded, path, cmd):
-    r = CliRunner().invoke(main, ["--data-dir", seeded, *path, *_args_for(cmd, "exec-nope")])
+def test_unknown_execution_in_an_existing_store(seeded, tmp_path, path, cmd):
+    r = _invoke(tmp_path, ["--data-dir", seeded, *path, *_args_for(cmd, "exec-nope")])
     _ok(r)
-    if any(isinstance(p, click.Argument) and p.required for p in cmd.params):
+    if any(isinstance(p, click.Argument) and p.required for p in cmd.params) and path != ("backup",):
+        # (backup's argument is where to write: a new directory is fine)
         assert r.exit_code in (2, 3), r.output
         assert "error:" in r.output
 
 
 @pytest.mark.parametrize("path, cmd", WALK, ids=[" ".join(p) for p, _ in WALK])
-def test_an_unknown_option(seeded, path, cmd):
-    r = CliRunner().invoke(main, ["--data-dir", seeded, *path, "--no-such-option"])
+def test_an_unknown_option(seeded, tmp_path, path, cmd):
+    r = _invoke(tmp_path, ["--data-dir", seeded, *path, "--no-such-option"])
     _ok(r)
     assert r.exit_code == 2
     lines = r.output.strip().splitlines()

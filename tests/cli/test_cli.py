@@ -386,3 +386,25 @@ def test_byte_counts_read_as_people_read_them(seeded, run):
     ]
     out = run("prune", "--older-than", "1s").stdout
     assert "freed " in out and "byte(s)" not in out
+
+
+def test_the_data_directory_is_found_upward_as_git_finds_dot_git(tmp_path):
+    import subprocess
+    import sys
+
+    project = tmp_path / "project"
+    with tracedb.open(str(project / ".tracedb"), config=settings()) as store:
+        eid = store.start("Found", {}).execution_id
+    deeper = project / "src" / "agents"
+    deeper.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRACEDB_DATA_DIR", "TRACEDB_CONFIG", "TRACEDB_DB_URL")}
+    r = subprocess.run([sys.executable, "-m", "tracedb", "inspect", "--list"], cwd=deeper, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == eid
+    # Nowhere up from a directory outside the project: not found, and the hint says where it looked.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = subprocess.run([sys.executable, "-m", "tracedb", "inspect", "--list"], cwd=elsewhere, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3 and "its parents" in r.stderr

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 import click
 import orjson
 
-from ..config import Config, load_config, parse_duration_s
+from ..config import DEFAULT_DATA_DIR, Config, find_data_dir, load_config, parse_duration_s
 from ..errors import TraceDBError
 from ..paging import decode_cursor
 
@@ -207,7 +207,8 @@ def format_duration(ns: Optional[int]) -> str:
     envvar="TRACEDB_DATA_DIR",
     type=click.Path(file_okay=False),
     default=None,
-    help="Data directory holding traces.db and wal/ (env TRACEDB_DATA_DIR; default ./.tracedb).",
+    help="Data directory holding traces.db and wal/ (env TRACEDB_DATA_DIR; default: the nearest "
+    ".tracedb in the working directory or its parents, else ./.tracedb).",
 )
 @click.option(
     "--config",
@@ -243,6 +244,11 @@ def main(ctx: click.Context, data_dir: Optional[str], config_path: Optional[str]
         raise CommandError(e.message, e.hint, e.exit_code) from None
     if data_dir is not None and cfg.db_path and os.path.dirname(cfg.db_path) != data_dir:
         cfg = cfg.replace(db_path="")
+    if data_dir is None and cfg.data_dir == DEFAULT_DATA_DIR:
+        # No data directory named anywhere: the nearest .tracedb up from here, as git finds .git.
+        found = find_data_dir(os.getcwd())
+        if found is not None and os.path.abspath(found) != os.path.abspath(DEFAULT_DATA_DIR):
+            cfg = cfg.replace(data_dir=found)
     ctx.ensure_object(dict)
     ctx.obj["config"] = cfg
 

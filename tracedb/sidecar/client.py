@@ -167,12 +167,16 @@ def parse_address(address: str) -> tuple[str, Any]:
 
 
 def default_data_dir(data_dir: Optional[str]) -> str:
-    """The data directory the way the store resolves it (flag, TRACEDB_DATA_DIR, ./.tracedb)."""
+    """The data directory the way the command line resolves it: the argument, TRACEDB_DATA_DIR
+    or the configuration, else the nearest .tracedb up from the working directory, else ./.tracedb."""
     if data_dir is not None:
         return os.fspath(data_dir)
-    from ..config import load_config
+    from ..config import DEFAULT_DATA_DIR, find_data_dir, load_config
 
-    return load_config().data_dir
+    configured = load_config().data_dir
+    if configured != DEFAULT_DATA_DIR:
+        return configured
+    return find_data_dir(os.getcwd()) or configured
 
 
 def resolve_sidecar(sidecar: Optional[str], data_dir: Optional[str]) -> Optional[str]:
