@@ -460,6 +460,12 @@ class Reader:
         with self._engine.connect() as conn:
             return _page_of(conn.execute(q).all(), limit)
 
+    def count(self, where: Filter = EVERYTHING) -> int:
+        """How many executions match `where`."""
+        q = where.apply(sa.select(sa.func.count()).select_from(traces))
+        with self._engine.connect() as conn:
+            return int(conn.execute(q).scalar() or 0)
+
     def each(
         self, where: Filter = EVERYTHING, *, before: Optional[str] = None, page_size: int = STREAM_PAGE_SIZE
     ) -> Iterator[TraceSummary]:

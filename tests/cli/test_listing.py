@@ -315,3 +315,38 @@ def test_trace_get_follow_prints_new_events_until_the_execution_closes(data_dir)
         (2, "tool.responded"), (3, "tool.responded"), (4, "FINAL_RESPONSE"),
     ]
     assert lines[-1] == {"status": "completed", "replayable": True, "replayable_reason": None}
+
+
+def test_a_long_export_shows_progress_on_a_terminal_and_nothing_in_a_pipe(many, data_dir, tmp_path):
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from tracedb.config import load_config
+    from tracedb.reads import Filter, Reader
+
+    with Reader.open(load_config(overrides={"data_dir": data_dir})) as reader:
+        total = reader.count()
+        assert total == len(list(reader.each())) and reader.count(Filter(status="running")) == 0
+    argv = [sys.executable, "-m", "tracedb", "--data-dir", data_dir, "export", "--all"]
+    master, slave = pty.openpty()
+    try:
+        r = subprocess.run([*argv, "-o", str(tmp_path / "out")], stderr=slave, stdout=subprocess.PIPE, timeout=120)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    assert r.returncode == 0
+    assert b"exporting" in seen and b"100%" in seen
+    assert len(os.listdir(tmp_path / "out")) == total
+    piped = subprocess.run([*argv, "-o", str(tmp_path / "again")], capture_output=True, text=True, timeout=120)
+    assert "exporting" not in piped.stderr

@@ -105,9 +105,10 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
         to_dir = output
 
     n = 0
-    with reading(ctx) as reader:
+    with reading(ctx) as reader, progress_bar("exporting") as progress:
         # With --all the ids come a page at a time: memory holds a page of ids and one record.
         ids = (i.execution_id for i in reader.each()) if all_ else map(reader.resolve, execution_ids)
+        total = reader.count() if all_ and progress is not None else len(execution_ids)
         if to_dir is not None:
             os.makedirs(to_dir, exist_ok=True)
         for eid in ids:
@@ -120,6 +121,8 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
             record = reader.get(eid)
             doc = to_intentusnet_dict(record) if fmt == "intentusnet" else record.to_dict()
             n += 1
+            if progress is not None:
+                progress(n, total)
             if output is None:
                 # One execution: indented unless --json. Several: one JSON document per line.
                 emit_json(doc, as_json or all_ or len(execution_ids) > 1)
