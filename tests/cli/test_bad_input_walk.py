@@ -84,3 +84,16 @@ def test_an_unknown_option(seeded, tmp_path, path, cmd):
     assert r.exit_code == 2
     lines = r.output.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: ")
+
+
+def test_every_command_takes_json_and_reports_its_errors_as_json_then(seeded, tmp_path):
+    import json
+
+    without = [" ".join(p) for p, cmd in _commands(main) if not any(x.name == "as_json" for x in cmd.params)]
+    assert without == []
+    for args, code in ((["inspect", "exec-nope", "--json"], 3), (["inspect", "--list", "--status", "bogus", "--json"], 2),
+                       (["pin", "exec-nope", "--json"], 3)):
+        r = _invoke(tmp_path, ["--data-dir", seeded, *args])
+        assert r.exit_code == code
+        err = json.loads(r.stderr.strip().splitlines()[-1])["error"]
+        assert err["exit_code"] == code and err["message"] and "hint" in err

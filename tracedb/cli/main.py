@@ -28,14 +28,20 @@ if TYPE_CHECKING:
 
 
 class CommandError(click.ClickException):
-    """An error as the user sees it: `error: <message>`, `hint: <hint>`, a stable exit code."""
+    """An error as the user sees it: `error: <message>`, `hint: <hint>`, a stable exit code; with
+    --json, one JSON object {"error": {message, hint, exit_code}} on stderr instead."""
 
-    def __init__(self, message: str, hint: Optional[str], code: int):
+    def __init__(self, message: str, hint: Optional[str], code: int, *, as_json: bool = False):
         super().__init__(message)
         self.hint = hint
         self.exit_code = code
+        self.as_json = as_json
 
     def show(self, file=None) -> None:
+        if self.as_json:
+            doc = {"error": {"message": self.message, "hint": self.hint, "exit_code": self.exit_code}}
+            click.echo(orjson.dumps(doc).decode(), err=True)
+            return
         click.echo(f"error: {self.message}", err=True)
         if self.hint:
             click.echo(f"hint: {self.hint}", err=True)
@@ -45,13 +51,18 @@ class TraceDBGroup(click.Group):
     """Turns tracedb's and the WAL's known errors into a message, a hint and a stable exit code."""
 
 
+    def parse_args(self, ctx, args):
+        ctx.meta["tracedb.args"] = tuple(args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except click.UsageError as e:
             # A bad argument or option value: one error line and one hint, like every failure.
             where = e.ctx.command_path if e.ctx is not None else ctx.command_path
-            raise CommandError(e.format_message(), f"see `{where} --help`", e.exit_code) from None
+            raise CommandError(e.format_message(), f"see `{where} --help`", e.exit_code,
+                               as_json=_json_errors(ctx)) from None
         except click.ClickException:
             raise
         except BrokenPipeError:
@@ -66,7 +77,12 @@ class TraceDBGroup(click.Group):
             failure = admin.failure_of(e)
             if failure is None:
                 raise
-            raise CommandError(failure.message, failure.hint, failure.exit_code) from None
+            raise CommandError(failure.message, failure.hint, failure.exit_code, as_json=_json_errors(ctx)) from None
+
+
+def _json_errors(ctx: click.Context) -> bool:
+    # A usage error can come before --json is parsed: look at the command line as well.
+    return bool(ctx.meta.get("tracedb.json_errors")) or "--json" in ctx.meta.get("tracedb.args", ())
 
 
 def config_of(ctx: click.Context) -> Config:
@@ -80,9 +96,15 @@ def emit_json(value, compact: bool) -> None:
     click.echo(orjson.dumps(value, option=opts).decode())
 
 
-def json_option(help_text: str = "Machine-readable JSON."):
-    """The `--json` flag, passed as `as_json`."""
-    return click.option("--json", "as_json", is_flag=True, help=help_text)
+def json_option(help_text: str = "Machine-readable JSON (errors too, on stderr)."):
+    """The `--json` flag, passed as `as_json`. Given, an error is reported as JSON as well."""
+
+    def remember(ctx: click.Context, _param, value: bool) -> bool:
+        if value:
+            ctx.find_root().meta["tracedb.json_errors"] = True
+        return value
+
+    return click.option("--json", "as_json", is_flag=True, help=help_text, callback=remember)
 
 
 def execution_id_argument(name: str = "execution_id", metavar: str = "ID", **kw):

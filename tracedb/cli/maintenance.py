@@ -107,12 +107,16 @@ def _pin_command(pinned: bool, help_text: str) -> click.Command:
 
     @click.command(help=help_text)
     @execution_id_argument()
+    @json_option()
     @click.pass_context
-    def command(ctx, execution_id):
+    def command(ctx, execution_id, as_json):
         from .. import admin
 
         full_id = admin.set_pinned(config_of(ctx), execution_id, pinned)
-        click.echo(f"{'pinned' if pinned else 'unpinned'} {full_id}")
+        if as_json:
+            emit_json({"execution_id": full_id, "pinned": pinned}, True)
+        else:
+            click.echo(f"{'pinned' if pinned else 'unpinned'} {full_id}")
 
     return command
 
@@ -140,8 +144,9 @@ main.add_command(
 @main.command()
 @execution_id_argument()
 @click.option("--reason", required=True, help="Why, kept with the trace.")
+@json_option()
 @click.pass_context
-def invalidate(ctx, execution_id, reason):
+def invalidate(ctx, execution_id, reason, as_json):
     """Mark an execution invalidated: not replayable, manually_invalidated.
 
     Works next to a running recorder: it stops accepting events for the execution.
@@ -153,13 +158,17 @@ def invalidate(ctx, execution_id, reason):
     from .. import admin
 
     r = admin.invalidate(config_of(ctx), execution_id, reason)
-    click.echo(f"invalidated {r.execution_id}" if r.changed else f"{r.execution_id} was already invalidated")
+    if as_json:
+        emit_json({"execution_id": r.execution_id, "changed": r.changed}, True)
+    else:
+        click.echo(f"invalidated {r.execution_id}" if r.changed else f"{r.execution_id} was already invalidated")
 
 
 @main.command()
 @click.option("--create", is_flag=True, help="Make the data directory and its database if they do not exist.")
+@json_option()
 @click.pass_context
-def migrate(ctx, create):
+def migrate(ctx, create, as_json):
     """Create or upgrade the database schema (opening a store does this too).
 
     A data directory that does not exist is refused (exit 3) unless --create is given, so a
@@ -173,7 +182,10 @@ def migrate(ctx, create):
     from .. import admin
 
     r = admin.migrate(config_of(ctx), create=create)
-    click.echo(f"schema at {r.after}" + ("" if r.before == r.after else f" (was {r.before or 'empty'})"))
+    if as_json:
+        emit_json({"before": r.before, "after": r.after}, True)
+    else:
+        click.echo(f"schema at {r.after}" + ("" if r.before == r.after else f" (was {r.before or 'empty'})"))
 
 
 @main.group("wal")
@@ -221,8 +233,9 @@ def wal_scan(ctx, as_json):
 
 
 @wal_group.command("repair")
+@json_option()
 @click.pass_context
-def wal_repair(ctx):
+def wal_repair(ctx, as_json):
     """Truncate the WAL at the last good record, keeping .broken copies (takes the lock).
 
     \b
@@ -232,7 +245,13 @@ def wal_repair(ctx):
     from .. import admin
 
     r = admin.repair_wal(config_of(ctx))
-    if r.damage is None:
+    if as_json:
+        emit_json({
+            "repaired": r.damage is not None, "last_lsn": r.last_lsn, "truncated_at": r.truncated_at,
+            "truncated_segment": os.path.basename(r.truncated_segment) if r.truncated_segment else None,
+            "broken_copies": [os.path.basename(c) for c in r.broken_copies],
+        }, True)
+    elif r.damage is None:
         click.echo(f"nothing to repair; the log ends at LSN {r.last_lsn}")
     else:
         click.echo(
@@ -272,8 +291,9 @@ def backup_command(ctx, dest, as_json):
 
 @main.command("restore")
 @click.argument("backup_dir", type=click.Path(exists=True, file_okay=False))
+@json_option()
 @click.pass_context
-def restore_command(ctx, backup_dir):
+def restore_command(ctx, backup_dir, as_json):
     """Make the data directory (--data-dir, which must be new or empty) from a backup.
 
     Open it as usual afterwards (`tracedb serve`, `tracedb recover`): the first open compacts
@@ -286,4 +306,7 @@ def restore_command(ctx, backup_dir):
     from .. import backup
 
     where = backup.restore(backup_dir, config_of(ctx).data_dir)
-    click.echo(f"restored {backup_dir} into {where}; `tracedb --data-dir {where} recover` brings it up to date")
+    if as_json:
+        emit_json({"restored": backup_dir, "data_dir": where}, True)
+    else:
+        click.echo(f"restored {backup_dir} into {where}; `tracedb --data-dir {where} recover` brings it up to date")
