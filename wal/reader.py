@@ -502,11 +502,14 @@ class WalReader:
                             if n <= _MAX and off + 28 + n > end:
                                 self._need = n + 28
                                 break
-                        if buf[off : off + 20] == _ZERO_HEAD and (
-                            data.count(0, off, end) == end - off
-                            and (at_eof or _zeros_from(seg.path, base + end))
+                        if data.count(0, off, end) == end - off and (
+                            # Preallocated space: the end of the written data. Fewer zero bytes
+                            # than a header at the end of the file are too (a segment sealed
+                            # short of its SEAL when the writer stopped): no record fits there.
+                            (at_eof and end - off < fmt.RECORD_HEADER_SIZE)
+                            or (buf[off : off + 20] == _ZERO_HEAD and (at_eof or _zeros_from(seg.path, base + end)))
                         ):
-                            zero_end = True  # preallocated space: the end of the written data
+                            zero_end = True
                             break
                         got = check(buf, off, end, seed, expected)
                         if got.__class__ is str:

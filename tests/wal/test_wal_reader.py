@@ -117,3 +117,24 @@ def test_records_after_a_suspended_batches_iteration_neither_repeats_nor_skips(w
     rest = [r.lsn for r in reader.records()]
     assert list(lists) == []  # closed by records()
     assert (first, rest) == ([1, 2, 3, 4], list(range(5, 21)))
+
+
+@pytest.mark.parametrize("zeros", [1, 8, 16, 19])
+def test_fewer_zero_bytes_than_a_header_at_the_end_are_the_end_of_the_data(tmp_path, zeros):
+    # A preallocated segment is sealed once fewer than a header's worth of zeros would be left;
+    # a writer stopped after acknowledging the group that filled it, before the SEAL, leaves
+    # those zeros at the end of the file. Nothing acknowledged is torn: no damage, nothing cut.
+    d = str(tmp_path / "wal")
+    w = wal.open_wal(d, preallocate=False)
+    for i in range(3):
+        w.append(b"x" * (20 + i))
+    w.close()
+    with open(wal.list_segments(d)[-1].path, "ab") as f:
+        f.write(bytes(zeros))
+    report = wal.scan(d, mode="absolute")
+    assert report.damages == [] and report.last_lsn == 3
+    w = wal.open_wal(d, preallocate=False)
+    assert w.open_result.truncated_bytes == 0 and w.open_result.torn_tail_offset is None
+    assert w.append(b"after") == 4
+    w.close()
+    assert [r.payload for r in wal.read_records(d, mode="absolute")][-1] == b"after"
