@@ -261,8 +261,9 @@ def scan_wal(config: Config) -> WalReport:
         try:
             r = wal.scan(config.wal_dir, mode="point_in_time")
             break
-        except FileNotFoundError:
-            # The running recorder deleted a compacted segment under the scan: scan again.
+        except (FileNotFoundError, wal.WalCorruptionError):
+            # The running recorder deleted a compacted segment, or renamed a new one in, while
+            # the scan listed the directory: scan again. Without a recorder, damage is damage.
             if not live or attempt == 2:
                 raise
     # With a live writer, the end of the log may be a group being written, or a segment being
