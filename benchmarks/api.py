@@ -14,11 +14,11 @@ import random
 import shutil
 import sqlite3
 import tempfile
-import threading
 import time
 from typing import Callable, Optional
 
 from .common import (
+    run_threads,
     AGENT_INTENT,
     EVENTS_PER_EXECUTION,
     agent_envelope,
@@ -124,11 +124,7 @@ def ingest_sync(
                 mine.append(done - t)
             n += threads
 
-    ts = [threading.Thread(target=agent, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    run_threads(agent, threads)
     store.close()
     shutil.rmtree(d)
     flat = [x for part in lat for x in part]

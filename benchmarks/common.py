@@ -3,6 +3,8 @@ it, percentiles, and the lines they print."""
 
 from __future__ import annotations
 
+import threading
+
 import orjson
 
 # The recording time of every generated execution, in ns (events are numbered from it).
@@ -121,3 +123,12 @@ def agent_event_type(seq: int) -> str:
 def payload_bytes(size: int) -> int:
     """The JSON length of `agent_payload(size)`."""
     return len(orjson.dumps(agent_payload(size)))
+
+
+def run_threads(target, n: int) -> None:
+    """Run `target(k)` for k in 0..n-1, each in a thread of its own, and wait for all of them."""
+    threads = [threading.Thread(target=target, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

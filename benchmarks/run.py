@@ -30,6 +30,7 @@ import orjson
 import wal
 
 from .common import (
+    run_threads,
     AGENT_INTENT,
     EVENTS_PER_EXECUTION,
     TOOL_RESULT,
@@ -150,11 +151,7 @@ def _threads(n: int, seconds: float, make_worker: Callable[[int], Callable[[], N
             w()
             mine.append(pc() - t)
 
-    ts = [threading.Thread(target=run, args=(k,)) for k in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    run_threads(run, n)
     elapsed = time.perf_counter() - t0
     flat = [x for part in lat for x in part]
     return len(flat) / elapsed, flat
@@ -302,11 +299,7 @@ def bench_intentusnet_per_execution(
             execution(n, timed)
             n += producers
 
-    ts = [threading.Thread(target=run, args=(k,)) for k in range(producers)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    run_threads(run, producers)
     files = len(os.listdir(wal_dir))
     shutil.rmtree(d)
     flat = [x for part in lat for x in part]
