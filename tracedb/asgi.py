@@ -1,0 +1,72 @@
+"""Run an ASGI application (Starlette) on uvicorn inside an event loop that is already running.
+
+`tracedb serve` hosts its HTTP endpoints (metrics and health, the web UI, the OTLP receiver) on the
+sidecar's own event loop, next to the socket listener: one process, one loop, no threads. uvicorn's
+`Server.serve()` is a coroutine, so each endpoint is a task on that loop; `HttpEndpoint` starts it,
+reports the bound port (0 picks a free one) and shuts it down with the recorder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from typing import Optional
+
+
+class HttpEndpoint:
+    """One uvicorn server for `app` on `host:port`, run as a task on the current event loop."""
+
+    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, name: str = "http"):
+        self.app = app
+        self.host = host
+        self.port = port
+        self.name = name
+        self._server = None
+        self._task: Optional[asyncio.Task] = None
+
+    async def start(self) -> int:
+        """Listen, and return the bound port. A busy address raises OSError(EADDRINUSE)."""
+        import socket
+
+        import uvicorn
+
+        # Bind here, not inside uvicorn: a busy port is then an OSError the caller turns into
+        # one error line, instead of uvicorn's log line and SystemExit.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,  # the recorder's logging configuration stays in charge
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+        )
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # the sidecar owns SIGTERM/SIGINT
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                exc = self._task.exception() if not self._task.cancelled() else None
+                raise exc or OSError(errno.EADDRINUSE, f"{self.name} endpoint did not start")
+            await asyncio.sleep(0.005)
+        return self.port
+
+    async def close(self) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout=5)
+        except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - shutting down regardless
+            self._task.cancel()
+        self._server = None
+        self._task = None
