@@ -74,31 +74,40 @@ def _write_atomic(path: str, text: str) -> None:
 @main.command("export")
 @click.argument("execution_ids", nargs=-1, metavar="[ID]...")
 @click.option("--all", "all_", is_flag=True, help="Every execution in the store.")
-@click.option("--format", "fmt", type=click.Choice(["tracedb", "intentusnet"]), default="tracedb",
-              show_default=True, help="tracedb: the `trace get` record; intentusnet: IntentusNet's ExecutionRecord JSON.")
+@click.option("--format", "fmt", type=click.Choice(["tracedb", "intentusnet", "otlp-json"]), default="tracedb",
+              show_default=True, help="tracedb: the `trace get` record; intentusnet: IntentusNet's ExecutionRecord "
+              "JSON; otlp-json: an OTLP/JSON trace export request per execution, for any OpenTelemetry tool "
+              "(docs/otel.md).")
 @click.option("--output", "-o", type=click.Path(), default=None,
               help="A file for one execution, or a directory (<id>.json per execution, the layout "
               "IntentusNet's FileExecutionStore reads). Default: standard output.")
 @json_option("Compact one-line JSON on standard output.")
 @click.pass_context
 def export_command(ctx, execution_ids, all_, fmt, output, as_json):
-    """Write executions as JSON, in tracedb's record shape or IntentusNet's.
+    """Write executions as JSON, in tracedb's record shape, IntentusNet's, or OTLP/JSON.
 
     To standard output, one execution is indented JSON (one line with --json) and several (ids,
     or --all) are JSON lines, one execution per line. In IntentusNet's shape the header's envelopeHash is IntentusNet's hash of the envelope
-    (bare hex), so its ReplayEngine verifies and replays the record as its own.
+    (bare hex), so its ReplayEngine verifies and replays the record as its own. In OTLP/JSON, an
+    execution recorded from OpenTelemetry gives its spans back; any other is one span with its
+    events (docs/otel.md); --all to standard output is the JSON-lines file OpenTelemetry's
+    file exporter writes.
 
     \b
     Example:
       tracedb export exec-a1b2c3d4 --format intentusnet
       tracedb export --all --format intentusnet -o .intentusnet/records
       tracedb export --all | gzip > executions.jsonl.gz
+      tracedb export --all --format otlp-json > traces.jsonl
     """
     if all_ and execution_ids:
         raise click.UsageError("give execution ids or --all, not both")
     if not all_ and not execution_ids:
         raise click.UsageError("give one or more execution ids, or --all")
-    from ..interop.intentusnet import to_intentusnet_dict  # it loads IntentusNet's own package
+    if fmt == "intentusnet":
+        from ..interop.intentusnet import to_intentusnet_dict  # it loads IntentusNet's own package
+    elif fmt == "otlp-json":
+        from ..otel.export import to_otlp_json
 
     to_dir: Optional[str] = None
     if output is not None and (all_ or len(execution_ids) > 1 or os.path.isdir(output)):
@@ -118,8 +127,12 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
                     f"execution id {eid!r} cannot be a file name in {to_dir}",
                     hint="export it alone with --output FILE",
                 )
-            record = reader.get(eid)
-            doc = to_intentusnet_dict(record) if fmt == "intentusnet" else record.to_dict()
+            if fmt == "otlp-json":
+                timeline = reader.timeline(eid)
+                doc = to_otlp_json(timeline.record, {t.seq: t.recorded_at_ns for t in timeline.event_times})
+            else:
+                record = reader.get(eid)
+                doc = to_intentusnet_dict(record) if fmt == "intentusnet" else record.to_dict()
             n += 1
             if progress is not None:
                 progress(n, total)
