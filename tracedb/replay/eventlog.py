@@ -337,11 +337,20 @@ class ReplaySession:
     # -- what the agent calls -------------------------------------------------------------------
 
     def llm(
-        self, request: Mapping[str, Any], call: Optional[Callable[[Mapping[str, Any]], Any]] = None
+        self,
+        request: Mapping[str, Any],
+        call: Optional[Callable[[Mapping[str, Any]], Any]] = None,
+        *,
+        key: Optional[str] = None,
     ) -> Any:
-        """The response to an LLM request: recorded when the log has it, else from the live call."""
+        """The response to an LLM request: recorded when the log has it, else from the live call.
+
+        `key` is the content hash the request is matched on, for callers whose requests have
+        another shape than the session's (an HTTP request, a framework's model input); by
+        default it is `prompt_hash(request)`.
+        """
         self._check_open()
-        key = prompt_hash(request)
+        key = key or prompt_hash(request)
         got = {"type": LLM_REQUESTED, "model": request.get("model"), "prompt_hash": key}
         recorded = self._match(LLM, key, got)
         if recorded is not None and recorded.answered:
