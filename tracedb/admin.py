@@ -13,11 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
-import sqlalchemy as sa
-
 import wal
 
-from . import db, retention
+from . import damage, db, retention
 from .config import Config
 from .errors import (
     EXIT_ERROR,
@@ -27,7 +25,6 @@ from .errors import (
     StoreNotFoundError,
     TraceDBError,
 )
-from .models import compaction_checkpoint, traces
 from .reads import Reader
 from .recovery import RecoverResult
 from .replay.forking import Fork, fork as fork_execution
@@ -49,8 +46,14 @@ class Failure:
     exit_code: int
 
 
-def failure_of(error: BaseException) -> Optional[Failure]:
-    """The report of a tracedb or WAL error (a damaged WAL exits 4); None for any other error."""
+def failure_of(error: BaseException, config: Optional[Config] = None) -> Optional[Failure]:
+    """The report of a tracedb or WAL error (a damaged WAL exits 4), or of a database file SQLite
+    cannot read (exit 4, naming the file and, with `config`, how to rebuild it); None for any
+    other error."""
+    if damage.is_damaged_database(error):
+        if config is None or db.is_url(config.database):
+            return Failure(f"the database is damaged: {getattr(error, 'orig', error)}", None, EXIT_INTEGRITY)
+        error = damage.damaged_database_error(config, error)
     if isinstance(error, TraceDBError):
         return Failure(error.message, error.hint, error.exit_code)
     if isinstance(error, wal.WalError):
@@ -64,44 +67,82 @@ def recorder_running(config: Config) -> bool:
     return wal.is_locked(config.wal_dir)
 
 
-def _recorder_id(config: Config) -> str:
-    if config.recorder_id:
-        return config.recorder_id
-    try:
-        with open(os.path.join(config.data_dir, "RECORDER_ID"), encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def recovery_note(config: Config, reader: Reader) -> Optional[str]:
-    """A note for the user when what they read is not the whole truth yet: no recorder runs,
-    and executions are still marked running or WAL records are not compacted. None otherwise."""
-    engine = reader.engine
-    recorder_id = _recorder_id(config)
-    if engine.dialect.name != "sqlite" and not recorder_id:
-        return None  # a shared database: only this data directory's recorder is ours to speak of
-    if not os.path.isdir(config.wal_dir) or recorder_running(config):
-        return None  # a running recorder compacts and recovers by itself
-    running_q = sa.select(sa.func.count()).select_from(traces).where(traces.c.status == "running")
-    applied_q = sa.select(sa.func.max(compaction_checkpoint.c.applied_lsn))
-    if recorder_id:
-        # Many recorders may share the database: count only this data directory's.
-        running_q = running_q.where(traces.c.recorder_id == recorder_id)
-        applied_q = applied_q.where(compaction_checkpoint.c.recorder_id == recorder_id)
-    with engine.connect() as conn:
-        running = conn.execute(running_q).scalar()
-        applied = conn.execute(applied_q).scalar() or 0
+    """A note for the user when what they read is not in the database yet: no recorder runs,
+    and the read showed WAL records not compacted, or executions left running as incomplete
+    (`tracedb.pending`). None otherwise."""
+    return reader.pending.note()
+
+
+def verify_store(config: Config, execution_id: Optional[str] = None) -> damage.Checkup:
+    """Check everything: the traces and the database file (SQLite's integrity check), and,
+    for the whole store, the WAL (damage, records not compacted, executions left running with
+    no recorder). A damaged database file is reported in the result, not raised."""
+    path = None if db.is_url(config.database) else config.database
+    traces_result = None
+    db_problems: tuple = ()
+    db_hint = None
+    applied = None
+    uncompacted = 0
+    left: tuple = ()
     try:
-        last = wal.scan(config.wal_dir, mode="point_in_time").last_lsn
-    except Exception:  # noqa: BLE001 - only a note; `tracedb recover` reports real problems
-        last = applied
-    if not running and last <= applied:
-        return None
-    return (
-        f"note: no recorder is running, and {running} execution(s) are still marked running "
-        f"and {max(0, last - applied)} WAL record(s) are not compacted; run `tracedb recover`"
+        with Reader.open(config) as reader:
+            try:
+                traces_result = reader.verify(execution_id)
+            except Exception as e:  # noqa: BLE001 - a damaged file is reported, the WAL still checked
+                if not damage.is_damaged_database(e):
+                    raise
+                err = damage.damaged_database_error(config, e)
+                db_problems, db_hint = _database_problems(reader, err.message), err.hint
+            if execution_id is None and not db_problems:
+                p = reader.pending
+                applied, uncompacted = (p.applied_lsn, p.uncompacted_records) if os.path.isdir(config.wal_dir) else (None, 0)
+                left = p.left_running
+    except Exception as e:  # noqa: BLE001
+        if not damage.is_damaged_database(e):
+            raise
+        err = damage.damaged_database_error(config, e)
+        db_problems, db_hint = (err.message,), err.hint
+    if execution_id is not None or not os.path.isdir(config.wal_dir):
+        return damage.Checkup(traces_result, db_problems, db_hint, applied_lsn=applied, database_path=path)
+    try:
+        w = scan_wal(config)
+    except wal.WalError as e:
+        bad = WalDamage(os.path.basename(getattr(e, "path", config.wal_dir) or config.wal_dir),
+                        getattr(e, "offset", 0) or 0, "a readable WAL", e.message, False, False)
+        return damage.Checkup(traces_result, db_problems, db_hint, applied_lsn=applied, wal_damages=(bad,),
+                              database_path=path)
+    notes = []
+    if uncompacted:
+        notes.append(f"{uncompacted} WAL record(s) are not compacted yet: `tracedb recover` applies them")
+    if left:
+        notes.append(f"{len(left)} execution(s) were left running with no recorder: `tracedb recover` marks them incomplete")
+    for d in w.damages:
+        if d.corruption:
+            notes.append(f"WAL damage in {d.segment} at offset {d.offset}: `tracedb wal repair --dry-run` "
+                         "says what a repair would keep and drop")
+            break
+    return damage.Checkup(
+        traces_result, db_problems, db_hint, w.records, w.first_lsn, w.last_lsn, applied, w.damages, w.live,
+        uncompacted, left, tuple(notes), path,
     )
+
+
+def _database_problems(reader: Reader, first: str) -> tuple[str, ...]:
+    """`first`, then SQLite's integrity check of a file that failed a read, as far as it runs."""
+    out = [first]
+    try:
+        with reader.engine.connect() as conn:
+            rows = [r[0] for r in conn.exec_driver_sql("PRAGMA integrity_check(20)").fetchall()]
+        out.extend(f"sqlite integrity_check: {r}" for r in rows if r != "ok")
+    except Exception as e:  # noqa: BLE001 - the check itself may not get far in a damaged file
+        out.append(f"sqlite integrity_check could not run: {getattr(e, 'orig', e)}")
+    return tuple(out)
+
+
+def rebuild(config: Config, *, partial: bool = False, progress: Progress = None) -> damage.Rebuilt:
+    """Move a damaged SQLite file aside and compact a new one from the WAL (see tracedb.damage)."""
+    return damage.rebuild(config, partial=partial, open_store=lambda cfg: _open_store(cfg, progress))
 
 
 def _require_data_dir(config: Config) -> None:

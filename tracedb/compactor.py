@@ -227,7 +227,7 @@ class _RowsNotOwned(IntegrityError):
     """A guarded UPDATE missed rows: the trace is gone (pruned) or another recorder owns it."""
 
 
-def _transition(row: dict, op: str, d: dict) -> None:
+def transition(row: dict, op: str, d: dict) -> None:
     """Apply a lifecycle record to a row (a new trace's full row, or a delta for an existing one).
 
     A delta starts from what the database holds, assumed running and unflagged; the guards in
@@ -596,7 +596,7 @@ class Compactor:
                     f"WAL record {lsn} has an unknown op {op!r}",
                     hint="this WAL was written by a newer tracedb; upgrade before compacting",
                 )
-            _transition(row, op, d)
+            transition(row, op, d)
 
     def _write(self, new: dict, upd: dict, steps: list, last_lsn: int) -> None:
         """Commit one batch: `steps` is flat (see `_apply`), the checkpoint moves with it."""

@@ -78,6 +78,20 @@ class IntegrityError(TraceDBError):
     exit_code = EXIT_INTEGRITY
 
 
+class DatabaseDamagedError(IntegrityError):
+    """The database file itself is damaged (SQLite: "database disk image is malformed").
+
+    `path` is the file; the hint says how to rebuild the projection from the WAL, where the WAL
+    still holds every record, or what only the file held."""
+
+    code = "database_damaged"
+
+    def __init__(self, path: str, detail: str, *, hint: Optional[str] = None):
+        super().__init__(f"the database file {path} is damaged: {detail}", hint=hint)
+        self.path = path
+        self.detail = detail
+
+
 class StoreInUseError(TraceDBError):
     """The data directory's WAL is held by another process (a running recorder)."""
 

@@ -9,11 +9,13 @@ prefix, records with their event times, diff, lineage and verification.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import threading
 from dataclasses import dataclass
 from datetime import datetime
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterator, Optional, Union
 
 import sqlalchemy as sa
@@ -36,7 +38,10 @@ from .record import (
     ExecutionRecord,
     utc_iso,
 )
-from .replay.exact import ReplayEngine, ReplayResult
+from .pending import Pending
+from .pending import load as load_pending
+from .record import REASON_RECORD_CORRUPTED
+from .replay.exact import ReplayEngine, ReplayResult, record_problems
 from .replay.parity import TraceDiff, diff_traces
 from .verify import VerifyResult
 from .verify import verify as verify_traces
@@ -270,8 +275,26 @@ def list_traces(
     return [TraceSummary.model_validate(r._mapping) for r in rows]
 
 
+def missing_seqs(record: ExecutionRecord) -> list[int]:
+    """The seqs below the last one that the record has no event for (events lost to damage)."""
+    have = {e.seq for e in record.events}
+    last = max(have, default=0)
+    return [seq for seq in range(1, last + 1) if seq not in have] if len(have) != last else []
+
+
+def judged(record: ExecutionRecord) -> ExecutionRecord:
+    """The record as `verify` judges it: an envelope that no longer hashes to the recorded hash,
+    or events missing below the last one, make it not replayable, `record_corrupted`."""
+    if record_problems(record) or missing_seqs(record):
+        record.header = dataclasses.replace(
+            record.header, replayable=False, replayableReason=REASON_RECORD_CORRUPTED
+        )
+    return record
+
+
 def inspect_view(record: ExecutionRecord) -> dict:
-    """The `inspect ID` JSON: the payload of the last event is folded into `last_event`."""
+    """The `inspect ID` JSON: the payload of the last event is folded into `last_event`;
+    `missing_seqs` and `problems` are added when the record is damaged."""
     last = record.last_event
     last_event = None
     if last is not None:
@@ -281,13 +304,21 @@ def inspect_view(record: ExecutionRecord) -> dict:
                 last_event.setdefault(k, v)
         elif last.payload is not None:
             last_event["payload"] = last.payload
-    return {
+    view = {
         "execution_id": record.execution_id,
         "status": record.status,
         "last_event": last_event,
         "replayable": record.header.replayable,
         "replayable_reason": record.header.replayableReason,
     }
+    missing = missing_seqs(record)
+    if missing:
+        view["missing_seqs"] = missing
+    problems = record_problems(record)
+    if problems:
+        view["problems"] = problems
+    return view
+
 
 
 # -- pages of executions -------------------------------------------------------------------------
@@ -407,6 +438,47 @@ def _timeline(row, steps) -> Timeline:
     return Timeline(record_from_rows(row, steps), tuple(times))
 
 
+def _not_pending(pending: Pending) -> list:
+    """Conditions that leave out the executions `pending` shows as they are now."""
+    ids = list(pending.rows)
+    return [traces.c.execution_id.not_in(ids[i : i + 500]) for i in range(0, len(ids), 500)]
+
+
+def _pending_matches(row: dict, where: Filter) -> bool:
+    """`where`, in Python, for a row as `pending` shows it (the SQL of `Filter.apply`)."""
+    if where.status is not None and row["status"] != where.status:
+        return False
+    replayable = getattr(where, "replayable", None)
+    if replayable is not None and bool(row["replayable"]) != replayable:
+        return False
+    since, until = to_ns(where.since, "since"), to_ns(where.until, "until")
+    if since is not None and row["created_at_ns"] < since:
+        return False
+    if until is not None and row["created_at_ns"] >= until:
+        return False
+    if where.intent is not None and row["intent"] != where.intent:
+        return False
+    return not where.search or where.search.lower() in (row["intent"] or "").lower()
+
+
+def _merged_page(rows: list, pending: Pending, where: Filter, before: Optional[str], limit: int) -> Page:
+    """A page of the database's `rows` (limit + 1 of them, none of `pending`'s) and `pending`'s
+    matching executions, newest first."""
+    from .rows import TraceSummary
+
+    items = [TraceSummary.model_validate(r._mapping) for r in rows]
+    cut = decode_cursor(before) if before is not None else None
+    for eid, row in pending.rows.items():
+        if not _pending_matches(row, where) or (cut is not None and (row["created_at_ns"], eid) >= cut):
+            continue
+        items.append(TraceSummary.model_validate(
+            {**row, "last_event_at_ns": pending.last_event_at_ns.get(eid)}
+        ))
+    items.sort(key=lambda s: (s.created_at_ns, s.execution_id), reverse=True)
+    shown = tuple(items[:limit])
+    return Page(shown, shown[-1].cursor if len(items) > limit and shown else None)
+
+
 class Reader:
     """Reads of one store's database, without the WAL lock: a recorder may run meanwhile.
 
@@ -414,14 +486,27 @@ class Reader:
     Every method that takes an execution id takes a unique prefix of one too.
     """
 
-    def __init__(self, engine: Engine, *, owns_engine: bool = False):
+    def __init__(self, engine: Engine, *, owns_engine: bool = False, config: Optional[Config] = None):
+        """With `config` (what `open` passes), reads also show what the data directory's WAL
+        holds beyond the database when no recorder runs (see `tracedb.pending`)."""
         self._engine = engine
         self._owns_engine = owns_engine
+        self._config = config
+        self._pending: Optional[Pending] = None
 
     @classmethod
     def open(cls, config: Config) -> "Reader":
         """A reader of the store `config` names; StoreNotFoundError (exit 3) if there is none."""
-        return cls(db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms), owns_engine=True)
+        engine = db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms)
+        return cls(engine, owns_engine=True, config=config)
+
+    @property
+    def pending(self) -> Pending:
+        """What the WAL holds beyond the database, read once (empty while a recorder runs)."""
+        if self._pending is None:
+            self._pending = Pending() if self._config is None else load_pending(self._config, self._engine)
+        return self._pending
+
 
     @property
     def engine(self) -> Engine:
@@ -447,7 +532,12 @@ class Reader:
         with self._engine.connect() as conn:
             if conn.execute(exact).first() is not None:
                 return prefix
-            return _resolved(prefix, conn.execute(candidates).scalars().all())
+            found = conn.execute(candidates).scalars().all()
+        if self.pending:
+            if prefix in self.pending.rows:
+                return prefix
+            found = sorted({*found, *(e for e in self.pending.rows if prefix and e.startswith(prefix))})
+        return _resolved(prefix, found)
 
     def page(self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE) -> Page:
         """Up to `limit` executions that match `where`, newest first, older than the cursor
@@ -457,14 +547,24 @@ class Reader:
         an index ending in those columns, so a page costs the same however deep it is.
         """
         q = _page_stmt(where, before, limit)
+        pending = self.pending
+        if pending:
+            q = q.where(*_not_pending(pending))
         with self._engine.connect() as conn:
-            return _page_of(conn.execute(q).all(), limit)
+            rows = conn.execute(q).all()
+        if not pending:
+            return _page_of(rows, limit)
+        return _merged_page(rows, pending, where, before, limit)
 
     def count(self, where: Filter = EVERYTHING) -> int:
         """How many executions match `where`."""
         q = where.apply(sa.select(sa.func.count()).select_from(traces))
+        pending = self.pending
+        if pending:
+            q = q.where(*_not_pending(pending))
         with self._engine.connect() as conn:
-            return int(conn.execute(q).scalar() or 0)
+            n = int(conn.execute(q).scalar() or 0)
+        return n + sum(1 for row in pending.rows.values() if _pending_matches(row, where))
 
     def each(
         self, where: Filter = EVERYTHING, *, before: Optional[str] = None, page_size: int = STREAM_PAGE_SIZE
@@ -482,16 +582,30 @@ class Reader:
             before = page.next_cursor
 
     def get(self, execution_id: str) -> ExecutionRecord:
-        """The whole record of one execution."""
-        return read_record(self._engine, self.resolve(execution_id))
+        """The whole record of one execution, judged as `verify` judges it: a record whose
+        envelope no longer hashes to its envelope hash, or whose events have gaps, reads as not
+        replayable, `record_corrupted`."""
+        return judged(record_from_rows(*self._load_now(self.resolve(execution_id))))
+
+    def _load_now(self, execution_id: str):
+        """`_load`, with what the WAL holds beyond the database folded in."""
+        row = self.pending.rows.get(execution_id)
+        if row is None:
+            return _load(self._engine, execution_id)
+        with self._engine.connect() as conn:
+            steps = conn.execute(_steps_stmt(execution_id)).all()
+        return SimpleNamespace(**row), [*steps, *self.pending.steps.get(execution_id, ())]
 
     def timeline(self, execution_id: str) -> Timeline:
         """The record and each event's recorded time, read from one snapshot."""
-        return _timeline(*_load(self._engine, self.resolve(execution_id)))
+        t = _timeline(*self._load_now(self.resolve(execution_id)))
+        return dataclasses.replace(t, record=judged(t.record))
 
     def inspect(self, execution_id: str) -> dict:
-        """The `inspect ID` view: status, the last event, replayability."""
+        """The `inspect ID` view: status, the last event, replayability; `missing_seqs` and
+        `problems` when the record is damaged."""
         return inspect_view(self.get(execution_id))
+
 
     def replay(self, execution_id: str, *, envelope: Optional[dict] = None, force: bool = False) -> ReplayResult:
         """Exact replay of a recorded execution: its final response, no agent called."""

@@ -74,7 +74,7 @@ class TraceDBGroup(click.Group):
         except Exception as e:
             from .. import admin
 
-            failure = admin.failure_of(e)
+            failure = admin.failure_of(e, (ctx.obj or {}).get("config"))
             if failure is None:
                 raise
             raise CommandError(failure.message, failure.hint, failure.exit_code, as_json=_json_errors(ctx)) from None

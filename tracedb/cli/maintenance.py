@@ -40,19 +40,43 @@ def compact(ctx, as_json):
 
 
 @main.command()
+@click.option("--rebuild", is_flag=True,
+              help="Move a damaged database file aside (traces.db.damaged) and rebuild it from the WAL; "
+              "refused when the WAL no longer starts at LSN 1.")
+@click.option("--partial", is_flag=True,
+              help="With --rebuild: rebuild from what the WAL holds even though compacted records below "
+              "its first LSN are lost with the damaged file.")
 @json_option()
 @click.pass_context
-def recover(ctx, as_json):
+def recover(ctx, rebuild, partial, as_json):
     """Repair a torn WAL tail, compact, mark unfinished executions incomplete.
 
-    Runs on its own whenever a store opens; no execution is retried.
+    Runs on its own whenever a store opens; no execution is retried. With --rebuild, a database
+    file SQLite cannot read (`tracedb verify` exits 4 naming it) is moved aside, never deleted,
+    and a new one is compacted from the WAL.
 
     \b
     Example:
       tracedb recover && tracedb inspect --list --status incomplete
+      tracedb recover --rebuild && tracedb verify
     """
     from .. import admin
 
+    if partial and not rebuild:
+        raise click.UsageError("--partial goes with --rebuild")
+    if rebuild:
+        with progress_bar("rebuilding") as progress:
+            b = admin.rebuild(config_of(ctx), partial=partial, progress=progress)
+        if as_json:
+            emit_json({"moved_to": list(b.moved_to), "first_lsn": b.first_lsn, "applied_lsn": b.applied_lsn,
+                       "compacted_records": b.records, "marked_incomplete": b.marked_incomplete}, True)
+        else:
+            click.echo(
+                f"moved the damaged database to {', '.join(b.moved_to) or '(nothing: there was no file)'}; "
+                f"rebuilt from WAL LSN {b.first_lsn}..{b.applied_lsn}: compacted {b.records} record(s), "
+                f"marked {b.marked_incomplete} execution(s) incomplete"
+            )
+        return
     with progress_bar("recovering") as progress:
         r = admin.recover(config_of(ctx), progress)
     if as_json:

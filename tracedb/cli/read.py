@@ -16,6 +16,7 @@ from ..paging import DEFAULT_PAGE_SIZE
 from ..record import STATUS_RUNNING, STATUSES, utc_iso
 from .main import (
     CursorParam,
+    config_of,
     TimeParam,
     emit_json,
     execution_id_argument,
@@ -257,29 +258,47 @@ def trace_lineage(ctx, execution_id, as_json):
 
 @main.command()
 @execution_id_argument(required=False)
-@json_option()
+@json_option("A JSON report to alert on: ok, problems, database{ok, problems, hint}, wal{records, "
+             "first_lsn, last_lsn, applied_lsn, uncompacted_records, damages}, left_running, notes.")
 @click.pass_context
 def verify(ctx, execution_id, as_json):
-    """Check envelope hashes, event order and database integrity; exit 4 on any problem.
+    """Check everything; exit 4 on any damage.
+
+    The traces: envelope hashes, event order, lifecycle. The database file: SQLite's own
+    integrity check (a file SQLite cannot read is reported with how to rebuild it from the WAL).
+    The WAL, without its lock: damage (a recorder's write in progress is not judged), records
+    not compacted yet, executions left running with no recorder (those two are notes: `tracedb
+    recover` settles them). With an ID, that execution alone.
 
     \b
     Example:
       tracedb verify && tracedb verify exec-a1b2c3d4
+      tracedb verify --json | jq .problems
     """
-    with reading(ctx) as reader:
-        result = reader.verify(execution_id)
+    from .. import admin
+
+    r = admin.verify_store(config_of(ctx), execution_id)
     if as_json:
-        emit_json(
-            {"ok": result.ok, "checked_traces": result.checked_traces,
-             "checked_steps": result.checked_steps, "problems": list(result.problems)},
-            True,
-        )
+        emit_json(r.to_dict(), True)
     else:
-        for p in result.problems:
+        for p in r.problems:
             click.echo(f"problem: {p}")
+        if r.database_hint:
+            click.echo(f"hint: {r.database_hint}")
+        t = r.traces
         click.echo(
-            f"{'ok' if result.ok else 'FAILED'}: {result.checked_traces} trace(s), "
-            f"{result.checked_steps} step(s), {len(result.problems)} problem(s)"
+            f"{'ok' if r.ok else 'FAILED'}: {t.checked_traces if t else 0} trace(s), "
+            f"{t.checked_steps if t else 0} step(s), {len(r.problems)} problem(s)"
         )
-    if not result.ok:
+        if r.wal_last_lsn or r.wal_records:
+            click.echo(
+                f"wal: {r.wal_records} record(s), LSN {r.wal_first_lsn}..{r.wal_last_lsn}"
+                + (f", applied to the database up to {r.applied_lsn}" if r.applied_lsn is not None else "")
+                + (" (a recorder is writing)" if r.wal_live else "")
+            )
+        for eid in r.left_running:
+            click.echo(f"left running with no recorder: {eid}")
+        for n in r.notes:
+            click.echo(f"note: {n}")
+    if not r.ok:
         ctx.exit(EXIT_INTEGRITY)

@@ -1,0 +1,95 @@
+"""Fixtures for the damage tests: a recorder process to SIGKILL, the CLI, byte-editing helpers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+import wal
+from tracedb.cli import main
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+class Recorder:
+    """A real recorder process (recorder.py), killed with SIGKILL once it said READY."""
+
+    def __init__(self, data_dir: str, *args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "recorder.py"), data_dir, *map(str, args)],
+            stdout=subprocess.PIPE, cwd=REPO, text=True,
+        )
+
+    def ready(self) -> int:
+        """Wait for READY; the durable LSN it reports."""
+        line = self.proc.stdout.readline()
+        assert line.startswith("READY"), f"the recorder said {line!r} (exit {self.proc.poll()})"
+        return int(line.split()[1])
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    """recorded(*scenario) -> (data_dir, durable LSN): a recorder ran the scenario and was SIGKILLed."""
+    procs = []
+
+    def _run(*args):
+        d = str(tmp_path / f"data{len(procs)}")
+        r = Recorder(d, *args)
+        procs.append(r)
+        lsn = r.ready()
+        r.kill()
+        return d, lsn
+
+    yield _run
+    for r in procs:
+        if r.proc.poll() is None:
+            r.kill()
+
+
+class Cli:
+    """The tracedb command line on one data directory; `json(...)` parses stdout."""
+
+    def __init__(self, data_dir: str):
+        self.data_dir = data_dir
+        self.runner = CliRunner()
+
+    def __call__(self, *args):
+        return self.runner.invoke(main, ["--data-dir", self.data_dir, *args], catch_exceptions=False)
+
+    def json(self, *args, code: int = 0):
+        r = self(*args)
+        assert r.exit_code == code, (r.exit_code, r.stdout, r.stderr)
+        return orjson.loads(r.stdout)
+
+
+@pytest.fixture
+def cli():
+    return Cli
+
+
+def flip_bit(path: str, offset: int, bit: int = 0) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([b ^ (1 << bit)]))
+
+
+def wal_records(wal_dir: str) -> list:
+    """(lsn, segment name, offset, length in bytes) of every record, read before any damage."""
+    out = []
+    for rec in wal.read_records(wal_dir):
+        out.append((rec.lsn, rec.segment, rec.offset, 20 + len(rec.payload) + (-(20 + len(rec.payload)) % 8)))
+    return out

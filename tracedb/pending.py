@@ -1,0 +1,215 @@
+"""What a read sees beyond the projection: WAL records not compacted yet, and executions that no
+recorder will ever finish.
+
+The database is a projection of the WAL. While a recorder runs it compacts within its interval,
+and reads go to the database alone. When none runs (it crashed, or was stopped before it
+compacted), the WAL may hold acknowledged records the database has not seen, and executions the
+database calls `running` have nobody recording them. A read then shows the state recovery will
+make permanent: the records above the applied LSN folded in exactly as the compactor folds them,
+and every execution of this data directory still running read as incomplete (not replayable,
+`execution_incomplete`). Nothing is written and no lock is taken: `tracedb recover` makes it so.
+
+Only the WAL above the database's applied LSN is read (from the segment that holds it), so a
+store that is all compacted costs one short read of one segment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+import wal
+
+from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_START
+from .compactor import transition
+from .config import Config
+from .models import compaction_checkpoint, trace_steps, traces
+from .record import FINAL_RESPONSE, ROUTER_DECISION, STATUS_RUNNING
+
+# What a read says of an execution left running with no recorder (the status note).
+NO_RECORDER_NOTE = "no recorder is running; `tracedb recover` marks it incomplete"
+_IN_CHUNK = 500  # ids per IN (...) list
+
+
+def recorder_id_of(config: Config) -> str:
+    """The recorder id of the data directory (its RECORDER_ID file), '' when it has none yet."""
+    if config.recorder_id:
+        return config.recorder_id
+    try:
+        with open(os.path.join(config.data_dir, "RECORDER_ID"), encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class PendingStep:
+    """An event read from the WAL: its payload as the JSON text the recorder wrote."""
+
+    seq: int
+    type: str
+    payload_json: str
+    recorded_at_ns: int
+    lsn: int
+
+    @property
+    def payload(self):
+        return orjson.loads(self.payload_json)
+
+
+@dataclass
+class Pending:
+    """The executions whose state differs from the database's, as a read must show them.
+
+    `rows`: execution id -> the whole `traces` row (a dict of its columns) as it reads now.
+    `steps`: execution id -> the events read from the WAL, not in the database yet.
+    `last_event_at_ns`: execution id -> the time of its last event.
+    """
+
+    applied_lsn: int = 0
+    last_lsn: int = 0
+    uncompacted_records: int = 0
+    left_running: tuple = ()  # ids of executions left running with no recorder
+    damages: tuple = ()
+    rows: dict = field(default_factory=dict)
+    steps: dict = field(default_factory=dict)
+    last_event_at_ns: dict = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def note(self) -> Optional[str]:
+        """What a person reading should know, or None when the database is the whole truth."""
+        if not self.uncompacted_records and not self.left_running:
+            return None
+        return (
+            f"note: no recorder is running: {self.uncompacted_records} WAL record(s) not compacted "
+            f"yet are shown from the WAL, and {len(self.left_running)} execution(s) left running read as "
+            "incomplete; `tracedb recover` makes this permanent"
+        )
+
+
+def _rows_by_id(conn, ids: Iterable[str]) -> dict:
+    """The `traces` rows (as dicts) of `ids`, with the time of each one's last event."""
+    ids = list(ids)
+    out: dict = {}
+    last_at = (
+        sa.select(trace_steps.c.recorded_at_ns)
+        .where(trace_steps.c.execution_id == traces.c.execution_id)
+        .where(trace_steps.c.seq == traces.c.last_seq)
+        .scalar_subquery()
+        .label("_last_event_at_ns")
+    )
+    for i in range(0, len(ids), _IN_CHUNK):
+        q = sa.select(traces, last_at).where(traces.c.execution_id.in_(ids[i : i + _IN_CHUNK]))
+        for r in conn.execute(q):
+            out[r.execution_id] = dict(r._mapping)
+    return out
+
+
+def load(config: Config, engine: Engine) -> Pending:
+    """The executions a read must show differently from the database: empty while a recorder
+    runs (it compacts and recovers by itself), or when the data directory has no WAL."""
+    if not os.path.isdir(config.wal_dir) or wal.is_locked(config.wal_dir):
+        return Pending()
+    recorder_id = recorder_id_of(config)
+    if not recorder_id:
+        if engine.dialect.name != "sqlite":
+            return Pending()  # a shared database: nothing of it is this directory's yet
+    cp = compaction_checkpoint
+    with engine.connect() as conn:
+        q = sa.select(sa.func.max(cp.c.applied_lsn))
+        if recorder_id:
+            q = q.where(cp.c.recorder_id == recorder_id)
+        applied = conn.execute(q).scalar() or 0
+    reader = wal.WalReader(config.wal_dir, from_lsn=applied + 1, mode="point_in_time")
+    records = []
+    try:
+        for rec in reader.records():
+            records.append((rec.lsn, rec.payload))
+    except (OSError, wal.WalError):
+        records = []  # `tracedb verify` and `wal scan` report a WAL that cannot be read
+    pending = Pending(applied_lsn=applied, last_lsn=max(applied, reader.last_lsn), damages=tuple(reader.damages))
+    pending.uncompacted_records = len(records)
+    decoded = []
+    ids: set = set()
+    for lsn, raw in records:
+        if raw[:1] == bytes((EVENT_TAG,)):
+            cut = raw.index(b"\n")
+            eid, seq, type_, t = orjson.loads(raw[1:cut])
+            decoded.append((lsn, None, (eid, seq, type_, raw[cut + 1 :].decode(), t)))
+        else:
+            d = orjson.loads(raw)
+            eid = d["id"]
+            decoded.append((lsn, d, None))
+        ids.add(eid)
+    running_q = sa.select(traces.c.execution_id).where(traces.c.status == STATUS_RUNNING)
+    if recorder_id:
+        running_q = running_q.where(traces.c.recorder_id == recorder_id)
+    with engine.connect() as conn, conn.begin():
+        running = set(conn.execute(running_q).scalars())
+        rows = _rows_by_id(conn, ids | running)
+    for row in rows.values():
+        pending.last_event_at_ns[row["execution_id"]] = row.pop("_last_event_at_ns")
+    changed: set = set()
+    for lsn, d, ev in decoded:
+        if ev is not None:
+            eid, seq, type_, text, t = ev
+            row = rows.get(eid)
+            if row is None:
+                continue  # the compactor skips steps of an execution it has no row for
+            pending.steps.setdefault(eid, []).append(PendingStep(seq, type_, text, t, lsn))
+            row["last_seq"] = seq
+            row["updated_at_ns"] = t
+            pending.last_event_at_ns[eid] = t
+            if type_ == ROUTER_DECISION:
+                try:
+                    row["router_decision"] = orjson.loads(text)
+                except orjson.JSONDecodeError:
+                    pass
+            changed.add(eid)
+            continue
+        op, eid, t = d["op"], d["id"], d["t"]
+        if op == OP_START:
+            if eid in rows:
+                continue  # already there: the compactor skips a second start
+            rows[eid] = {
+                "execution_id": eid, "recorder_id": recorder_id, "intent": d.get("intent"),
+                "status": STATUS_RUNNING, "replayable": False, "replayable_reason": None,
+                "status_note": None, "envelope": d["envelope"], "envelope_hash": d["hash"],
+                "router_decision": None, "final_response": None, "last_seq": 0,
+                "created_at_ns": t, "updated_at_ns": t, "parent_execution_id": d.get("parent"),
+                "forked_at_seq": d.get("fork_seq"), "pinned": False, "meta": d.get("meta"),
+            }
+            pending.last_event_at_ns[eid] = None
+            changed.add(eid)
+            continue
+        row = rows.get(eid)
+        if row is None:
+            continue
+        row["updated_at_ns"] = t
+        if op == OP_FINISH:
+            seq = d["seq"]
+            pending.steps.setdefault(eid, []).append(
+                PendingStep(seq, FINAL_RESPONSE, orjson.dumps(d.get("response")).decode(), t, lsn)
+            )
+            row["last_seq"] = seq
+            row["final_response"] = d.get("response")
+            pending.last_event_at_ns[eid] = t
+        transition(row, op, d)
+        changed.add(eid)
+    left = []
+    for eid, row in rows.items():
+        if row["status"] == STATUS_RUNNING and (not recorder_id or row["recorder_id"] == recorder_id):
+            transition(row, OP_INCOMPLETE, {"why": NO_RECORDER_NOTE})
+            left.append(eid)
+            changed.add(eid)
+    pending.left_running = tuple(sorted(left))
+    pending.rows = {eid: rows[eid] for eid in changed}
+    pending.last_event_at_ns = {eid: pending.last_event_at_ns.get(eid) for eid in changed}
+    return pending
