@@ -1,0 +1,223 @@
+"""The OpenAI Agents SDK: a run recorded live by the tracing processor, replayed offline by the
+replay model provider, and a run SIGKILLed in the middle.
+
+The agent (tests/integrations/weather_agent.py) has two function tools and a handoff; its model
+is the fake OpenAI server on 127.0.0.1, reached through the SDK's own OpenAIProvider. A replay
+must reach the same final output with the fake server's request count unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from agents import RunConfig, Runner, set_trace_processors
+
+import tracedb
+from tests.integrations import weather_agent as wa
+from tracedb.config import load_config
+from tracedb.errors import NotReplayableError, ReplayDivergenceError, UsageError
+from tracedb.integrations.agents import ReplayModelProvider, TraceDBProcessor
+from tracedb.reads import Reader
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def processor(store):
+    """The tracedb processor as the SDK's only one: nothing is exported to OpenAI."""
+    p = TraceDBProcessor(store)
+    set_trace_processors([p])
+    try:
+        yield p
+    finally:
+        set_trace_processors([])
+        p.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def fresh_tools():
+    wa.TOOL_CALLS.clear()
+    wa.WEATHER["Paris"] = "sunny"
+    yield
+    wa.WEATHER["Paris"] = "sunny"
+
+
+def live_run(store, fake):
+    wa.script(fake)
+    result = asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=wa.live_config(fake.base_url)))
+    [row] = store.list()
+    return row.execution_id, result
+
+
+def replay_run(provider, *, streamed=False, tracing=False):
+    config = RunConfig(model_provider=provider, tracing_disabled=not tracing)
+    if not streamed:
+        return asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=config))
+
+    async def main():
+        result = Runner.run_streamed(wa.triage, wa.QUESTION, run_config=config)
+        async for _ in result.stream_events():
+            pass
+        return result
+
+    return asyncio.run(main())
+
+
+def reader_of(data_dir):
+    return Reader.open(load_config(overrides={"data_dir": data_dir}))
+
+
+def test_a_live_run_is_recorded_span_by_span(store, fake, processor):
+    eid, result = live_run(store, fake)
+    assert result.final_output == wa.FINAL and fake.request_count == 4
+    rec = store.get(eid)
+    assert rec.status == "completed" and rec.header.replayable is True
+    assert rec.intent == "Agent workflow"
+    types = [e.type for e in rec.events]
+    assert types.count("llm.requested") == 4 and types.count("llm.responded") == 4
+    tools = [e.payload["name"] for e in rec.events if e.type == "tool.requested"]
+    assert tools == ["get_weather", "get_time"]
+    outputs = [e.payload["response"] for e in rec.events if e.type == "tool.responded"]
+    assert outputs == ["sunny in Paris", "noon in Paris"]
+    [handoff] = [e.payload for e in rec.events if e.type == "agents.handoff"]
+    assert (handoff["from_agent"], handoff["to_agent"]) == ("triage", "specialist")
+    agents_started = [e.payload["name"] for e in rec.events
+                      if e.type == "agents.span.started" and e.payload["type"] == "agent"]
+    assert agents_started == ["triage", "specialist"]
+    first = next(e.payload for e in rec.events if e.type == "llm.requested")
+    assert first["request"]["input"] == [{"content": wa.QUESTION, "role": "user"}]
+    assert first["request"]["instructions"] == wa.triage.instructions
+    assert rec.finalResponse == {
+        "status": "success", "payload": {"final_output": wa.FINAL, "last_agent": "specialist"},
+    }
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+def test_a_recorded_run_replays_offline_to_the_recorded_output(data_dir, fake, streamed):
+    with tracedb.open(data_dir) as store:
+        p = TraceDBProcessor(store)
+        set_trace_processors([p])
+        try:
+            eid, live = live_run(store, fake)
+        finally:
+            set_trace_processors([])
+            p.shutdown()
+    assert wa.TOOL_CALLS == ["get_weather(Paris)", "get_time(Paris)"]
+    requests = fake.request_count
+
+    with reader_of(data_dir) as reader:  # the public read API, the recorder closed
+        provider = ReplayModelProvider(reader, eid)
+    wa.TOOL_CALLS.clear()
+    result = replay_run(provider, streamed=streamed)
+    assert result.final_output == live.final_output == wa.FINAL
+    assert result.last_agent.name == "specialist"
+    assert fake.request_count == requests  # no request reached the model server
+    assert wa.TOOL_CALLS == ["get_weather(Paris)", "get_time(Paris)"]  # the tools ran again
+    assert provider.served == 4 and provider.consumed
+
+
+def test_a_replay_traced_by_the_processor_is_recorded_and_replays_in_its_turn(store, fake, processor):
+    eid, _ = live_run(store, fake)
+    requests = fake.request_count
+    result = replay_run(ReplayModelProvider(store, eid), tracing=True)
+    assert result.final_output == wa.FINAL
+    [again] = [r.execution_id for r in store.list() if r.execution_id != eid]
+    original, replayed = store.get(eid), store.get(again)
+    ids = [[e.payload["response"]["id"] for e in r.events if e.type == "llm.responded"] for r in (original, replayed)]
+    assert ids[0] == ids[1] and len(ids[0]) == 4
+    assert replay_run(ReplayModelProvider(store, again)).final_output == wa.FINAL
+    assert fake.request_count == requests
+
+
+def test_a_tool_that_answers_differently_makes_a_strict_replay_diverge(store, fake, processor):
+    eid, _ = live_run(store, fake)
+    second_call = [e.seq for e in store.get(eid).events if e.type == "llm.requested"][1]
+    requests = fake.request_count
+    wa.WEATHER["Paris"] = "raining"
+    with pytest.raises(ReplayDivergenceError) as e:
+        replay_run(ReplayModelProvider(store, eid))
+    assert e.value.seq == second_call  # pinned to the model call whose input changed
+    assert fake.request_count == requests
+
+
+def test_permissive_replay_calls_the_model_for_what_diverged_into_a_linked_execution(store, fake, processor):
+    eid, _ = live_run(store, fake)
+    requests = fake.request_count
+    wa.WEATHER["Paris"] = "raining"
+    fake.push_response(tool_calls=[{"name": "transfer_to_specialist", "arguments": {}}])
+    fake.push_response(tool_calls=[{"name": "get_time", "arguments": {"city": "Paris"}}])
+    fake.push_response("It is raining and it is noon in Paris.")
+    provider = ReplayModelProvider(store, eid, strict=False, live=wa.live_provider(fake.base_url))
+
+    async def main():
+        try:
+            return await Runner.run(wa.triage, wa.QUESTION,
+                                    run_config=RunConfig(model_provider=provider, tracing_disabled=True))
+        finally:
+            await provider.aclose()
+
+    result = asyncio.run(main())
+    assert result.final_output == "It is raining and it is noon in Paris."
+    assert provider.served == 1 and fake.request_count == requests + 3
+    linked = store.get(provider.new_execution_id)
+    assert linked.to_dict()["lineage"]["parentExecutionId"] == eid
+    assert [e.type for e in linked.events].count("llm.responded") == 4
+    assert linked.status == "completed"
+    assert linked.finalResponse["payload"]["final_output"] == result.final_output
+
+
+def test_the_processor_refuses_an_asyncio_recorder(data_dir):
+    async def main():
+        astore = await tracedb.open_async(data_dir)
+        try:
+            with pytest.raises(UsageError, match="synchronously"):
+                TraceDBProcessor(astore)
+        finally:
+            await astore.close()
+
+    asyncio.run(main())
+
+
+def test_a_run_killed_mid_way_is_incomplete_and_not_replayable(data_dir, fake):
+    wa.script(fake, stall_at_specialist=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.integrations.agent_child", data_dir, fake.base_url],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        # The child is held inside the specialist's first model call: kill it there.
+        assert fake.stalled.wait(60), child.stderr.read().decode() if child.poll() is not None else "no stall"
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+    tracedb_cli = [sys.executable, "-m", "tracedb", "--data-dir", data_dir]
+    recover = subprocess.run([*tracedb_cli, "recover"], cwd=ROOT, capture_output=True, text=True)
+    assert recover.returncode == 0, recover.stderr
+    with reader_of(data_dir) as reader:
+        [row] = reader.page().items
+        rec = reader.get(row.execution_id)
+        with pytest.raises(NotReplayableError) as e:
+            ReplayModelProvider(reader, row.execution_id)
+    assert e.value.reason == "execution_incomplete"
+    assert rec.status == "incomplete" and rec.header.replayable is False
+    assert rec.header.replayableReason == "execution_incomplete"
+    # Everything recorded before the kill is there: each callback returned once durable.
+    types = [e.type for e in rec.events]
+    assert types.count("llm.responded") == 2
+    assert [e.payload["name"] for e in rec.events if e.type == "tool.responded"] == ["get_weather"]
+    assert "agents.handoff" in types
+    last = rec.events[-1].payload
+    assert rec.events[-1].type == "agents.span.started" and last["type"] == "response"
+
+    replay = subprocess.run([*tracedb_cli, "replay", row.execution_id], cwd=ROOT, capture_output=True, text=True)
+    assert replay.returncode == 6, replay.stderr
+    assert "error:" in replay.stderr and "not replayable" in replay.stderr and "hint:" in replay.stderr

@@ -1,0 +1,53 @@
+"""The Agents SDK agent the integration tests run: a triage agent with a weather tool that hands
+off to a specialist with a clock tool. Its model is the fake server, scripted by `script`."""
+
+from __future__ import annotations
+
+import openai
+from agents import Agent, RunConfig, function_tool
+from agents.models.openai_provider import OpenAIProvider
+
+QUESTION = "What is the weather and the time in Paris?"
+FINAL = "It is sunny and it is noon in Paris."
+WEATHER = {"Paris": "sunny"}  # what the weather tool answers; a test changes it to make a run diverge
+TOOL_CALLS: list[str] = []  # every tool call made, in order
+
+
+@function_tool
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    TOOL_CALLS.append(f"get_weather({city})")
+    return f"{WEATHER.get(city, 'unknown')} in {city}"
+
+
+@function_tool
+def get_time(city: str) -> str:
+    """The local time in a city."""
+    TOOL_CALLS.append(f"get_time({city})")
+    return f"noon in {city}"
+
+
+specialist = Agent(name="specialist", instructions="Answer with the weather and the time.", tools=[get_time])
+triage = Agent(name="triage", instructions="Find the weather, then hand off.", tools=[get_weather],
+               handoffs=[specialist])
+
+
+def script(fake, *, stall_at_specialist: bool = False) -> None:
+    """The model's four answers: call the weather tool, hand off, call the clock tool, answer."""
+    fake.push_response(tool_calls=[{"name": "get_weather", "arguments": {"city": "Paris"}}])
+    fake.push_response(tool_calls=[{"name": "transfer_to_specialist", "arguments": {}}])
+    if stall_at_specialist:
+        fake.push_stall()
+        return
+    fake.push_response(tool_calls=[{"name": "get_time", "arguments": {"city": "Paris"}}])
+    fake.push_response(FINAL)
+
+
+def live_provider(base_url: str) -> OpenAIProvider:
+    """The SDK's own OpenAI provider, pointed at the fake server."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0)
+    return OpenAIProvider(openai_client=client)
+
+
+def live_config(base_url: str) -> RunConfig:
+    return RunConfig(model_provider=live_provider(base_url))
