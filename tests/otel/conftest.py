@@ -37,7 +37,7 @@ class OtlpServe:
         self.proc = subprocess.Popen(
             [*TRACEDB, "--data-dir", data_dir, "serve", "--log-format", "json", "--otlp-port", "0", *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env=env_for(data_dir, TRACEDB_IDLE_TIMEOUT_S="0", **(env or {})),
+            env=env_for(data_dir, **{"TRACEDB_IDLE_TIMEOUT_S": "0", **(env or {})}),
         )
         self._reader = threading.Thread(target=self._read_log, daemon=True)
         self._reader.start()

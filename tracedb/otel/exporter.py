@@ -77,9 +77,14 @@ class TraceDBSpanExporter(SpanExporter):
         root = next((s for s in group if s.is_root), None)
         intent = M.intent_of(root, group[0])
         try:
-            self.recorder.start(intent, M.envelope_of(group[0], intent), entry.execution_id)
+            ex = self.recorder.start(intent, M.envelope_of(group[0], intent), entry.execution_id)
+            # A sidecar takes a start it already holds (same intent and envelope) as a resend, and
+            # tells how far the execution got: then its spans are looked up like a known one's.
+            known = (getattr(ex, "last_seq", 0) or 0) > 0
             entry.status = STATUS_RUNNING
         except ExecutionExistsError:
+            known = True
+        if known:
             record = self.recorder.get(entry.execution_id)
             entry.spans = M.recorded_span_ids(record)
             entry.status = record.status

@@ -466,18 +466,23 @@ def link_request_seq(events: list[tuple[str, dict]], first_seq: int) -> None:
 
 
 def intent_of(root: Optional[Span], any_span: Span) -> str:
-    """The intent of a trace's execution, fixed when its first spans arrive: the root span's
-    `gen_ai.agent.name`, else its name, when the root is among them; else the resource's
-    `service.name` (unless it is the SDK's `unknown_service` default); else "otel"."""
+    """The intent of a trace's execution, fixed when the trace's first spans arrive.
+
+    The resource's `service.name` (OTEL_SERVICE_NAME), so that every trace of one agent gets the
+    same intent whichever of its spans an export happens to carry first: the SDK exports on a
+    timer, and a root that ends after the timer fired arrives in a later request. Without a
+    service name (the SDK's `unknown_service` default): the root span's `gen_ai.agent.name`, else
+    its name, when the root is among those first spans; else "otel". The root's name and agent
+    name are in the final response either way."""
+    service = any_span.resource.get("service.name")
+    if isinstance(service, str) and service and not service.startswith("unknown_service"):
+        return service[:200]
     if root is not None:
         agent = root.attributes.get("gen_ai.agent.name")
         if isinstance(agent, str) and agent:
             return agent[:200]
         if root.name:
             return root.name[:200]
-    service = any_span.resource.get("service.name")
-    if isinstance(service, str) and service and not service.startswith("unknown_service"):
-        return service[:200]
     return DEFAULT_INTENT
 
 
