@@ -7,7 +7,7 @@ the recorder serialised, never decoded and encoded again by the compactor:
 
 Every other record is one orjson document:
 
-    {"op": "start", "id", "intent", "envelope", "hash", "t", ["parent", "fork_seq"]}
+    {"op": "start", "id", "intent", "envelope", "hash", "t", ["parent", "fork_seq"], ["meta"]}
     {"op": "finish", "id", "seq", "response", "t"}            -> a FINAL_RESPONSE step
     {"op": "invalidate", "id", "reason", "t"}
     {"op": "incomplete", "id", "why", "t"}
@@ -50,8 +50,10 @@ def event_payload_offset(record: bytes, payload_json: bytes) -> int:
 def encode_start(
     execution_id: str, intent: str, envelope: dict, envelope_hash: str, t: int,
     parent_execution_id: Optional[str] = None, forked_at_seq: Optional[int] = None,
+    meta: Optional[dict] = None,
 ) -> bytes:
-    """A start record; the envelope is serialised the way it was hashed."""
+    """A start record; the envelope is serialised the way it was hashed. `meta` goes into the
+    trace's `meta` column (the stored envelope's hash after redaction, an imported header)."""
     doc: dict[str, Any] = {
         "op": OP_START, "id": execution_id, "intent": intent, "envelope": envelope,
         "hash": envelope_hash, "t": t,
@@ -59,6 +61,8 @@ def encode_start(
     if parent_execution_id is not None:
         doc["parent"] = parent_execution_id
         doc["fork_seq"] = forked_at_seq
+    if meta:
+        doc["meta"] = meta
     return dumps_checked(doc, "envelope", ENVELOPE_OPTS, default=str)
 
 

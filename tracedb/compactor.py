@@ -70,7 +70,7 @@ _STEP_COLS = ("execution_id", "seq", "type", "payload", "recorded_at_ns", "lsn")
 _TRACE_COLS = (
     "execution_id", "recorder_id", "intent", "status", "replayable", "replayable_reason",
     "status_note", "envelope", "envelope_hash", "router_decision", "final_response", "last_seq",
-    "created_at_ns", "updated_at_ns", "parent_execution_id", "forked_at_seq", "pinned",
+    "created_at_ns", "updated_at_ns", "parent_execution_id", "forked_at_seq", "pinned", "meta",
 )
 
 
@@ -579,6 +579,7 @@ class Compactor:
                 "parent_execution_id": d.get("parent"),
                 "forked_at_seq": d.get("fork_seq"),
                 "pinned": False,
+                "meta": d.get("meta"),
                 "_lsn": lsn,
             }
         else:
@@ -683,7 +684,7 @@ class Compactor:
             r["replayable_reason"], text(r["status_note"]), _dumps(r["envelope"]), r["envelope_hash"],
             _dumps_or_none(r["router_decision"]), _dumps_or_none(r["final_response"]),
             r["last_seq"], r["created_at_ns"], r["updated_at_ns"], r["parent_execution_id"],
-            r["forked_at_seq"], r["pinned"],
+            r["forked_at_seq"], r["pinned"], _dumps_or_none(r["meta"]),
         )
 
     def _run_updates(self, conn, upd: dict) -> None:

@@ -51,6 +51,9 @@ class Config:
     retention_days: float = 30.0
     prune_batch_traces: int = 500
     busy_timeout_ms: int = 5000
+    # Rewrite secrets before they are written ([redaction] in the file: keys, patterns, per-intent
+    # rules; see tracedb.redaction). False records every value as given.
+    redact: bool = True
     # Tables of the file this module does not own (e.g. [sidecar]), kept for their owners.
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
@@ -79,6 +82,15 @@ class Config:
     def replace(self, **changes) -> "Config":
         """A copy with some settings changed."""
         return dataclasses.replace(self, **changes)
+
+    def redactor(self):
+        """The `tracedb.redaction.Redactor` of the `[redaction]` table, or None when redaction is
+        off (`redact` false, or no rule left)."""
+        from .redaction import Redactor
+
+        if not self.redact:
+            return None
+        return Redactor.from_table(self.extra.get("redaction"))
 
 
 # (toml table, toml key) -> Config field. The environment variable is TRACEDB_<FIELD upper>.
@@ -144,6 +156,10 @@ def _from_file(path: str) -> tuple[dict, dict]:
     values: dict = {}
     extra: dict = {}
     for table, body in data.items():
+        if table == "redaction" and isinstance(body, dict) and "enabled" in body:
+            # Its `enabled` is a setting (TRACEDB_REDACT); the rules stay with the table.
+            body = dict(body)
+            values["redact"] = _coerce("redact", body.pop("enabled"), f"{path} [redaction] enabled")
         if table not in _OWN_TABLES:
             extra[table] = body
             continue
@@ -215,6 +231,7 @@ def _validate(cfg: Config) -> None:
         value = getattr(cfg, name)
         if not math.isfinite(value) or value < 0:
             raise ConfigError(f"{name} must be a finite number, not negative, got {value}")
+    cfg.redactor()  # a bad rule is a ConfigError now, not at the first record
     if cfg.db_url and "://" not in cfg.db_url:
         raise ConfigError(
             f"db_url {cfg.db_url!r} is not a database URL",

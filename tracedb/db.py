@@ -43,7 +43,7 @@ from sqlalchemy.engine import Engine
 from . import models
 from .errors import ConfigError, DatabaseUnavailableError, StoreNotFoundError
 
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 
 
 def _json_serializer(value) -> str:

@@ -60,8 +60,8 @@ class ExecutionClosedError(TraceDBError):
 class ExecutionExistsError(TraceDBError):
     code = "execution_exists"
 
-    def __init__(self, execution_id: str):
-        super().__init__(f"execution {execution_id!r} already exists")
+    def __init__(self, execution_id: str, *, hint: Optional[str] = None):
+        super().__init__(f"execution {execution_id!r} already exists", hint=hint)
         self.execution_id = execution_id
 
 

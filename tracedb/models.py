@@ -39,6 +39,9 @@ traces = sa.Table(
     sa.Column("parent_execution_id", sa.String(ID_LENGTH), nullable=True),
     sa.Column("forked_at_seq", sa.Integer, nullable=True),
     sa.Column("pinned", sa.Boolean, nullable=False),
+    # What the record says about itself beyond IntentusNet's shape (migration 0003): the stored
+    # envelope's hash when redaction rewrote it, an imported header as it was written.
+    sa.Column("meta", sa.JSON(none_as_null=True), nullable=True),
     # Pages of executions, newest first, continue after (created_at_ns, execution_id).
     sa.Index("ix_traces_created_id", "created_at_ns", "execution_id"),
     sa.Index("ix_traces_status_created_id", "status", "created_at_ns", "execution_id"),

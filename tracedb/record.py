@@ -46,6 +46,10 @@ REASON_EXECUTION_INCOMPLETE = "execution_incomplete"
 REASON_RECORDING_FAILURE = "recording_failure"
 REASON_MANUALLY_INVALIDATED = "manually_invalidated"
 REASON_RECORD_CORRUPTED = "record_corrupted"
+# What redaction writes in place of a secret: the whole value for a key rule, the matched text
+# for a pattern (see tracedb.redaction).
+REDACTED = "[REDACTED]"
+
 REPLAYABLE_REASONS = (
     REASON_EXECUTION_INCOMPLETE,
     REASON_RECORDING_FAILURE,
@@ -60,6 +64,20 @@ def utc_iso(ns: int, *, timespec: str = "microseconds") -> str:
 
     dt = datetime.fromtimestamp(ns / 1e9, tz=timezone.utc)
     return dt.replace(tzinfo=None).isoformat(timespec=timespec) + "Z"
+
+
+def redacted_paths(value: Any, path: str = "$") -> list:
+    """The paths inside `value` whose string is, or contains, the REDACTED marker."""
+    if isinstance(value, str):
+        return [path] if REDACTED in value else []
+    found: list = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found += redacted_paths(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found += redacted_paths(v, f"{path}[{i}]")
+    return found
 
 
 def compute_envelope_hash(envelope: dict) -> str:
@@ -84,6 +102,16 @@ def normalize_envelope_hash(value: Optional[str]) -> Optional[str]:
     if len(value) == 64 and all(c in "0123456789abcdef" for c in value.lower()):
         return "sha256:" + value.lower()
     return value
+
+
+def stored_envelope_hash(envelope_hash: Optional[str], meta: Any) -> Optional[str]:
+    """The hash the stored envelope must have: the recorded one, or, when redaction rewrote the
+    envelope before it was stored, the hash of the envelope as stored (kept in `meta`). The
+    recorded hash stays the one of the envelope as sent, which replay with it checks."""
+    redaction = meta.get("redaction") if isinstance(meta, dict) else None
+    if isinstance(redaction, dict) and isinstance(redaction.get("envelopeHash"), str):
+        return normalize_envelope_hash(redaction["envelopeHash"])
+    return normalize_envelope_hash(envelope_hash)
 
 
 @dataclass
@@ -131,6 +159,9 @@ class ExecutionRecord:
     intent: Optional[str] = None
     parentExecutionId: Optional[str] = None
     forkedAtSeq: Optional[int] = None
+    # What the record says about itself beyond IntentusNet's shape (the `meta` column): the
+    # stored envelope's hash when redaction rewrote it, an imported header as it was written.
+    meta: Optional[dict] = None
 
     @property
     def execution_id(self) -> str:
@@ -155,6 +186,31 @@ class ExecutionRecord:
                 "parentExecutionId": self.parentExecutionId,
                 "forkedAtSeq": self.forkedAtSeq,
             }
+        redacted = self.redacted_paths()
+        if redacted:
+            out["redacted"] = redacted
+        return out
+
+    def redacted_paths(self) -> dict:
+        """Where redaction rewrote this record: {"envelope": [paths], "events": {seq: [paths]},
+        "finalResponse": [paths]}, each part present only when it holds a redacted value. A path
+        is "$" then ".key" and "[index]" steps; the value there is, or contains, REDACTED."""
+        out: dict = {}
+        env = redacted_paths(self.envelope)
+        if env:
+            out["envelope"] = env
+        events = {}
+        for e in self.events:
+            if e.type == FINAL_RESPONSE:
+                continue
+            paths = redacted_paths(e.payload)
+            if paths:
+                events[str(e.seq)] = paths
+        if events:
+            out["events"] = events
+        final = redacted_paths(self.finalResponse)
+        if final:
+            out["finalResponse"] = final
         return out
 
     @classmethod

@@ -25,7 +25,7 @@ PENDING_LSN = sys.maxsize  # a closing record is handed over, its LSN not yet du
 class ExecutionState:
     """An execution this store is recording (or closed, until its last record is compacted)."""
 
-    __slots__ = ("execution_id", "status", "next_seq", "last_activity_ns", "last_lsn", "lock")
+    __slots__ = ("execution_id", "status", "next_seq", "last_activity_ns", "last_lsn", "lock", "rules")
 
     def __init__(self, execution_id: str, now_ns: int):
         self.execution_id = execution_id
@@ -34,6 +34,7 @@ class ExecutionState:
         self.last_activity_ns = now_ns
         self.last_lsn = 0
         self.lock = threading.Lock()
+        self.rules = None  # the redaction rules of its intent (tracedb.redaction.Rules), if any
 
     def settle(self, lsn: int) -> None:
         """The closing record handed over is durable at `lsn`."""

@@ -25,6 +25,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
+import orjson
 import sqlalchemy as sa
 
 import wal
@@ -66,6 +67,7 @@ from .record import (
     compute_envelope_hash,
 )
 from .recovery import RecoverResult
+from .redaction import Rules, redact
 from .retention import PruneResult
 from .state import PENDING_LSN, ExecutionState, ExecutionTable, StagedBatch, StagedStart, StageMiss
 from .validation import (
@@ -191,6 +193,7 @@ class Store:
         self._hinting = False  # see _keep_records_in_memory
         self.background_error: Optional[BaseException] = None
         self._disabled_seqs: dict[str, int] = {}
+        self._redactor = config.redactor()
         os.makedirs(self.data_dir, exist_ok=True)
         try:
             self._wal = wal.open_wal(
@@ -299,6 +302,11 @@ class Store:
     def durable_lsn(self) -> int:
         """The last WAL LSN acknowledged as durable."""
         return self._wal.durable_lsn
+
+    @property
+    def redactor(self):
+        """The `tracedb.redaction.Redactor` every record passes through, or None (off)."""
+        return self._redactor
 
     @property
     def wal(self) -> "wal.Wal":
@@ -443,13 +451,16 @@ class Store:
 
     def reserve_start(
         self, intent, envelope, execution_id=None, parent_execution_id=None, forked_at_seq=None,
-        created_at_ns=None,
+        created_at_ns=None, *, meta: Optional[dict] = None,
     ) -> StagedStart:
         """Validate a start and reserve its id (ExecutionExistsError if it is held in memory).
 
         Then, off the event loop, `check_new_in_db` (it queries the database); then `stage_start`,
         or `cancel_start` if anything failed. `created_at_ns` (ns since the epoch) is for importing
-        executions recorded elsewhere: their original creation time; None is now.
+        executions recorded elsewhere: their original creation time; None is now. `meta` (a JSON
+        object) goes into the trace's `meta` column beside what redaction puts there.
+
+        The envelope hash is taken before redaction: replay with the original envelope verifies.
         """
         self._check_recording("start")
         if not isinstance(intent, str) or not intent:
@@ -480,11 +491,20 @@ class Store:
             envelope_hash = compute_envelope_hash(envelope)
         except (TypeError, ValueError) as e:
             raise InvalidInputError(f"envelope cannot be hashed: {e}") from None
+        rules = self._redactor.for_intent(intent) if self._redactor is not None else None
+        if rules is not None:
+            stored, changed = redact(envelope, rules)
+            if changed:
+                # verify checks the stored envelope against this hash; the caller's stays the
+                # execution's envelope hash.
+                meta = dict(meta or {})
+                meta["redaction"] = {"envelopeHash": compute_envelope_hash(stored)}
+                envelope = stored
         now = self.clock()
         # An imported execution keeps its original creation time (retention counts from it).
         data = check_record_size(encode_start(
             execution_id, intent, envelope, envelope_hash, now if created_at_ns is None else created_at_ns,
-            parent_execution_id, forked_at_seq,
+            parent_execution_id, forked_at_seq, meta,
         ))
         if not self.config.enabled:
             self._disabled_seqs[execution_id] = 1
@@ -492,6 +512,7 @@ class Store:
         state = self._executions.reserve(execution_id, now)
         if state is None:
             raise ExecutionExistsError(execution_id)
+        state.rules = rules
         return StagedStart(execution_id, envelope_hash, data, state, explicit, parent_execution_id)
 
     def check_new_in_db(self, start: StagedStart) -> None:
@@ -541,11 +562,7 @@ class Store:
             self._check_open(state)
             seq = state.next_seq
             now = self.clock()
-            pj = payload_json(payload, type_)
-            data = encode_event(execution_id, seq, type_, pj, now)
-            if len(data) > wal.MAX_PAYLOAD_BYTES:
-                check_record_size(data)
-            hint = (execution_id, seq, type_, len(data) - len(pj), now) if self._hinting else None
+            data, hint = self._event_record(execution_id, seq, type_, payload, state.rules, now)
             sink.put(data, hint, state, False)
             state.next_seq = seq + 1
             state.last_activity_ns = now
@@ -563,10 +580,40 @@ class Store:
             self._check_open(state)
             seq = state.next_seq
             now = self.clock()
-            data = check_record_size(encode_finish(execution_id, seq, response, now))
+            data = self._finish_record(execution_id, seq, response, state.rules, now)
             self._close(sink, state, data, STATUS_COMPLETED, now)
             state.next_seq = seq + 1
         return seq
+
+    def _event_record(self, execution_id: str, seq: int, type_: str, payload: Any, rules: Optional[Rules], now: int):
+        """An event's WAL record and compaction hint: payload checked, then redacted."""
+        pj = payload_json(payload, type_)
+        if rules is not None and rules.might_match(pj):
+            value = orjson.loads(pj) if isinstance(payload, orjson.Fragment) else payload
+            value, changed = redact(value, rules)
+            if changed:
+                pj = payload_json(value, type_)
+        data = encode_event(execution_id, seq, type_, pj, now)
+        if len(data) > wal.MAX_PAYLOAD_BYTES:
+            check_record_size(data)
+        hint = (execution_id, seq, type_, len(data) - len(pj), now) if self._hinting else None
+        return data, hint
+
+    @staticmethod
+    def _finish_record(execution_id: str, seq: int, response: dict, rules: Optional[Rules], now: int) -> bytes:
+        """The final response's WAL record: checked, then redacted."""
+        data = check_record_size(encode_finish(execution_id, seq, response, now))
+        if rules is not None and rules.might_match(data):
+            response, changed = redact(response, rules)
+            if changed:
+                data = check_record_size(encode_finish(execution_id, seq, response, now))
+        return data
+
+    def redact_for(self, intent: Optional[str], value: Any) -> Any:
+        """`value` as the store would record it for an execution of `intent` (redacted); for
+        comparing a value sent again with the recorded one."""
+        rules = self._redactor.for_intent(intent) if self._redactor is not None else None
+        return value if rules is None else redact(value, rules)[0]
 
     def stage_status_change(self, sink, execution_id: str, op: str, text: str, *, held_only: bool = False) -> bool:
         """Hand an invalidation (OP_INVALIDATE) or a recording_failure flag to `sink`. Invalidating
@@ -656,20 +703,103 @@ class Store:
         parent_execution_id: Optional[str] = None,
         forked_at_seq: Optional[int] = None,
         created_at_ns: Optional[int] = None,
+        meta: Optional[dict] = None,
     ) -> Execution:
         """Start an execution; returns once its start record is durable in the WAL.
 
         `created_at_ns` (ns since the epoch) is for importing executions recorded elsewhere:
-        their original creation time; None is now.
+        their original creation time; None is now. `meta`: a JSON object kept in the trace's
+        `meta` column (an importer's notes on the original record).
         """
         self._check_sync("start")
-        start = self.reserve_start(intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns)
+        start = self.reserve_start(
+            intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns, meta=meta
+        )
         try:
             self.check_new_in_db(start)
             self.stage_start(self._appender, start)
         finally:
             self.cancel_start(start)
         return Execution(self, start.execution_id, start.envelope_hash)
+
+    def record_execution(
+        self,
+        intent: str,
+        envelope: dict,
+        execution_id: Optional[str] = None,
+        *,
+        events=(),
+        response: Optional[dict] = None,
+        closing=(),
+        created_at_ns: Optional[int] = None,
+        meta: Optional[dict] = None,
+    ) -> Execution:
+        """Record a whole execution at once (an import): every record is checked, redacted and
+        encoded before the first is appended, so a refusal writes nothing and the same call can
+        be made again once the input is fixed; then all of them go to the WAL in one append.
+
+        `events`: (type, payload) pairs, numbered 1, 2, ...; `response`: the final response, or
+        None to leave the execution running (or to close it with `closing`); `closing`: (op,
+        text) status changes after the events and the response, op one of "invalidate",
+        "incomplete", "recording_failure" (as `invalidate`, `abandon`, `mark_recording_failure`).
+        """
+        self._check_sync("record_execution")
+        start = self.reserve_start(
+            intent, envelope, execution_id, None, None, created_at_ns, meta=meta,
+        )
+        try:
+            self.check_new_in_db(start)
+            state = start.state
+            if state is None:  # recording disabled
+                return Execution(self, start.execution_id, start.envelope_hash)
+            eid = start.execution_id
+            now = self.clock()
+            payloads = [start.data]
+            hints: dict = {}
+            status = STATUS_RUNNING
+            seq = 0
+            for seq, item in enumerate(events, start=1):
+                type_, payload = item
+                if type_ == FINAL_RESPONSE:
+                    raise InvalidInputError(
+                        f"event {seq} is FINAL_RESPONSE", hint="pass the final response as `response`"
+                    )
+                validate_event_type(type_)
+                data, hint = self._event_record(eid, seq, type_, payload, state.rules, now)
+                if hint is not None:
+                    hints[len(payloads)] = hint
+                payloads.append(data)
+            if response is not None:
+                seq += 1
+                response = validate_response(response)
+                payloads.append(self._finish_record(eid, seq, response, state.rules, now))
+                status = STATUS_COMPLETED
+            for op, text in closing:
+                if op not in STATUS_TEXT_KEY:
+                    raise InvalidInputError(f"unknown status change {op!r}")
+                validate_text(text, STATUS_TEXT_KEY[op])
+                if op == OP_INCOMPLETE and status != STATUS_RUNNING:
+                    raise InvalidInputError("only a running execution can be marked incomplete")
+                if op == OP_RECORDING_FAILURE and status not in (STATUS_RUNNING, STATUS_COMPLETED):
+                    raise ExecutionClosedError(eid, status)
+                payloads.append(check_record_size(encode_status(op, eid, text, now)))
+                if op == OP_INVALIDATE:
+                    status = STATUS_INVALIDATED
+                elif op == OP_INCOMPLETE:
+                    status = STATUS_INCOMPLETE
+            with state.lock:
+                try:
+                    lsns = self._wal.append_many(payloads, hints or None)
+                except _WAL_REFUSALS as e:
+                    raise _refusal(e) from None
+                state.next_seq = seq + 1
+                state.last_activity_ns = now
+                state.last_lsn = lsns[-1]
+                state.status = status
+            self.note_append()
+        finally:
+            self.cancel_start(start)
+        return Execution(self, eid, start.envelope_hash)
 
     def event(self, execution_id: str, type: str, payload: Any = None) -> int:
         """Record one event; returns its seq once it is durable in the WAL.

@@ -6,8 +6,9 @@ functions, so a value refused on one path is refused on all of them, before anyt
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import orjson
 
@@ -20,8 +21,9 @@ ID_LENGTH = 128
 TYPE_LENGTH = 128
 
 KNOWN_EVENT_TYPES = ROUTER_EVENT_TYPES | CALL_EVENT_TYPES
-NAMESPACED_TYPE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)+$")
-PRINTABLE_ID = re.compile(r"^[\x21-\x7e]+$")
+# Matched with fullmatch: `$` would also match before a trailing newline ("myapp.step\n").
+NAMESPACED_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)+")
+PRINTABLE_ID = re.compile(r"[\x21-\x7e]+")
 
 # Payloads and responses: datetimes and dataclasses go through `default` (str) like the envelope.
 DUMP_OPTS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
@@ -31,6 +33,10 @@ ENVELOPE_OPTS = DUMP_OPTS | orjson.OPT_NON_STR_KEYS
 
 _I64 = 1 << 63
 _NOT_JSON_HINT = "pass dicts, lists, strings, numbers, booleans and None only"
+_NONFINITE_HINT = (
+    "record it as a string (\"NaN\", \"Infinity\") or as null yourself; tracedb stores only "
+    "values it gives back exactly"
+)
 
 
 def validate_event_type(type_: Any) -> str:
@@ -39,7 +45,7 @@ def validate_event_type(type_: Any) -> str:
         raise InvalidInputError(f"event type must be a string, not {type(type_).__name__}")
     if type_ in KNOWN_EVENT_TYPES:
         return type_
-    if len(type_) <= TYPE_LENGTH and NAMESPACED_TYPE.match(type_):
+    if len(type_) <= TYPE_LENGTH and NAMESPACED_TYPE.fullmatch(type_):
         return type_
     raise InvalidInputError(
         f"unknown event type {type_!r}",
@@ -50,7 +56,7 @@ def validate_event_type(type_: Any) -> str:
 
 def validate_id(value: Any, name: str) -> str:
     """An execution id: 1 to ID_LENGTH printable ASCII characters without spaces."""
-    if not isinstance(value, str) or not value or len(value) > ID_LENGTH or not PRINTABLE_ID.match(value):
+    if not isinstance(value, str) or not value or len(value) > ID_LENGTH or not PRINTABLE_ID.fullmatch(value):
         raise InvalidInputError(
             f"{name} must be 1 to {ID_LENGTH} printable ASCII characters without spaces, got {value!r}"
         )
@@ -84,11 +90,42 @@ def check_bare_int(payload: int, type_: str) -> None:
         )
 
 
+def nonfinite_path(value: Any, path: str = "$") -> Optional[str]:
+    """The path of the first NaN or infinity inside `value` (dicts, lists, tuples), else None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = nonfinite_path(v, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k!r}]")
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = nonfinite_path(v, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def check_finite(value: Any, what: str) -> None:
+    """Refuse NaN and infinities: JSON has no such numbers, and orjson would write them as null,
+    a value other than the one given. Refused, not stored altered."""
+    found = nonfinite_path(value)
+    if found is not None:
+        raise InvalidInputError(
+            f"{what} holds a number JSON cannot represent (NaN or infinity) at {found}",
+            hint=_NONFINITE_HINT,
+        )
+
+
 def dumps_checked(value: Any, what: str, opts: int = DUMP_OPTS, default=None) -> bytes:
     """`value`, which holds something the caller passed in, as JSON. It is parsed back once: an
     `orjson.Fragment` is written as it is, and one that is not JSON would leave the execution's
-    record unreadable for good."""
+    record unreadable for good. NaN and infinities are refused (`check_finite`)."""
     out = dumps(value, what, opts, default)
+    # orjson writes a non-finite float as null: only a document with a null can hold one.
+    if b"null" in out:
+        check_finite(value, what)
     try:
         orjson.loads(out)
     except orjson.JSONDecodeError as e:
@@ -107,8 +144,22 @@ def dumps(value: Any, what: str, opts: int = DUMP_OPTS, default=None) -> bytes:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {e}", hint=_NOT_JSON_HINT) from None
 
 
+def check_bare_float(payload: float, type_: str) -> None:
+    """A payload that is a bare float must not be a whole number in the 64-bit range: SQLite
+    stores a JSON column's bare number by NUMERIC affinity, which turns 1.0, -0.0 and 1e16
+    into the integers 1, 0 and 10000000000000000."""
+    if payload.is_integer() and -_I64 <= payload < _I64:
+        raise InvalidInputError(
+            f"payload of event {type_!r} is the bare float {payload!r}, which the database would "
+            "give back as an integer",
+            hint="wrap it in an object ({\"value\": ...}): inside an object it is kept exactly",
+        )
+
+
 def payload_json(payload: Any, type_: str) -> bytes:
     """An event's payload as the JSON text stored in its step, checked as every path checks it."""
     if type(payload) is int:
         check_bare_int(payload, type_)
+    elif type(payload) is float:
+        check_bare_float(payload, type_)
     return dumps_checked(payload, f"payload of event {type_!r}")

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 from . import db
 from .errors import ExecutionNotFoundError
 from .models import trace_steps, traces
-from .record import FINAL_RESPONSE, STATUS_COMPLETED, compute_envelope_hash, normalize_envelope_hash
+from .record import FINAL_RESPONSE, STATUS_COMPLETED, compute_envelope_hash, stored_envelope_hash
 
 # Traces per read transaction of the whole-store walk; their steps come in the same transaction.
 CHUNK_TRACES = 1000
@@ -49,11 +49,12 @@ _TRACE_COLUMNS = (
     traces.c.status,
     traces.c.final_response,
     traces.c.last_seq,
+    traces.c.meta,  # the stored envelope's hash when redaction rewrote it
 )
 
 
 def _hash_problem(row) -> Optional[str]:
-    stored = normalize_envelope_hash(row.envelope_hash)
+    stored = stored_envelope_hash(row.envelope_hash, row.meta)
     computed = compute_envelope_hash(row.envelope)
     if stored != computed:
         return f"{row.execution_id}: envelope hash {stored} does not match the envelope ({computed})"

@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
 
+import orjson
+
 from ..errors import (
     ExecutionExistsError,
     ExecutionNotFoundError,
@@ -58,17 +60,20 @@ from ..errors import (
 )
 from ..record import (
     FINAL_RESPONSE,
+    REASON_EXECUTION_INCOMPLETE,
     REASON_MANUALLY_INVALIDATED,
     REASON_RECORD_CORRUPTED,
+    REASON_RECORDING_FAILURE,
     ROUTER_DECISION,
     ExecutionRecord,
     compute_envelope_hash,
     normalize_envelope_hash,
+    stored_envelope_hash,
 )
 
 TYPE_PREFIX = "intentusnet."
-_BARE_TYPE = re.compile(r"^[A-Za-z0-9_-]+$")
-_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+_BARE_TYPE = re.compile(r"[A-Za-z0-9_-]+")  # fullmatch
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")  # fullmatch
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 try:  # Subclass IntentusNet's interface when it is installed, so isinstance checks pass.
@@ -119,7 +124,7 @@ def check_envelope_hash(envelope: dict, given: Optional[str]) -> Optional[str]:
     if normalize_envelope_hash(given) == compute_envelope_hash(envelope):
         return "tracedb"
     bare = given[len("sha256:"):] if given.startswith("sha256:") else given
-    if _HEX64.match(bare) and bare.lower() == intentusnet_envelope_hash(envelope):
+    if _HEX64.fullmatch(bare) and bare.lower() == intentusnet_envelope_hash(envelope):
         return "intentusnet"
     raise IntegrityError(
         f"envelope hash {given} does not match the envelope (tracedb computes "
@@ -175,7 +180,8 @@ class ParsedRecord:
     envelope_hash_form: Optional[str] = field(default=None, compare=False)
 
 
-def _tracedb_type(type_: Any, seq: int) -> str:
+def tracedb_event_type(type_: Any, seq: int) -> str:
+    """The tracedb event type an IntentusNet event type is stored as (see the module doc)."""
     from ..validation import validate_event_type
 
     if not isinstance(type_, str) or not type_:
@@ -186,7 +192,7 @@ def _tracedb_type(type_: Any, seq: int) -> str:
     try:
         return validate_event_type(type_)
     except InvalidInputError:
-        if _BARE_TYPE.match(type_) and len(TYPE_PREFIX) + len(type_) <= 128:
+        if _BARE_TYPE.fullmatch(type_) and len(TYPE_PREFIX) + len(type_) <= 128:
             return TYPE_PREFIX + type_
         raise InvalidInputError(
             f"event {seq}: type {type_!r} can be stored neither as it is nor as {TYPE_PREFIX}{type_}",
@@ -232,7 +238,7 @@ def parse_record(data: Any) -> ParsedRecord:
             continue
         if type_ == ROUTER_DECISION:
             last_decision = payload
-        events.append((_tracedb_type(type_, i), payload))
+        events.append((tracedb_event_type(type_, i), payload))
     if final_event is not None and final_event != final:
         raise InvalidInputError(
             f"{eid}: the FINAL_RESPONSE event's payload differs from finalResponse",
@@ -279,65 +285,146 @@ def record_dict(record: Any) -> dict:
     return to_plain(to_dict())
 
 
+HEADER_KEYS = ("createdUtcIso", "envelopeHash", "replayable", "replayableReason")
+
+
+def header_meta(header: dict) -> dict:
+    """The header fields kept as written in the trace's `meta` (under "intentusnet"), so that
+    export gives them back byte for byte: the time's own spelling ("Z" or "+00:00", its
+    digits), the hash's form, a custom not-replayable reason."""
+    return {k: header.get(k) for k in HEADER_KEYS}
+
+
+def _closing(p: ParsedRecord) -> tuple:
+    if p.final_response is None:
+        return (("incomplete", "imported without a final response"),)
+    if p.not_replayable is not None:
+        state, reason = p.not_replayable
+        op = "invalidate" if state == "invalidated" else "recording_failure"
+        return ((op, f"imported from IntentusNet: {reason}"),)
+    return ()
+
+
 def write_record(store, data: Any) -> str:
     """Record an IntentusNet record into a tracedb `Store`; returns "imported", or "present"
-    when the store holds the same record already. ExecutionExistsError when it holds another
-    one under that id."""
+    when the store holds the same record already (header included). ExecutionExistsError when
+    it holds another one under that id: a record is never silently replaced or dropped.
+
+    The whole record is checked before anything is written (`Store.record_execution`): a record
+    refused for any reason leaves nothing behind, and importing it again once fixed works."""
     data = record_dict(data)
     p = parse_record(data)
     try:
-        store.start(p.intent, p.envelope, p.execution_id, created_at_ns=p.created_at_ns)
+        store.record_execution(
+            p.intent, p.envelope, p.execution_id, events=p.events, response=p.final_response,
+            closing=_closing(p), created_at_ns=p.created_at_ns,
+            meta={"intentusnet": header_meta(data["header"])},
+        )
     except ExecutionExistsError:
-        if _same_record(store.get(p.execution_id), data):
+        difference = _difference(store, p, data)
+        if difference is None:
             return "present"
-        raise ExecutionExistsError(p.execution_id) from None
-    eid = p.execution_id
-    for type_, payload in p.events:
-        store.event(eid, type_, payload)
-    if p.final_response is None:
-        store.abandon(eid, "imported without a final response")
-        return "imported"
-    store.finish(eid, p.final_response)
-    if p.not_replayable is not None:
-        state, reason = p.not_replayable
-        if state == "invalidated":
-            store.invalidate(eid, f"imported from IntentusNet: {reason}")
-        else:
-            store.mark_recording_failure(eid, f"imported from IntentusNet: {reason}")
+        raise ExecutionExistsError(
+            p.execution_id,
+            hint=f"tracedb holds another record under this id ({difference}); a recorded execution "
+            "is never replaced: import the changed record under a new executionId",
+        ) from None
     return "imported"
 
 
-def _same_record(stored: ExecutionRecord, data: dict) -> bool:
-    mine = to_intentusnet_dict(stored)
-    return (
-        mine["envelope"] == data.get("envelope")
-        and mine["events"] == [
-            {"seq": e.get("seq"), "type": e.get("type"), "payload": e.get("payload")}
-            for e in data.get("events") or []
-        ]
-        and mine["finalResponse"] == data.get("finalResponse")
-        and mine["routerDecision"] == data.get("routerDecision")
-    )
+def _as_stored(store, p: ParsedRecord, data: dict) -> dict:
+    """`data` as the store records it: redacted by the store's rules for its intent."""
+    redact = getattr(store, "redact_for", None)
+    if redact is None:
+        return data
+    out = dict(data)
+    out["envelope"] = redact(p.intent, data.get("envelope"))
+    out["events"] = [
+        {**e, "payload": redact(p.intent, e.get("payload"))} if isinstance(e, dict) else e
+        for e in data.get("events") or []
+    ]
+    out["finalResponse"] = redact(p.intent, data.get("finalResponse"))
+    out["routerDecision"] = redact(p.intent, data.get("routerDecision"))
+    return out
+
+
+def _json(value: Any) -> bytes:
+    # Strict: `True == 1` and `1 == 1.0` in Python, not in a record given back byte for byte.
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+
+
+def _difference(store, p: ParsedRecord, data: dict) -> Optional[str]:
+    """None when the store holds exactly `data` under its id, else what differs."""
+    mine = to_intentusnet_dict(store.get(p.execution_id))
+    given = _as_stored(store, p, data)
+    for key in ("header", "envelope", "routerDecision", "finalResponse"):
+        if key == "header":
+            # envelopeHash: parse_record checked the given one against the envelope, compared
+            # below; it may come in any of the accepted forms.
+            for hk in ("executionId", "createdUtcIso", "replayable", "replayableReason"):
+                if _json(mine["header"].get(hk)) != _json((given.get("header") or {}).get(hk)):
+                    return f"header.{hk} differs"
+        elif _json(mine[key]) != _json(given.get(key)):
+            return f"{key} differs"
+    theirs = [
+        {"seq": e.get("seq"), "type": e.get("type"), "payload": e.get("payload")}
+        for e in given.get("events") or []
+    ]
+    if len(mine["events"]) != len(theirs):
+        return f"{len(mine['events'])} events recorded, {len(theirs)} given"
+    for a, b in zip(mine["events"], theirs):
+        if _json(a) != _json(b):
+            return f"event {a['seq']} differs"
+    return None
 
 
 # -- tracedb -> IntentusNet record -------------------------------------------------------------
 
 
+def _imported_state(record: ExecutionRecord, original: dict) -> tuple:
+    """The (replayable, reason) an import gave a record with this original header."""
+    if record.finalResponse is None:
+        return False, REASON_EXECUTION_INCOMPLETE
+    if not original.get("replayable", True):
+        if original.get("replayableReason") == REASON_MANUALLY_INVALIDATED:
+            return False, REASON_MANUALLY_INVALIDATED
+        return False, REASON_RECORDING_FAILURE
+    return True, None
+
+
+def _bare(h: Optional[str]) -> Optional[str]:
+    return h[len("sha256:"):] if h and h.startswith("sha256:") else h
+
+
 def to_intentusnet_dict(record: ExecutionRecord) -> dict:
     """A tracedb record in IntentusNet's JSON shape (what its FileExecutionStore writes and its
-    `ExecutionRecord.from_dict` reads); see the module doc for the header."""
+    `ExecutionRecord.from_dict` reads); see the module doc for the header. An imported record
+    comes back with its header as it was written (kept in the trace's meta), unless its state
+    changed since (an operator invalidated it, or its envelope no longer verifies)."""
     envelope = record.envelope
     replayable = record.header.replayable
     reason = record.header.replayableReason
+    meta = record.meta or {}
+    redaction = meta.get("redaction") or {}
+    original = meta.get("intentusnet") or {}
     stored = normalize_envelope_hash(record.header.envelopeHash)
     try:
-        intact = stored == compute_envelope_hash(envelope)
-        ihash = intentusnet_envelope_hash(envelope)
+        # A redacted envelope is checked against the hash of the envelope as stored.
+        intact = stored_envelope_hash(stored, meta) == compute_envelope_hash(envelope)
+        ihash = _bare(stored) if redaction else intentusnet_envelope_hash(envelope)
     except (TypeError, ValueError):
         intact, ihash = False, None
+    created = _tracedb_iso_to_intentusnet(record.header.createdUtcIso)
+    if isinstance(original.get("createdUtcIso"), str):
+        created = original["createdUtcIso"]
+    if redaction and original.get("envelopeHash"):
+        # IntentusNet's hash of the envelope as sent cannot be computed from the redacted one.
+        ihash = _bare(original["envelopeHash"])
+    if "replayable" in original and (bool(replayable), reason) == _imported_state(record, original):
+        replayable, reason = original["replayable"], original.get("replayableReason")
     if not intact:
         replayable, reason = False, REASON_RECORD_CORRUPTED
-        ihash = (stored or "")[len("sha256:"):] if (stored or "").startswith("sha256:") else stored
+        ihash = _bare(stored)
     events = []
     for e in record.events:
         t = e.type[len(TYPE_PREFIX):] if e.type.startswith(TYPE_PREFIX) else e.type
@@ -345,9 +432,9 @@ def to_intentusnet_dict(record: ExecutionRecord) -> dict:
     return {
         "header": {
             "executionId": record.header.executionId,
-            "createdUtcIso": _tracedb_iso_to_intentusnet(record.header.createdUtcIso),
+            "createdUtcIso": created,
             "envelopeHash": ihash,
-            "replayable": bool(replayable),
+            "replayable": replayable if isinstance(replayable, bool) else bool(replayable),
             "replayableReason": reason,
         },
         "envelope": envelope,
@@ -389,6 +476,14 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
             )
         self._store = store
         self._engine = engine
+        # Executions a LiveRouter is recording through this adapter, by id, until the router
+        # saves them (tracedb.interop.intentusnet_live).
+        self.live: dict = {}
+
+    @property
+    def store(self):
+        """The tracedb Store it records into (None for a reader)."""
+        return self._store
 
     @classmethod
     def reader(cls, engine) -> "TraceDBExecutionStore":
@@ -404,6 +499,9 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
         """
         if self._store is None:
             raise UsageError("this TraceDBExecutionStore reads only", hint="give it a tracedb Store to save")
+        live = self.live.pop(getattr(getattr(record, "header", None), "executionId", None), None)
+        if live is not None and live.get_record() is record:
+            return live.close()
         data = record_dict(record)
         write_record(self._store, data)
         return data["header"]["executionId"]

@@ -30,6 +30,7 @@ from ..record import (
     ExecutionRecord,
     compute_envelope_hash,
     normalize_envelope_hash,
+    stored_envelope_hash,
 )
 
 FORCED_REPLAY_WARNING = "Forced replay of non-replayable record"
@@ -116,7 +117,7 @@ def verify_record_integrity(record: ExecutionRecord) -> bool:
         computed = compute_envelope_hash(record.envelope)
     except (TypeError, ValueError, AttributeError):
         return False
-    return computed == normalize_envelope_hash(record.header.envelopeHash)
+    return computed == stored_envelope_hash(record.header.envelopeHash, getattr(record, "meta", None))
 
 
 def verify_event_sequence(record: ExecutionRecord) -> bool:

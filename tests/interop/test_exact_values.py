@@ -1,0 +1,70 @@
+"""Exact or refused, on SQLite: NaN, infinities, big integers, any unicode, nesting; every value
+tracedb accepts comes back identical through record, compaction, get, export and import, and
+every value it refuses leaves the WAL as it was."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import tracedb
+
+from .exact_roundtrip import round_trip, values
+
+SETTINGS = {"compact_interval_ms": 0, "idle_timeout_s": 0}
+
+
+@pytest.fixture
+def stores(tmp_path):
+    a = tracedb.open(str(tmp_path / "a"), config=SETTINGS)
+    b = tracedb.open(str(tmp_path / "b"), config=SETTINGS)
+    yield a, b
+    a.close()
+    b.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(v_env=values, v_event=values, v_bare=values, v_response=values)
+def test_values_come_back_identical_or_are_refused_before_anything_is_written(stores, v_env, v_event, v_bare, v_response):
+    round_trip(*stores, v_env, v_event, v_bare, v_response)
+
+
+@pytest.mark.parametrize(
+    "v_env, v_event, v_bare, v_response",
+    [
+        # The values that were changed silently: NaN and infinities (stored as null), bare
+        # whole floats (given back as integers), and the ones that must pass untouched.
+        (1, {"score": math.nan}, "x", 1),
+        (1, 1, math.inf, 1),
+        ({"x": -math.inf}, 1, "x", 1),
+        (1, 1, 1.0, 1),
+        (1, 1, -0.0, 1),
+        (1, 1, 1e16, 1),
+        (1, 1, "x", {"n": 1 << 64}),
+        (1, 1, "x", {"n": "\ud800"}),
+        ({"big": (1 << 64) - 1, "neg": -(1 << 63), "f": -0.0, "one": 1.0}, [1e16, 1e-300, 0.1], 1.5,
+         {"s": "\u0000 \u2028 \U0001F600 é", "n": None, "t": True}),
+    ],
+)
+def test_the_values_that_used_to_change_silently(stores, v_env, v_event, v_bare, v_response):
+    round_trip(*stores, v_env, v_event, v_bare, v_response)
+
+
+def test_nan_through_the_recording_api_is_refused_naming_where_it_is(tmp_path):
+    with tracedb.open(str(tmp_path / "d"), config=SETTINGS) as store:
+        ex = store.start("Score", {"intent": "Score"})
+        lsn = store.durable_lsn
+        with pytest.raises(tracedb.InvalidInputError) as err:
+            ex.event("agent.answer", {"answer": {"score": math.nan}})
+        assert "NaN or infinity" in err.value.message and "$.answer.score" in err.value.message
+        with pytest.raises(tracedb.InvalidInputError):
+            ex.finish({"status": "success", "payload": {"score": math.inf}})
+        with pytest.raises(tracedb.InvalidInputError):
+            store.start("Score", {"intent": "Score", "threshold": math.nan})
+        assert store.durable_lsn == lsn  # nothing of any of them reached the WAL
+        assert ex.event("agent.answer", {"answer": {"score": 0.5}}) == 1  # the execution goes on
+        ex.finish({"status": "success", "payload": {"score": 0.5}})
+        rec = store.get(ex.execution_id)
+        assert rec.header.replayable and tracedb.ReplayEngine(rec).replay().payload == {"score": 0.5}
