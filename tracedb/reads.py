@@ -100,6 +100,7 @@ def record_from_rows(row, steps) -> ExecutionRecord:
         intent=row.intent,
         parentExecutionId=row.parent_execution_id,
         forkedAtSeq=row.forked_at_seq,
+        meta=row.meta,
     )
 
 
@@ -141,7 +142,7 @@ class RecordReader:
 
     _TRACE_SQL = (
         "SELECT execution_id, created_at_ns, envelope_hash, replayable, replayable_reason, envelope, "
-        "router_decision, final_response, status, intent, parent_execution_id, forked_at_seq "
+        "router_decision, final_response, status, intent, parent_execution_id, forked_at_seq, meta "
         "FROM traces WHERE execution_id = ?"
     )
     _STEPS_SQL = "SELECT seq, type, payload FROM trace_steps WHERE execution_id = ? ORDER BY seq"
@@ -170,7 +171,7 @@ class RecordReader:
             conn.execute("COMMIT")
         if row is None:
             raise ExecutionNotFoundError(execution_id)
-        (eid, created, ehash, replayable, reason, envelope, decision, final, status, intent, parent, fork_seq) = row
+        (eid, created, ehash, replayable, reason, envelope, decision, final, status, intent, parent, fork_seq, meta) = row
         return ExecutionRecord(
             header=ExecutionHeader(
                 executionId=eid, createdUtcIso=utc_iso(created), envelopeHash=ehash,
@@ -184,6 +185,7 @@ class RecordReader:
             intent=intent,
             parentExecutionId=parent,
             forkedAtSeq=fork_seq,
+            meta=db.sqlite_json(meta),
         )
 
     def _connect(self) -> sqlite3.Connection:
