@@ -33,7 +33,9 @@ class HttpEndpoint:
         # Bind here, not inside uvicorn: a busy port is then an OSError the caller turns into
         # one error line, instead of uvicorn's log line and SystemExit.
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+        # without it a response written in two parts waits out the peer's delayed ACK (40 ms).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))
