@@ -717,6 +717,20 @@ def section_cli(args, workdir: str) -> None:
     RESULTS["cli"] = result
 
 
+# -- the OpenAI integrations ------------------------------------------------------------------
+
+
+def section_integrations(args, workdir: str) -> None:
+    from benchmarks import integrations as ib
+
+    print("\n== OpenAI integrations, against the fake OpenAI server on 127.0.0.1: an Agents SDK run live,"
+          " recorded, and replayed offline; the OpenAI SDK wrapper's cost per call")
+    result = ib.run(workdir, calls=50, repeats=1 if args.quick else 3, overhead_calls=50 if args.quick else 300)
+    for line in ib.report_lines(result):
+        print(line, flush=True)
+    RESULTS["integrations"] = result
+
+
 SECTIONS = {
     "wal": section_wal,
     "store": section_store,
@@ -724,6 +738,7 @@ SECTIONS = {
     "sidecar": section_sidecar,
     "pg": section_pg,
     "cli": section_cli,
+    "integrations": section_integrations,
 }
 
 

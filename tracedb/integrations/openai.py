@@ -510,12 +510,13 @@ def async_recording_http_client(
     return httpx.AsyncClient(transport=AsyncRecordingTransport(execution, transport), **kwargs)
 
 
-def record(client: Any, execution: Any) -> Any:
+def record(client: Any, execution: Any, *, transport: Any = None) -> Any:
     """A copy of an `openai.OpenAI` / `AsyncOpenAI` client that records every call into
-    `execution` (the handle `start` returned)."""
+    `execution` (the handle `start` returned). `transport`: the httpx transport requests go
+    through (default: httpx's own)."""
     if _is_async_client(client):
-        return client.with_options(http_client=async_recording_http_client(execution))
-    return client.with_options(http_client=recording_http_client(execution))
+        return client.with_options(http_client=async_recording_http_client(execution, transport))
+    return client.with_options(http_client=recording_http_client(execution, transport))
 
 
 def replay(
