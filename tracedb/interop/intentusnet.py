@@ -13,10 +13,11 @@ tracedb's recording API and back:
     record = TraceDBExecutionStore(store).load(execution_id)   # an intentusnet ExecutionRecord
     intentusnet.ReplayEngine(record).replay(env=env)
 
-Writing a record is start, one event per recorded event, then finish, each durable in the WAL
-before the next (a crash part-way leaves an incomplete execution, as for any other). tracedb stores
-only what it can give back exactly, and refuses anything else with the reason:
+Writing a record checks all of it first (a refusal writes nothing), then appends its start, its
+events and its finish in one WAL append (`Store.record_execution`). tracedb stores only what it can
+give back exactly, and refuses anything else with the reason:
 
+- no NaN or infinity, no integer outside -2**63..2**64-1 (see tracedb.validation);
 - events must be numbered 1, 2, 3, ... (tracedb assigns seq itself);
 - a FINAL_RESPONSE event, if any, is the last one and its payload is the finalResponse (tracedb
   records the final response as that event); routerDecision is the last ROUTER_DECISION payload;
@@ -28,10 +29,13 @@ Event types tracedb does not know (neither IntentusNet's, nor LLM/tool calls, no
 "intentusnet.<type>" and given back without the prefix. A record without a final response is
 stored as incomplete (execution_incomplete); one IntentusNet marked not replayable keeps that as
 manually_invalidated, or else recording_failure (the original reason goes into the trace's note).
+The header as written (createdUtcIso, replayable, replayableReason) is kept in the trace's meta.
 
 Reading back, the record is in IntentusNet's form: header.envelopeHash is IntentusNet's hash of
-the stored envelope (what its ReplayEngine compares with), createdUtcIso is ISO 8601 with
-"+00:00". If the stored envelope no longer matches tracedb's own hash, the record comes back not
+the stored envelope (what its ReplayEngine compares with); createdUtcIso, replayable and
+replayableReason are an imported record's own, as long as its state is the one the import gave
+it (else createdUtcIso is ISO 8601 with "+00:00" and the rest tracedb's). Saving an id again is a
+no-op for the same record and ExecutionExistsError for any difference. If the stored envelope no longer matches tracedb's own hash, the record comes back not
 replayable, reason record_corrupted, so that no corrupted envelope is laundered into a fresh hash.
 """
 
