@@ -265,6 +265,11 @@ class StoreBackend:
         if got is not None:
             if got[0] == type and same_json(got[1], payload):
                 return Staged({"seq": seq, "duplicate": True})
+            if got[0] == type and self.store.redactor is not None:
+                # The recorded payload is the redacted one: compare what the resend would record.
+                intent = (await self._recorded(execution_id)).intent
+                if same_json(got[1], self.store.redact_for(intent, payload)):
+                    return Staged({"seq": seq, "duplicate": True})
             raise seq_conflict(execution_id, f"seq {seq} holds another event ({got[0]})")
         raise seq_conflict(execution_id, f"seq {seq} is taken but not recorded; next is {last + 1}")
 
