@@ -21,7 +21,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Optional
 
+import sqlalchemy as sa
+
+from ..db import open_store_engine
 from ..errors import ExecutionClosedError, ExecutionExistsError, InvalidInputError
+from ..models import traces
 from ..record import STATUS_COMPLETED, STATUS_RUNNING
 from ..state import StagedBatch, StageMiss
 from . import mapping as M
@@ -78,6 +82,7 @@ class SpanIngest:
         self.spans_accepted = 0
         self.spans_duplicate = 0
         self.spans_rejected = 0
+        self._engine = None  # read-only, for the lookups of new traces (`_in_database`)
 
     async def record(self, spans: list) -> IngestResult:
         """Record `spans` (mapping.Span); returns once everything they wrote is durable."""
@@ -133,23 +138,29 @@ class SpanIngest:
 
     # -- off the loop: traces this ingest does not hold ----------------------------------------
     def _resolve(self, fresh: list) -> None:
+        """Reserve a start for each new trace; look up the ones the store knows already. What
+        `Store.check_new_in_db` does for one id, for a whole request in one query: the store's
+        memory holds every execution not yet compacted, the database the others."""
         store = self.store
-        for entry, group in fresh:
-            root = next((s for s in group if s.is_root), None)
-            intent = M.intent_of(root, group[0])
-            try:
-                start = store.reserve_start(intent, M.envelope_of(group[0], intent), entry.execution_id)
-            except ExecutionExistsError:
-                start = None  # the store holds it: an execution this ingest forgot
-            if start is not None:
+        starts = []
+        try:
+            for entry, group in fresh:
+                root = next((s for s in group if s.is_root), None)
+                intent = M.intent_of(root, group[0])
                 try:
-                    store.check_new_in_db(start)
+                    starts.append((entry, store.reserve_start(intent, M.envelope_of(group[0], intent), entry.execution_id)))
                 except ExecutionExistsError:
+                    starts.append((entry, None))  # the store holds it: an execution this ingest forgot
+            stored = self._in_database([e.execution_id for e, start in starts if start is not None])
+        except BaseException:
+            for _entry, start in starts:
+                if start is not None:
                     store.cancel_start(start)
-                    start = None
-                except BaseException:
-                    store.cancel_start(start)
-                    raise
+            raise
+        for entry, start in starts:
+            if start is not None and entry.execution_id in stored:
+                store.cancel_start(start)
+                start = None
             if start is not None:
                 entry.start = start
                 entry.status = STATUS_RUNNING
@@ -158,6 +169,28 @@ class SpanIngest:
             entry.spans = M.recorded_span_ids(record)
             held = store.next_seq(entry.execution_id) is not None
             entry.status = store.status_of(entry.execution_id) if held else record.status
+
+    def _in_database(self, execution_ids: list) -> set:
+        """Which of these executions the database holds (blocking)."""
+        if not execution_ids:
+            return set()
+        if self._engine is None:
+            cfg = self.store.config
+            self._engine = open_store_engine(cfg.database, busy_timeout_ms=cfg.busy_timeout_ms)
+        found = set()
+        with self._engine.connect() as conn:
+            for i in range(0, len(execution_ids), 500):
+                chunk = execution_ids[i:i + 500]
+                found.update(conn.execute(
+                    sa.select(traces.c.execution_id).where(traces.c.execution_id.in_(chunk))
+                ).scalars())
+        return found
+
+    def close(self) -> None:
+        """Release the database connections of the lookups."""
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
 
     # -- on the loop -----------------------------------------------------------------------
     def _stage_trace(self, batch: StagedBatch, entry: TraceEntry, group: list, result: IngestResult) -> None:

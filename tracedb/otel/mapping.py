@@ -5,8 +5,8 @@ the spans arrive (the SDK exports a span when it ends, so children come before t
 
 - GenAI `chat` / `text_completion` / `generate_content` spans: `llm.requested` (model, input
   messages, request parameters) then `llm.responded` (output messages, finish reasons, usage),
-  in the payload shape event-log replay reads (`prompt_hash`, `request`, `request_seq`,
-  `response`);
+  in the payload shape event-log replay reads (`request`, `request_seq`, `response`; it
+  computes the prompt and argument hashes itself);
 - GenAI `execute_tool` spans: `tool.requested` (name, arguments) then `tool.responded` (result);
 - every other span: one `otel.span` event (or `otel.<gen_ai.operation.name>`, e.g.
   `otel.invoke_agent`).
@@ -28,7 +28,6 @@ from typing import Any, Iterable, Optional
 import orjson
 
 from ..record import LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED
-from ..replay.eventlog import args_hash, prompt_hash
 
 EXECUTION_PREFIX = "otel-"
 SPAN_EVENT = "otel.span"
@@ -414,10 +413,11 @@ def span_events(span: Span) -> list[tuple[str, dict]]:
             if v is not None:
                 request[p.replace(".", "_")] = v
         provider = attrs.get("gen_ai.provider.name", attrs.get("gen_ai.system"))
-        requested = {"prompt_hash": prompt_hash(request), "request": request, "span_id": span.span_id}
+        # No prompt_hash: event-log replay computes it from `request` when it needs it.
+        requested = {"request": request, "span_id": span.span_id}
         if provider is not None:
             requested["provider"] = provider
-        responded: dict[str, Any] = {"prompt_hash": requested["prompt_hash"], "request_seq": None}
+        responded: dict[str, Any] = {"request_seq": None}
         error = _error_of(span)
         if error is not None:
             responded["error"] = error
@@ -442,11 +442,10 @@ def span_events(span: Span) -> list[tuple[str, dict]]:
     if op == TOOL_OPERATION:
         name = attrs.get("gen_ai.tool.name") or span.name
         arguments = _parsed(attrs.get(TOOL_ARGUMENTS))
-        ah = args_hash(arguments)
-        requested = {"name": name, "arguments": arguments, "args_hash": ah, "span_id": span.span_id}
+        requested = {"name": name, "arguments": arguments, "span_id": span.span_id}
         if "gen_ai.tool.call.id" in attrs:
             requested["call_id"] = attrs["gen_ai.tool.call.id"]
-        responded = {"name": name, "args_hash": ah, "request_seq": None}
+        responded = {"name": name, "request_seq": None}
         error = _error_of(span)
         if error is not None:
             responded["error"] = error

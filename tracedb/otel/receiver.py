@@ -249,13 +249,33 @@ class Receiver:
         return resp.SerializeToString()
 
 
+class OtlpEndpoint:
+    """The receiver's HTTP server on the loop; `close()` stops it and releases its lookups."""
+
+    def __init__(self, http, receiver: Receiver):
+        self.http = http
+        self.receiver = receiver
+
+    @property
+    def port(self) -> int:
+        return self.http.port
+
+    async def close(self) -> None:
+        await self.http.close()
+        self.receiver.ingest.close()
+
+
 async def start_receiver(store, *, host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None,
                          draining: Callable[[], bool] = lambda: False, **limits):
-    """Serve OTLP/HTTP for `store` on the running loop; returns (HttpEndpoint, Receiver).
+    """Serve OTLP/HTTP for `store` on the running loop; returns (OtlpEndpoint, Receiver).
     `await endpoint.close()` stops it. A busy port raises OSError."""
     from ..asgi import HttpEndpoint
 
     receiver = Receiver(SpanIngest(store), token=token, draining=draining, **limits)
-    endpoint = HttpEndpoint(receiver.app, host=host, port=port, name="otlp")
-    await endpoint.start()
-    return endpoint, receiver
+    http = HttpEndpoint(receiver.app, host=host, port=port, name="otlp")
+    try:
+        await http.start()
+    except BaseException:
+        receiver.ingest.close()
+        raise
+    return OtlpEndpoint(http, receiver), receiver
