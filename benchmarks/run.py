@@ -6,7 +6,8 @@ compare the ratios printed by one run, not absolute figures across runs.
 
 Sections: wal (the log alone), store (recording and compaction through the public API, next to
 the layers beneath), replay (from the store, and in memory), sidecar, pg, cli (the read
-commands on stores of 10k, 100k and 1M events; building the 1M store takes a minute or two).
+commands on stores of 10k, 100k and 1M events; building the 1M store takes a minute or two),
+otel (OTLP/HTTP ingest of GenAI spans next to the native protocol).
 Every row with a target prints whether this run met it; `--json FILE` keeps every figure.
 """
 
@@ -731,6 +732,19 @@ def section_integrations(args, workdir: str) -> None:
     RESULTS["integrations"] = result
 
 
+def section_otel(args, workdir: str) -> None:
+    print("\n== OTLP/HTTP ingest (tracedb serve --otlp-port): GenAI spans, 16 exporters x batch 512, "
+          "next to the same spans' events through the native protocol")
+    from . import otel
+
+    # A request of 512 spans takes seconds under 16 exporters: shorter runs measure too few.
+    r = otel.run(workdir, seconds=max(args.seconds, 5.0), warmup=max(args.warmup, 1.0))
+    for line in otel.report_lines(r):
+        print(line, flush=True)
+    check(r, ">= 0.5x native spans/s", r["ratio"] >= 0.5)
+    RESULTS["otel"] = r
+
+
 SECTIONS = {
     "wal": section_wal,
     "store": section_store,
@@ -739,6 +753,7 @@ SECTIONS = {
     "pg": section_pg,
     "cli": section_cli,
     "integrations": section_integrations,
+    "otel": section_otel,
 }
 
 
