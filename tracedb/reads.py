@@ -222,7 +222,8 @@ class Filter:
     """Which executions a listing holds: every field given must match.
 
     `status`; creation time in [`since`, `until`) (aware datetimes or seconds since the epoch);
-    `intent`, exactly; `search`, a substring of the intent in any case (no wildcards).
+    `intent`, exactly; `search`, a substring of the intent in any case (no wildcards);
+    `replayable`, True or False.
     """
 
     status: Optional[str] = None
@@ -230,9 +231,14 @@ class Filter:
     until: TimeArg = None
     intent: Optional[str] = None
     search: Optional[str] = None
+    replayable: Optional[bool] = None
 
     def apply(self, q):
         """`q`, a select from traces, restricted to the executions that match."""
+        if self.replayable is not None:
+            if not isinstance(self.replayable, bool):
+                raise InvalidInputError(f"replayable must be True or False, not {self.replayable!r}")
+            q = q.where(traces.c.replayable == self.replayable)
         if self.status is not None:
             if self.status not in STATUSES:
                 raise InvalidInputError(
@@ -322,7 +328,6 @@ def inspect_view(record: ExecutionRecord) -> dict:
     return view
 
 
-
 # -- pages of executions -------------------------------------------------------------------------
 
 
@@ -352,10 +357,15 @@ class EventTime:
 
 @dataclass(frozen=True)
 class Timeline:
-    """An execution's record and when each of its events was recorded."""
+    """An execution's record and when each of its events was recorded; with the row's creation
+    and last-change times, its pin and its status note (why it was invalidated or marked)."""
 
     record: ExecutionRecord
     event_times: tuple[EventTime, ...]
+    created_at_ns: int = 0
+    updated_at_ns: int = 0
+    pinned: bool = False
+    status_note: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -437,7 +447,82 @@ def _timeline(row, steps) -> Timeline:
     for s in steps:
         times.append(EventTime(s.seq, s.recorded_at_ns, max(0, s.recorded_at_ns - previous)))
         previous = s.recorded_at_ns
-    return Timeline(record_from_rows(row, steps), tuple(times))
+    return Timeline(
+        record_from_rows(row, steps), tuple(times), row.created_at_ns, row.updated_at_ns, bool(row.pinned),
+        row.status_note,
+    )
+
+
+@dataclass(frozen=True)
+class TimedEvent:
+    """One recorded event with the time it was recorded."""
+
+    seq: int
+    type: str
+    payload: object
+    recorded_at_ns: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    """An execution's state now and the events recorded after a given seq (what a live view
+    polls for): status and replayability from the same snapshot as the events."""
+
+    execution_id: str
+    status: str
+    replayable: bool
+    replayable_reason: Optional[str]
+    last_seq: int
+    events: tuple[TimedEvent, ...]
+
+
+def _status_counts_stmt(where: Filter):
+    # Counts for every status under the other filters: a listing shows them side by side.
+    others = Filter(None, where.since, where.until, where.intent, where.search, where.replayable)
+    return others.apply(sa.select(traces.c.status, sa.func.count()).group_by(traces.c.status))
+
+
+def _status_counts(rows) -> dict[str, int]:
+    counts = {s: 0 for s in STATUSES}
+    for status, n in rows:
+        counts[status] = int(n)
+    return counts
+
+
+def _progress_stmts(execution_id: str, after_seq: int, limit: int):
+    if after_seq < 0 or limit < 1:
+        raise InvalidInputError("after_seq must not be negative and limit must be positive")
+    t = traces.c
+    head = sa.select(t.status, t.replayable, t.replayable_reason, t.last_seq).where(t.execution_id == execution_id)
+    steps = _steps_stmt(execution_id).where(trace_steps.c.seq > after_seq).limit(limit)
+    return head, steps
+
+
+def _progress(execution_id: str, head, steps) -> Progress:
+    if head is None:
+        raise ExecutionNotFoundError(execution_id)
+    return Progress(
+        execution_id, head.status, bool(head.replayable), head.replayable_reason, head.last_seq,
+        tuple(TimedEvent(s.seq, s.type, s.payload, s.recorded_at_ns) for s in steps),
+    )
+
+
+def _event_stmt(execution_id: str, seq: int):
+    return _steps_stmt(execution_id).where(trace_steps.c.seq == seq)
+
+
+def _parent_stmt(execution_id: str):
+    t = traces.c
+    return sa.select(t.parent_execution_id, t.forked_at_seq).where(t.execution_id == execution_id)
+
+
+def _forks_stmt(execution_id: str):
+    t = traces.c
+    return (
+        sa.select(t.execution_id, t.forked_at_seq)
+        .where(t.parent_execution_id == execution_id)
+        .order_by(t.created_at_ns, t.execution_id)
+    )
 
 
 def _not_pending(pending: Pending) -> list:
@@ -509,7 +594,6 @@ class Reader:
             self._pending = Pending() if self._config is None else load_pending(self._config, self._engine)
         return self._pending
 
-
     @property
     def engine(self) -> Engine:
         return self._engine
@@ -568,6 +652,28 @@ class Reader:
             n = int(conn.execute(q).scalar() or 0)
         return n + sum(1 for row in pending.rows.values() if _pending_matches(row, where))
 
+    def status_counts(self, where: Filter = EVERYTHING) -> dict[str, int]:
+        """How many executions of each status match `where`'s other filters (its status is
+        left out, so that a listing can show every status side by side)."""
+        with self._engine.connect() as conn:
+            return _status_counts(conn.execute(_status_counts_stmt(where)).all())
+
+    def progress(self, execution_id: str, after_seq: int = 0, *, limit: int = 1000) -> Progress:
+        """An execution's status and up to `limit` events recorded after `after_seq` (an exact
+        id: a live view asks again and again)."""
+        head, steps = _progress_stmts(execution_id, after_seq, limit)
+        with self._engine.connect() as conn, conn.begin():
+            row = conn.execute(head).first()
+            return _progress(execution_id, row, conn.execute(steps).all() if row is not None else ())
+
+    def event(self, execution_id: str, seq: int) -> TimedEvent:
+        """One event of an execution (an exact id); ExecutionNotFoundError if there is none."""
+        with self._engine.connect() as conn:
+            s = conn.execute(_event_stmt(execution_id, seq)).first()
+        if s is None:
+            raise ExecutionNotFoundError(f"{execution_id} seq {seq}")
+        return TimedEvent(s.seq, s.type, s.payload, s.recorded_at_ns)
+
     def each(
         self, where: Filter = EVERYTHING, *, before: Optional[str] = None, page_size: int = STREAM_PAGE_SIZE
     ) -> Iterator[TraceSummary]:
@@ -608,7 +714,6 @@ class Reader:
         `problems` when the record is damaged."""
         return inspect_view(self.get(execution_id))
 
-
     def replay(self, execution_id: str, *, envelope: Optional[dict] = None, force: bool = False) -> ReplayResult:
         """Exact replay of a recorded execution: its final response, no agent called."""
         return ReplayEngine(self.get(execution_id)).replay(env=envelope, force=force)
@@ -620,24 +725,17 @@ class Reader:
     def lineage(self, execution_id: str) -> Lineage:
         """The chain of parents an execution was forked from, and the forks made from it."""
         eid = self.resolve(execution_id)
-        t = traces.c
         ancestors: list[tuple[str, int]] = []
         with self._engine.connect() as conn, conn.begin():
             current, seen = eid, {eid}
             while True:
-                row = conn.execute(
-                    sa.select(t.parent_execution_id, t.forked_at_seq).where(t.execution_id == current)
-                ).first()
+                row = conn.execute(_parent_stmt(current)).first()
                 if row is None or row.parent_execution_id is None or row.parent_execution_id in seen:
                     break
                 ancestors.append((row.parent_execution_id, row.forked_at_seq))
                 current = row.parent_execution_id
                 seen.add(current)
-            forks = conn.execute(
-                sa.select(t.execution_id, t.forked_at_seq)
-                .where(t.parent_execution_id == eid)
-                .order_by(t.created_at_ns, t.execution_id)
-            ).all()
+            forks = conn.execute(_forks_stmt(eid)).all()
         return Lineage(eid, tuple(ancestors), tuple((r.execution_id, r.forked_at_seq) for r in forks))
 
     def verify(self, execution_id: Optional[str] = None) -> VerifyResult:
@@ -706,3 +804,49 @@ class AsyncReader:
     async def timeline(self, execution_id: str) -> Timeline:
         """The record and each event's recorded time, read from one snapshot."""
         return _timeline(*await self._load(execution_id))
+
+    async def count(self, where: Filter = EVERYTHING) -> int:
+        """How many executions match `where`."""
+        q = where.apply(sa.select(sa.func.count()).select_from(traces))
+        async with self._engine.connect() as conn:
+            return int((await conn.execute(q)).scalar() or 0)
+
+    async def status_counts(self, where: Filter = EVERYTHING) -> dict[str, int]:
+        """How many executions of each status match `where`'s other filters (see `Reader.status_counts`)."""
+        async with self._engine.connect() as conn:
+            return _status_counts((await conn.execute(_status_counts_stmt(where))).all())
+
+    async def progress(self, execution_id: str, after_seq: int = 0, *, limit: int = 1000) -> Progress:
+        """An execution's status and the events recorded after `after_seq` (see `Reader.progress`)."""
+        head, steps = _progress_stmts(execution_id, after_seq, limit)
+        async with self._engine.connect() as conn, conn.begin():
+            row = (await conn.execute(head)).first()
+            return _progress(execution_id, row, (await conn.execute(steps)).all() if row is not None else ())
+
+    async def event(self, execution_id: str, seq: int) -> TimedEvent:
+        """One event of an execution (an exact id); ExecutionNotFoundError if there is none."""
+        async with self._engine.connect() as conn:
+            s = (await conn.execute(_event_stmt(execution_id, seq))).first()
+        if s is None:
+            raise ExecutionNotFoundError(f"{execution_id} seq {seq}")
+        return TimedEvent(s.seq, s.type, s.payload, s.recorded_at_ns)
+
+    async def diff(self, a: str, b: str) -> TraceDiff:
+        """Two executions side by side up to their first divergent step (see `Reader.diff`)."""
+        return diff_traces(await self.get(a), await self.get(b))
+
+    async def lineage(self, execution_id: str) -> Lineage:
+        """The chain of parents an execution was forked from, and the forks made from it."""
+        eid = await self.resolve(execution_id)
+        ancestors: list[tuple[str, int]] = []
+        async with self._engine.connect() as conn, conn.begin():
+            current, seen = eid, {eid}
+            while True:
+                row = (await conn.execute(_parent_stmt(current))).first()
+                if row is None or row.parent_execution_id is None or row.parent_execution_id in seen:
+                    break
+                ancestors.append((row.parent_execution_id, row.forked_at_seq))
+                current = row.parent_execution_id
+                seen.add(current)
+            forks = (await conn.execute(_forks_stmt(eid))).all()
+        return Lineage(eid, tuple(ancestors), tuple((r.execution_id, r.forked_at_seq) for r in forks))

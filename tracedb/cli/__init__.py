@@ -2,7 +2,7 @@
 for maintenance). `main` is the click group; importing the command modules adds their commands.
 """
 
-from . import interop, maintenance, read, replay, serve  # noqa: F401 - they add their commands to main
+from . import interop, maintenance, read, replay, serve, ui  # noqa: F401 - they add their commands to main
 from .main import main
 
 __all__ = ["main"]

@@ -1,0 +1,90 @@
+"""The read API the web view stands on, on PostgreSQL: counts per status, the replayable filter,
+progress after a seq, one event, diff and lineage, through the async reader (psycopg's async
+mode) as `tracedb ui --db URL` reads them, and the pages rendered from them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tracedb.config import load_config
+from tracedb.reads import AsyncReader, Filter, Reader
+from tracedb.web import create_app
+
+pytestmark = pytest.mark.postgres
+
+
+def _record(store) -> dict:
+    ok = store.start("AnswerQuestion", {"intent": "AnswerQuestion"}, "exec-ok")
+    ok.event("tool.requested", {"name": "calculator", "arguments": {"x": 1}})
+    ok.event("tool.responded", {"name": "calculator", "request_seq": 1, "response": {"v": 1}})
+    ok.finish({"status": "success"})
+    other = store.start("AnswerQuestion", {"intent": "AnswerQuestion"}, "exec-other")
+    other.event("tool.requested", {"name": "calculator", "arguments": {"x": 2}})
+    other.finish({"status": "success"})
+    from tracedb.replay import fork
+
+    fork(store, "exec-ok", 1, new_execution_id="exec-fork").execution.finish({"status": "success"})
+    crashed = store.start("Summarize", {"intent": "Summarize"}, "exec-crash")
+    crashed.event("llm.requested", {"request": {"model": "m"}})
+    store.invalidate("exec-other", "bad <b>")
+    store.compact()
+    return {"ok": "exec-ok", "other": "exec-other", "fork": "exec-fork", "crash": "exec-crash"}
+
+
+def test_the_web_queries_on_postgresql(open_pg_store, pg_url):
+    store = open_pg_store()
+    ids = _record(store)
+    cfg = load_config(overrides={"db_url": pg_url, "data_dir": store.config.data_dir})
+
+    async def read():
+        async with await AsyncReader.open(cfg) as r:
+            return (
+                await r.status_counts(),
+                await r.status_counts(Filter(status="running", intent="AnswerQuestion")),
+                await r.page(Filter(replayable=False)),
+                await r.progress(ids["crash"], 0),
+                await r.event(ids["ok"], 2),
+                await r.diff(ids["ok"], ids["other"]),
+                await r.lineage(ids["fork"]),
+            )
+
+    counts, answer_counts, not_replayable, progress, event, diff, lineage = asyncio.run(read())
+    assert counts == {"running": 1, "completed": 2, "incomplete": 0, "invalidated": 1}
+    assert answer_counts == {"running": 0, "completed": 2, "incomplete": 0, "invalidated": 1}
+    assert {s.execution_id for s in not_replayable.items} == {ids["crash"], ids["other"]}
+    assert (progress.status, [e.type for e in progress.events]) == ("running", ["llm.requested"])
+    assert (event.type, event.payload) == ("tool.responded", {"name": "calculator", "request_seq": 1, "response": {"v": 1}})
+    assert not diff.identical
+    assert lineage.ancestors == ((ids["ok"], 1),)
+    with Reader.open(cfg) as s:
+        assert s.status_counts() == counts
+        assert s.progress(ids["crash"], 0) == progress
+        assert s.lineage(ids["ok"]).forks == ((ids["fork"], 1),)
+
+
+def test_the_pages_render_from_postgresql(open_pg_store, pg_url):
+    import httpx
+
+    store = open_pg_store()
+    ids = _record(store)
+    cfg = load_config(overrides={"db_url": pg_url, "data_dir": store.config.data_dir})
+
+    async def pages():
+        reader = await AsyncReader.open(cfg)
+        try:
+            transport = httpx.ASGITransport(app=create_app(reader))
+            async with httpx.AsyncClient(transport=transport, base_url="http://ui") as c:
+                return [await c.get(p) for p in (
+                    "/?status=running", f"/e/{ids['crash']}", f"/e/{ids['fork']}", f"/diff?a={ids['ok']}&b={ids['other']}",
+                    "/e/exec-nope", "/?replayable=perhaps")]
+        finally:
+            await reader.close()
+
+    running, crash, fork_page, diff, missing, bad = asyncio.run(pages())
+    assert running.status_code == 200 and ids["crash"] in running.text and ids["ok"] not in running.text
+    assert crash.status_code == 200 and 'class="bar llm open"' in crash.text
+    assert f'forked from <a class="mono" href="/e/{ids["ok"]}">' in fork_page.text
+    assert diff.status_code == 200 and "First divergence" in diff.text
+    assert (missing.status_code, bad.status_code) == (404, 400)

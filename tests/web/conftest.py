@@ -1,0 +1,122 @@
+"""Fixtures for the web view: a store with every kind of execution, and `tracedb ui` running on
+it as a real process on 127.0.0.1 (the tests talk to it over real sockets)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+import tracedb
+from tracedb.replay import fork, live_session
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+T0 = 1_764_000_000_000_000_000  # 2025-11-24T16:00:00Z
+ENVELOPE = {"intent": "AnswerQuestion", "payload": {"question": "What is 17 * 23?"}}
+XSS_INTENT = "<img src=x onerror=window.__pwned=1>"
+XSS_PAYLOAD = {"html": "<script>window.__pwned=1</script>", "note": "a & b < c"}
+
+
+class StepClock:
+    """Each reading 7 ms after the one before: timelines with durations a person can read."""
+
+    def __init__(self, start: int = T0, step_ns: int = 7_000_000):
+        self.it = itertools.count(start, step_ns)
+
+    def __call__(self) -> int:
+        return next(self.it)
+
+
+def _agent(ex, tool_result: dict, expression: str = "17 * 23") -> None:
+    """One agent run through a live session: an LLM call, a tool call, an LLM call, the answer."""
+    ex.event("INTENT_RECEIVED", {"intent": "AnswerQuestion"})
+    session = live_session(
+        ex,
+        llm=lambda req: {"content": "calling the calculator"} if len(req["messages"]) == 1 else {"content": "391"},
+        tools={"calculator": lambda args: tool_result},
+    )
+    messages = [{"role": "user", "content": "What is 17 * 23?"}]
+    session.llm({"model": "demo-llm-1", "messages": messages})
+    result = session.tool("calculator", {"expression": expression})
+    messages.append({"role": "tool", "content": orjson.dumps(result).decode()})
+    session.llm({"model": "demo-llm-1", "messages": messages})
+    session.finish({"status": "success", "payload": {"answer": "391"}})
+
+
+def build_store(data_dir: str) -> dict:
+    """A store holding: two completed agent runs that differ at their tool call, a fork of
+    the first at seq 3, one left running when its recorder stopped (incomplete), an
+    invalidated one, and one whose intent and payload carry HTML. Returns their ids."""
+    ids = {}
+    with tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0}, clock=StepClock()) as store:
+        ex = store.start("AnswerQuestion", ENVELOPE, "exec-ok-0001")
+        _agent(ex, {"value": 391})
+        ids["ok"] = ex.execution_id
+        ex = store.start("AnswerQuestion", ENVELOPE, "exec-other-0002")
+        _agent(ex, {"value": 408}, "17 * 24")
+        ids["other"] = ex.execution_id
+        f = fork(store, ids["ok"], 3, new_execution_id="exec-fork-0003")
+        f.execution.event("tool.requested", {"name": "calculator", "arguments": {"expression": "17 * 24"}})
+        f.execution.finish({"status": "success", "payload": {"answer": "408"}})
+        ids["fork"] = "exec-fork-0003"
+        ex = store.start("Summarize", {"intent": "Summarize", "payload": {"doc": 7}}, "exec-bad-0004")
+        ex.event("INTENT_RECEIVED", {"intent": "Summarize"})
+        ex.finish({"status": "success", "payload": {"summary": "short"}})
+        store.invalidate(ex.execution_id, "wrong model <b>v2</b>")
+        ids["invalidated"] = ex.execution_id
+        ex = store.start(XSS_INTENT, {"intent": "x", "payload": XSS_PAYLOAD}, "exec-xss-0005")
+        ex.event("myapp.html", XSS_PAYLOAD)
+        ex.finish({"status": "success", "payload": XSS_PAYLOAD})
+        ids["xss"] = ex.execution_id
+        ex = store.start("AnswerQuestion", ENVELOPE, "exec-crash-0006")
+        ex.event("INTENT_RECEIVED", {"intent": "AnswerQuestion"})
+        ex.event("llm.requested", {"prompt_hash": "sha256:1", "request": {"model": "demo-llm-1"}})
+        ex.event("llm.responded", {"prompt_hash": "sha256:1", "request_seq": 2, "response": {"content": "fx"}})
+        ex.event("tool.requested", {"name": "fx_rate", "arguments": {"pair": "EUR/USD"}})
+        ids["crashed"] = ex.execution_id  # still running at close: marked incomplete
+    return ids
+
+
+@pytest.fixture(scope="session")
+def web_store(tmp_path_factory) -> tuple[str, dict]:
+    data_dir = str(tmp_path_factory.mktemp("web") / "data")
+    return data_dir, build_store(data_dir)
+
+
+class UiProcess:
+    """`tracedb ui --port 0 --json` in a process of its own; `url` is the address it printed."""
+
+    def __init__(self, *args: str, env: dict | None = None, cwd: str | None = None):
+        full_env = dict(os.environ, **(env or {}))
+        full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tracedb", *args, "ui", "--port", "0", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=cwd or REPO,
+        )
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"tracedb ui did not start: {self.proc.stderr.read()}")
+        self.url = orjson.loads(line)["url"]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(30)
+        for f in (self.proc.stdout, self.proc.stderr):
+            f.close()
+        return code
+
+
+@pytest.fixture(scope="session")
+def ui(web_store):
+    """`tracedb ui` on the web store; (base URL, ids)."""
+    data_dir, ids = web_store
+    # A relative data directory, as a person types it: the replay command a page offers names it.
+    proc = UiProcess("--data-dir", os.path.basename(data_dir), cwd=os.path.dirname(data_dir))
+    yield proc.url, ids
+    assert proc.stop() == 0

@@ -1,0 +1,207 @@
+"""`tracedb ui` over real HTTP: pages, 404 and 400 pages, read-only methods, escaping, the
+listen rules (loopback alone, or --allow-remote with a token), and stopping on SIGTERM."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import httpx
+import orjson
+import pytest
+
+from .conftest import REPO, XSS_INTENT
+
+
+def _get(url: str, **kw) -> httpx.Response:
+    return httpx.get(url, timeout=30, **kw)
+
+
+def _db_digest(data_dir: str) -> str:
+    with open(os.path.join(data_dir, "traces.db"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def test_the_list_shows_every_execution_with_counts_and_filters(ui):
+    url, ids = ui
+    r = _get(url)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    for eid in ids.values():
+        assert f'href="/e/{eid}"' in r.text
+    assert 'incomplete <b class="n">1</b>' in r.text and 'completed <b class="n">4</b>' in r.text
+    only = _get(url, params={"status": "incomplete"}).text
+    assert ids["crashed"] in only and ids["ok"] not in only
+    no = _get(url, params={"replayable": "no"}).text
+    assert ids["crashed"] in no and ids["invalidated"] in no and ids["ok"] not in no
+    searched = _get(url, params={"q": "summ"}).text
+    assert ids["invalidated"] in searched and ids["ok"] not in searched
+    exact = _get(url, params={"intent": "AnswerQuestion"}).text
+    assert ids["ok"] in exact and ids["invalidated"] not in exact
+    # The store was recorded in November 2025: nothing is younger than an hour.
+    assert "No execution matches" in _get(url, params={"since": "1h"}).text
+    assert ids["ok"] in _get(url, params={"since": "2025-11-01T00:00:00Z", "until": "2030-01-01"}).text
+
+
+def test_pages_continue_by_cursor(ui):
+    url, ids = ui
+    first = _get(url, params={"limit": 4}).text
+    assert first.count('<tr data-id="') == 4
+    cursor = first.split('class="older" href="/?limit=4&amp;before=')[1].split('"')[0]
+    second = _get(url, params={"limit": 4, "before": cursor}).text
+    assert second.count('<tr data-id="') == 2
+    assert 'class="older"' not in second and "« Newest" in second
+    shown = {line.split('"')[0] for line in (first + second).split('<tr data-id="')[1:]}
+    assert shown == set(ids.values())
+
+
+@pytest.mark.parametrize("query, words", [
+    ({"status": "bogus"}, "is not a status"),
+    ({"replayable": "maybe"}, "is not yes or no"),
+    ({"limit": "ten"}, "is not a whole number"),
+    ({"limit": "0"}, "out of range"),
+    ({"limit": "100000"}, "out of range"),
+    ({"since": "yesterday-ish"}, "is not a time"),
+    ({"before": "not-a-cursor"}, "is not a page cursor"),
+])
+def test_a_malformed_parameter_is_a_400_page_saying_what_is_wrong(ui, query, words):
+    url, _ = ui
+    r = _get(url, params=query)
+    assert r.status_code == 400, r.text
+    assert words in r.text and 'class="hint"' in r.text
+
+
+def test_unknown_ids_and_paths_are_404_pages(ui):
+    url, ids = ui
+    for path in ("e/exec-nope", "e/exec-nope/events/1", f"e/{ids['ok']}/events/999", "nowhere", "diff?a=exec-nope&b=exec-ok"):
+        r = _get(url + path)
+        assert r.status_code == 404, path
+        assert "404" in r.text and "<html" in r.text
+    assert _get(url + f"e/{ids['ok']}/events/zero").status_code == 400
+    assert _get(url + "diff?a=exec-ok-0001").status_code == 400
+    # An ambiguous prefix names the candidates.
+    r = _get(url + "e/exec-")
+    assert r.status_code == 400 and "exec-ok-0001" in r.text
+
+
+def test_a_unique_prefix_redirects_to_the_whole_id(ui):
+    url, ids = ui
+    r = _get(url + "e/exec-cra")
+    assert r.status_code == 302 and r.headers["location"] == f"/e/{ids['crashed']}"
+
+
+def test_the_execution_page_has_its_header_timeline_replay_state_and_lineage(ui):
+    url, ids = ui
+    page = _get(url + f"e/{ids['ok']}").text
+    assert ids["ok"] in page and "sha256:" in page and "AnswerQuestion" in page
+    assert page.count('class="bar llm"') == 2 and page.count('class="bar tool"') == 1
+    assert f"tracedb --data-dir" in page and f"replay {ids['ok']}" in page  # the command to copy
+    assert ids["fork"] in page and "at seq 3" in page  # the fork made from it
+    crashed = _get(url + f"e/{ids['crashed']}").text
+    assert 'data-testid="stopped-marker" data-seq="4"' in crashed
+    assert "stopped after #4 tool.requested" in crashed and "no response" in crashed
+    assert "never finished" in crashed and f"replay {ids['crashed']}" not in crashed
+    bad = _get(url + f"e/{ids['invalidated']}").text
+    assert "an operator invalidated it" in bad and "wrong model &lt;b&gt;v2&lt;/b&gt;" in bad
+    fork = _get(url + f"e/{ids['fork']}").text
+    assert f'forked from <a class="mono" href="/e/{ids["ok"]}">' in fork
+
+
+def test_recorded_html_is_text(ui):
+    url, ids = ui
+    for path in ("", f"e/{ids['xss']}", f"diff?a={ids['xss']}&b={ids['ok']}"):
+        page = _get(url + path).text
+        assert "<script>window.__pwned" not in page and "<img src=x" not in page, path
+    page = _get(url + f"e/{ids['xss']}").text
+    assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page
+    assert "&lt;img src=x onerror=window.__pwned=1&gt;" in page
+    assert XSS_INTENT not in page
+    csp = _get(url).headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    ev = _get(url + f"e/{ids['xss']}/events/1")
+    assert ev.headers["content-type"] == "application/json"
+    assert ev.json()["payload"]["html"] == "<script>window.__pwned=1</script>"
+
+
+def test_no_request_writes(ui, web_store):
+    url, ids = ui
+    data_dir, _ = web_store
+    before = _db_digest(data_dir)
+    for path in ("", f"e/{ids['ok']}", f"e/{ids['ok']}/events/1", f"e/{ids['ok']}/live", "diff"):
+        for method in ("POST", "PUT", "DELETE", "PATCH"):
+            r = httpx.request(method, url + path, timeout=30, content=b"status=invalidated")
+            assert r.status_code == 405, (method, path)
+            assert "only reads" in r.text
+    assert _db_digest(data_dir) == before
+
+
+def test_live_answers_nothing_new_cheaply_and_a_status_change_as_reload(ui):
+    url, ids = ui
+    eid = ids["crashed"]
+    assert _get(url + f"e/{eid}/live", params={"after": 4, "status": "incomplete"}).json() == {
+        "status": "incomplete", "changed": False, "last_seq": 4}
+    assert _get(url + f"e/{eid}/live", params={"after": 4, "status": "running"}).json()["reload"] is True
+    doc = _get(url + f"e/{eid}/live", params={"after": 2, "status": "incomplete"}).json()
+    assert doc["changed"] and doc["last_seq"] == 4 and 'id="ev-4"' in doc["rows"] and 'id="ev-2"' in doc["rows"]
+    assert "<svg" in doc["overview"]
+
+
+def test_a_missing_store_is_exit_3_and_nothing_is_created(tmp_path):
+    missing = tmp_path / "none"
+    r = subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", str(missing), "ui", "--port", "0"],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.startswith("error: ") and "hint: " in r.stderr and "Traceback" not in r.stderr
+    assert not missing.exists()
+
+
+def test_a_busy_port_is_one_error_and_one_hint(web_store):
+    import socket
+
+    data_dir, _ = web_store
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        r = subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", data_dir, "ui", "--port",
+                            str(holder.getsockname()[1])], capture_output=True, text=True, timeout=60, cwd=REPO)
+    finally:
+        holder.close()
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: cannot listen") and lines[1].startswith("hint: ")
+
+
+def test_a_remote_address_needs_allow_remote_and_a_token(web_store, tmp_path):
+    data_dir, ids = web_store
+    env = {k: v for k, v in os.environ.items() if k != "TRACEDB_TOKEN"}
+    base = [sys.executable, "-m", "tracedb", "--data-dir", data_dir, "ui", "--port", "0", "--host", "0.0.0.0"]
+    r = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert r.returncode == 1 and "refusing to serve the web view on non-loopback address" in r.stderr
+    r = subprocess.run(base + ["--allow-remote"], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert r.returncode == 1 and "needs a bearer token" in r.stderr
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    ui = subprocess.Popen(base + ["--allow-remote", "--token-file", str(token_file), "--json"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        printed = orjson.loads(ui.stdout.readline())["url"]
+        assert printed.endswith("/?token=s3cret-token")
+        port = printed.split(":")[2].split("/")[0]
+        url = f"http://127.0.0.1:{port}/"
+        assert _get(url).status_code == 401
+        assert _get(url, headers={"authorization": "Bearer wrong"}).status_code == 401
+        assert _get(url + "metrics").status_code == 401
+        assert _get(url, headers={"authorization": "Bearer s3cret-token"}).status_code == 200
+        first = _get(url + f"e/{ids['ok']}?token=s3cret-token")
+        assert first.status_code == 303 and first.headers["location"] == f"/e/{ids['ok']}"
+        cookie = first.cookies.get("tracedb_token")
+        assert cookie == "s3cret-token"
+        with httpx.Client(cookies={"tracedb_token": cookie}, timeout=30) as c:
+            assert c.get(url + f"e/{ids['ok']}").status_code == 200
+    finally:
+        ui.terminate()
+        assert ui.wait(30) == 0
+        ui.stdout.close()
+        ui.stderr.close()

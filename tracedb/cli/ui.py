@@ -1,0 +1,74 @@
+"""`tracedb ui`: a thin command over tracedb.web."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import click
+
+from ..errors import ConfigError
+from .main import config_of, emit_json, json_option, main
+
+DEFAULT_UI_PORT = 8470
+
+
+def _token(token_file):
+    """The bearer token from the file, else TRACEDB_TOKEN, else None (as `tracedb serve` reads it)."""
+    if not token_file:
+        return os.environ.get("TRACEDB_TOKEN") or None
+    try:
+        with open(token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read the token file {token_file}: {e.strerror}") from None
+    if not token:
+        raise ConfigError(f"the token file {token_file} is empty")
+    return token
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; anything but loopback needs --allow-remote and a token.")
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_UI_PORT, show_default=True,
+              help="Port to listen on (0 picks a free one).")
+@click.option("--allow-remote", is_flag=True,
+              help="Allow a non-loopback --host; every request must then carry the bearer token.")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="File holding the bearer token for a non-loopback --host (or env TRACEDB_TOKEN).")
+@click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="The data directory to show (the same as the global --data-dir).")
+@click.option("--db", "db_url", metavar="URL", default=None,
+              help="A fleet's PostgreSQL database to show (the same as the global --db).")
+@json_option("Print the address as one JSON line ({\"url\": ...}); errors as JSON too.")
+@click.pass_context
+def ui(ctx, host, port, allow_remote, token_file, data_dir, db_url, as_json):
+    """Browse executions in a web page: the list, timelines, payloads, diffs and forks.
+
+    Read-only: it reads the store next to a running recorder (`tracedb serve`) and never
+    writes. Prints the address to open; Ctrl-C (or SIGTERM) stops it. A running execution's
+    new events appear on its page as they are recorded.
+
+    \b
+    Example:
+      tracedb ui                                   # then open http://127.0.0.1:8470/
+      tracedb ui --db postgresql+psycopg://tracedb@db.internal/traces --port 0
+    """
+    from ..web.run import check_listen, serve_ui
+
+    cfg = config_of(ctx)
+    if data_dir is not None:
+        cfg = cfg.replace(data_dir=data_dir, db_path="")
+    if db_url is not None:
+        cfg = cfg.replace(db_url=db_url)
+    token = _token(token_file) if allow_remote or token_file else None
+    check_listen(host, allow_remote=allow_remote, token=token)
+
+    def listening(url: str) -> None:
+        if as_json:
+            emit_json({"url": url}, True)
+        else:
+            click.echo(f"tracedb ui: {url}  (read-only; Ctrl-C stops it)")
+        click.get_text_stream("stdout").flush()
+
+    asyncio.run(serve_ui(cfg, host=host, port=port, token=token, on_listening=listening))

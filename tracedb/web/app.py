@@ -1,0 +1,332 @@
+"""The web view as a Starlette application over the asyncio read API.
+
+`create_app(reader)` serves, read-only (GET and HEAD only):
+
+    /                       executions newest first: filters, counts per status, keyset pages
+    /e/{id}                 one execution (a unique prefix redirects to the whole id)
+    /e/{id}/events/{seq}    one event's payload as JSON (the payload viewer loads it on demand)
+    /e/{id}/rows?after=N    more event rows, as HTML in JSON
+    /e/{id}/live?after=N    what a running execution recorded since seq N (the page polls it)
+    /e/{id}/overview        the timeline alone, as SVG
+    /diff?a=ID&b=ID         two executions side by side, the first divergent step highlighted
+    /static/...             the stylesheet and the script, shipped in the package
+
+Every read goes through `tracedb.reads.AsyncReader` (aiosqlite or psycopg's async mode), so the
+event loop never waits on the database. `tracedb ui` runs it alone; `tracedb serve --http-port`
+adds `/metrics` and `/health` to the same server.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from datetime import datetime, timezone
+from typing import Optional, Sequence
+from urllib.parse import parse_qsl, urlencode
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..config import parse_duration_s
+from ..errors import (
+    AmbiguousExecutionIdError,
+    DatabaseUnavailableError,
+    ExecutionNotFoundError,
+    TraceDBError,
+)
+from ..paging import DEFAULT_PAGE_SIZE, decode_cursor
+from ..reads import AsyncReader, Filter
+from ..record import STATUS_RUNNING, STATUSES, utc_iso
+from . import pages
+from .timeline import layout
+
+STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+MAX_PAGE_SIZE = 500
+TOKEN_COOKIE = "tracedb_token"
+# No inline script or style anywhere: a recorded string that slipped through escaping still
+# could not run.
+SECURITY_HEADERS = [
+    (b"content-security-policy",
+     b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+     b"object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
+class BadRequest(Exception):
+    """A malformed query parameter: a 400 page with the message and a hint."""
+
+    def __init__(self, message: str, hint: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+def _html(text: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(text, status_code=status, headers={"cache-control": "no-store"})
+
+
+def _json(value, status: int = 200) -> Response:
+    return Response(orjson.dumps(value), status_code=status, media_type="application/json",
+                    headers={"cache-control": "no-store"})
+
+
+def parse_time(text: str, name: str) -> datetime:
+    """An ISO time (no zone: UTC) or an age back from now (2h, 7d), as the CLI takes them."""
+    try:
+        dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromtimestamp(datetime.now(timezone.utc).timestamp() - parse_duration_s(text), tz=timezone.utc)
+    except TraceDBError:
+        raise BadRequest(f"{name}={text!r} is not a time",
+                         hint="give an ISO time (2026-01-15T10:30:00Z) or an age back from now (2h, 7d)") from None
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    return _int_value(request.query_params.get(name), name, default, low, high)
+
+
+def _int_value(raw: Optional[str], name: str, default: int, low: int, high: int) -> int:
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name}={raw!r} is not a whole number", hint=f"give a number from {low} to {high}") from None
+    if not low <= value <= high:
+        raise BadRequest(f"{name}={value} is out of range", hint=f"give a number from {low} to {high}")
+    return value
+
+
+def list_params(request: Request) -> tuple[Filter, dict, Optional[str], int]:
+    """The list page's filters from the query string; BadRequest for a malformed one."""
+    q = request.query_params
+    params = {k: q.get(k, "").strip() for k in ("status", "replayable", "intent", "q", "since", "until", "before", "limit")}
+    status = params["status"] or None
+    if status is not None and status not in STATUSES:
+        raise BadRequest(f"status={status!r} is not a status", hint="one of " + ", ".join(STATUSES))
+    replayable = {"": None, "yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}.get(
+        params["replayable"].lower(), "bad"
+    )
+    if replayable == "bad":
+        raise BadRequest(f"replayable={params['replayable']!r} is not yes or no", hint="replayable=yes or replayable=no")
+    since = parse_time(params["since"], "since") if params["since"] else None
+    until = parse_time(params["until"], "until") if params["until"] else None
+    before = params["before"] or None
+    if before is not None:
+        try:
+            decode_cursor(before)
+        except TraceDBError as e:
+            raise BadRequest(e.message, hint="follow the Older link of the previous page") from None
+    limit = _int_param(request, "limit", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    where = Filter(status=status, since=since, until=until, intent=params["intent"] or None,
+                   search=params["q"] or None, replayable=replayable)
+    return where, {k: v for k, v in params.items() if v}, before, limit
+
+
+class Views:
+    """The route handlers, over one AsyncReader."""
+
+    def __init__(self, reader: AsyncReader, replay_command: str):
+        self.reader = reader
+        self.replay_command = replay_command
+
+    async def executions(self, request: Request) -> Response:
+        where, params, before, limit = list_params(request)
+        page = await self.reader.page(where, before=before, limit=limit)
+        counts = await self.reader.status_counts(where)
+        total = counts[where.status] if where.status else sum(counts.values())
+        return _html(pages.list_page(page, counts, params, first_page=before is None, total=total))
+
+    async def _exact(self, request: Request) -> str:
+        return await self.reader.resolve(request.path_params["execution_id"])
+
+    async def execution(self, request: Request) -> Response:
+        given = request.path_params["execution_id"]
+        eid = await self.reader.resolve(given)
+        if eid != given:
+            return RedirectResponse(f"/e/{eid}", status_code=302)
+        tl = await self.reader.timeline(eid)
+        lineage = await self.reader.lineage(eid)
+        return _html(pages.execution_page(tl, layout(tl), lineage, replay_command=self.replay_command))
+
+    async def event(self, request: Request) -> Response:
+        eid = await self._exact(request)
+        seq = _int_value(request.path_params["seq"], "seq", 0, 1, 2**31 - 1)
+        ev = await self.reader.event(eid, seq)
+        body = orjson.dumps(ev.payload)
+        return _json({"execution_id": eid, "seq": ev.seq, "type": ev.type, "recorded": utc_iso(ev.recorded_at_ns),
+                      "size": len(body), "payload": ev.payload})
+
+    async def rows(self, request: Request) -> Response:
+        eid = await self._exact(request)
+        after = _int_param(request, "after", 0, 0, 2**31 - 1)
+        tl = await self.reader.timeline(eid)
+        html, last = pages.event_rows(tl, layout(tl), after_seq=after)
+        more = bool(tl.record.events) and last < tl.record.events[-1].seq
+        return _json({"html": html, "last_seq": last, "more": more})
+
+    async def overview(self, request: Request) -> Response:
+        eid = await self._exact(request)
+        tl = await self.reader.timeline(eid)
+        return _html(pages.overview_svg(layout(tl), running=tl.record.status == STATUS_RUNNING))
+
+    async def live(self, request: Request) -> Response:
+        """What changed since the page's last seq: nothing (cheap), new rows and the redrawn
+        timeline, or a status change (the page reloads to show the new header)."""
+        eid = await self._exact(request)
+        after = _int_param(request, "after", 0, 0, 2**31 - 1)
+        known = request.query_params.get("status", STATUS_RUNNING)
+        progress = await self.reader.progress(eid, after, limit=1)
+        if progress.status != known:
+            return _json({"status": progress.status, "reload": True, "last_seq": progress.last_seq})
+        if not progress.events:
+            return _json({"status": progress.status, "changed": False, "last_seq": after})
+        tl = await self.reader.timeline(eid)
+        lay = layout(tl)
+        answered = frozenset(
+            b.request_seq for b in lay.bars
+            if b.request_seq <= after and b.response_seq is not None and b.response_seq > after
+        )
+        html, last = pages.event_rows(tl, lay, after_seq=after, also=answered)
+        return _json({
+            "status": tl.record.status, "changed": True, "last_seq": last, "rows": html,
+            "events": len(tl.record.events),
+            "overview": pages.overview_svg(lay, running=tl.record.status == STATUS_RUNNING),
+        })
+
+    async def diff(self, request: Request) -> Response:
+        a = request.query_params.get("a", "").strip()
+        b = request.query_params.get("b", "").strip()
+        if not a and not b:
+            return _html(pages.diff_start_page())
+        if not a or not b:
+            raise BadRequest("a diff needs two executions, a and b", hint="/diff?a=ID&b=ID (ids or unique prefixes)")
+        a_id, b_id = await self.reader.resolve(a), await self.reader.resolve(b)
+        d = await self.reader.diff(a_id, b_id)
+        pa = await self.reader.progress(a_id, 2**31 - 1, limit=1)
+        pb = await self.reader.progress(b_id, 2**31 - 1, limit=1)
+        return _html(pages.diff_page(d, pa.status, pb.status))
+
+
+async def _bad_request(request: Request, exc: BadRequest) -> Response:
+    return _html(pages.error_page(400, exc.message, exc.hint), 400)
+
+
+async def _tracedb_error(request: Request, exc: TraceDBError) -> Response:
+    if isinstance(exc, ExecutionNotFoundError):
+        status = 404
+    elif isinstance(exc, AmbiguousExecutionIdError):
+        status = 400
+    elif isinstance(exc, DatabaseUnavailableError):
+        status = 503
+    elif exc.exit_code == 2:
+        status = 400
+    else:
+        status = 500
+    return _html(pages.error_page(status, exc.message, exc.hint), status)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        return _html(pages.error_page(404, f"nothing at {request.url.path}", "start from the list of executions"), 404)
+    if exc.status_code == 405:
+        resp = _html(pages.error_page(405, f"{request.method} is not allowed: this view only reads",
+                                      "use GET; change executions with the tracedb command line"), 405)
+        resp.headers["allow"] = "GET, HEAD"
+        return resp
+    return _html(pages.error_page(exc.status_code, str(exc.detail)), exc.status_code)
+
+
+class SecurityHeaders:
+    """Adds the Content-Security-Policy and friends to every response."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def with_headers(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + SECURITY_HEADERS
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+class TokenGate:
+    """Lets a request through only with the bearer token: an `Authorization: Bearer` header, the
+    cookie a first visit with `?token=` sets, or that visit itself (redirected without it)."""
+
+    def __init__(self, app, token: str):
+        self.app = app
+        self.token = token.encode()
+
+    def _ok(self, given: Optional[str]) -> bool:
+        return given is not None and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self.token)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request = Request(scope)
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer ") and self._ok(auth[7:].strip()):
+            return await self.app(scope, receive, send)
+        if self._ok(request.cookies.get(TOKEN_COOKIE)):
+            return await self.app(scope, receive, send)
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        given = next((v for k, v in query if k == "token"), None)
+        if self._ok(given):
+            rest = urlencode([(k, v) for k, v in query if k != "token"])
+            resp = RedirectResponse(request.url.path + (f"?{rest}" if rest else ""), status_code=303)
+            resp.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite="strict")
+            return await resp(scope, receive, send)
+        resp = _html(pages.error_page(401, "this view needs the access token",
+                                      "open the address tracedb ui printed (it carries ?token=), "
+                                      "or send Authorization: Bearer TOKEN"), 401)
+        resp.headers["www-authenticate"] = "Bearer"
+        await resp(scope, receive, send)
+
+
+def create_app(
+    reader: AsyncReader,
+    *,
+    replay_command: str = "tracedb replay",
+    token: Optional[str] = None,
+    extra_routes: Sequence[BaseRoute] = (),
+) -> Starlette:
+    """The web view over `reader` (not closed by the app). `extra_routes` go first (the
+    recorder's /metrics and /health); with `token`, every request must carry it."""
+    v = Views(reader, replay_command)
+    get = ["GET", "HEAD"]
+    routes = [
+        *extra_routes,
+        Route("/", v.executions, methods=get),
+        Route("/e/{execution_id:str}", v.execution, methods=get),
+        Route("/e/{execution_id:str}/events/{seq:str}", v.event, methods=get),
+        Route("/e/{execution_id:str}/rows", v.rows, methods=get),
+        Route("/e/{execution_id:str}/live", v.live, methods=get),
+        Route("/e/{execution_id:str}/overview", v.overview, methods=get),
+        Route("/diff", v.diff, methods=get),
+        Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={BadRequest: _bad_request, TraceDBError: _tracedb_error, HTTPException: _http_error},
+    )
+    app.add_middleware(SecurityHeaders)
+    if token:
+        app.add_middleware(TokenGate, token=token)
+    return app

@@ -1,0 +1,112 @@
+"""`tracedb ui`: the web view on its own uvicorn server, until SIGINT or SIGTERM.
+
+A loopback address needs nothing more. Any other address follows the rules of the recorder's TCP
+listener: `--allow-remote` and a bearer token (TRACEDB_TOKEN or --token-file), which every
+request must then carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import os
+import shlex
+import signal
+from typing import Callable, Optional
+from urllib.parse import quote
+
+from .. import db
+from ..asgi import HttpEndpoint
+from ..config import DEFAULT_DATA_DIR, Config
+from ..errors import ConfigError
+from ..reads import AsyncReader
+from .app import create_app
+
+_CANNOT_LISTEN = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen(host: str, *, allow_remote: bool, token: Optional[str], flag: str = "--host") -> None:
+    """Refuse a non-loopback address without --allow-remote and a token (the TCP listener's rules)."""
+    if is_loopback(host):
+        return
+    if not allow_remote:
+        raise ConfigError(
+            f"refusing to serve the web view on non-loopback address {host} ({flag})",
+            hint="pass --allow-remote together with a token (TRACEDB_TOKEN or --token-file)",
+        )
+    if not token:
+        raise ConfigError(
+            f"serving the web view on {host} needs a bearer token",
+            hint="set TRACEDB_TOKEN or pass --token-file",
+        )
+
+
+def address(host: str, port: int, token: Optional[str] = None) -> str:
+    """The address to open in a browser (with the token, which the first visit turns into a cookie)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/" + (f"?token={quote(token, safe='')}" if token else "")
+
+
+def replay_command(cfg: Config) -> str:
+    """The replay command a page offers to copy, naming the store this view reads."""
+    parts = ["tracedb"]
+    if cfg.db_url:
+        parts += ["--db", db.describe(cfg.db_url)]
+    elif os.path.normpath(cfg.data_dir) != DEFAULT_DATA_DIR:
+        parts += ["--data-dir", cfg.data_dir]
+    return shlex.join(parts + ["replay"])
+
+
+def cannot_listen(e: OSError, host: str, port: int, flag: str) -> ConfigError:
+    """A busy or forbidden address as one error and one hint."""
+    return ConfigError(
+        f"cannot listen on {host}:{port}: {e.strerror} ({flag})",
+        hint="another process holds that address: stop it, or choose another port (0 picks a free one)",
+    )
+
+
+async def serve_ui(
+    cfg: Config,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8470,
+    token: Optional[str] = None,
+    on_listening: Callable[[str], None] = print,
+    stop: Optional[asyncio.Event] = None,
+) -> None:
+    """Serve the web view of `cfg`'s store until SIGINT/SIGTERM (or `stop` is set)."""
+    reader = await AsyncReader.open(cfg)
+    endpoint = HttpEndpoint(
+        create_app(reader, token=token if not is_loopback(host) else None, replay_command=replay_command(cfg)),
+        host=host, port=port, name="ui",
+    )
+    try:
+        try:
+            bound = await endpoint.start()
+        except OSError as e:
+            if e.errno in _CANNOT_LISTEN:
+                raise cannot_listen(e, host, port, "--port") from None
+            raise
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):  # not the main thread
+                pass
+        on_listening(address(host, bound, token if not is_loopback(host) else None))
+        await stop.wait()
+    finally:
+        await endpoint.close()
+        await reader.close()

@@ -1,0 +1,114 @@
+"""An execution's events laid out on a time axis: calls as bars, every event as a tick.
+
+LLM and tool calls are paired the way event-log replay pairs them (`tracedb.replay.EventLog`:
+by `request_seq`, else by call key, else in order), so a bar is exactly the call replay would
+serve. A call with no response in an execution that stopped is drawn open to where it stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..reads import Timeline
+from ..record import CALL_EVENT_TYPES, LLM_REQUESTED, STATUS_RUNNING, TOOL_REQUESTED
+from ..replay import EventLog
+
+LLM = "llm"
+TOOL = "tool"
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One LLM or tool call: from its request to its response (None: never answered)."""
+
+    kind: str
+    label: str
+    request_seq: int
+    response_seq: Optional[int]
+    start_ns: int
+    end_ns: Optional[int]
+    lane: int
+
+    @property
+    def duration_ns(self) -> Optional[int]:
+        return None if self.end_ns is None else max(0, self.end_ns - self.start_ns)
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One event at the time it was recorded."""
+
+    seq: int
+    type: str
+    at_ns: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where everything goes: the axis [t0, t1], the bars in lanes per kind, a tick per event,
+    the event an execution that will not go on stopped at (None while it runs or when it finished)."""
+
+    t0: int
+    t1: int
+    bars: tuple[Bar, ...]
+    ticks: tuple[Tick, ...]
+    lanes: dict
+    stopped_at: Optional[Tick]
+    call_of_seq: dict  # request or response seq -> its Bar
+
+    def x(self, ns: int, width: float) -> float:
+        """The position of time `ns` on an axis `width` wide."""
+        span = max(1, self.t1 - self.t0)
+        return (ns - self.t0) / span * width
+
+
+def _label(kind: str, payload) -> str:
+    if not isinstance(payload, dict):
+        return kind
+    if kind == TOOL:
+        return str(payload.get("name") or payload.get("tool") or "tool")
+    request = payload.get("request")
+    model = request.get("model") if isinstance(request, dict) else payload.get("model")
+    return str(model or "llm")
+
+
+def layout(timeline: Timeline) -> Layout:
+    """The layout of `timeline` (the read API's record with its event times)."""
+    record = timeline.record
+    at = {t.seq: t.recorded_at_ns for t in timeline.event_times}
+    t0 = timeline.created_at_ns or (timeline.event_times[0].recorded_at_ns if timeline.event_times else 0)
+    ticks = tuple(Tick(e.seq, e.type, at.get(e.seq, t0)) for e in record.events)
+    t1 = max([t0 + 1] + [t.at_ns for t in ticks])
+    finished = record.finalResponse is not None
+    stopped = ticks[-1] if ticks and record.status != STATUS_RUNNING and not finished else None
+    if stopped is None and not ticks and record.status != STATUS_RUNNING and not finished:
+        stopped = Tick(0, "start", t0)
+    if stopped is not None:
+        # Room after the stop: a call left unanswered shows as an open bar running past it.
+        t1 += max(1, (t1 - t0) // 12)
+    bars: list[Bar] = []
+    lane_ends: dict[str, list[int]] = {LLM: [], TOOL: []}
+    # Only calls can pair; with no request at all there is nothing to pair (and no need to index).
+    call_events = [e for e in record.events if e.type in CALL_EVENT_TYPES]
+    has_requests = any(e.type in (LLM_REQUESTED, TOOL_REQUESTED) for e in call_events)
+    for call in EventLog(call_events).calls if has_requests else ():
+        start = at.get(call.request_seq, t0)
+        end = at.get(call.response_seq) if call.response_seq is not None else None
+        # Parallel calls of one kind go to the first lane free at their start.
+        ends = lane_ends[call.kind]
+        lane = next((i for i, e in enumerate(ends) if e <= start), len(ends))
+        stop = end if end is not None else t1
+        if lane == len(ends):
+            ends.append(stop)
+        else:
+            ends[lane] = stop
+        bars.append(Bar(call.kind, _label(call.kind, call.request), call.request_seq, call.response_seq,
+                        start, end, lane))
+    call_of_seq = {}
+    for b in bars:
+        call_of_seq[b.request_seq] = b
+        if b.response_seq is not None:
+            call_of_seq[b.response_seq] = b
+    lanes = {kind: max(1, len(ends)) if ends else 0 for kind, ends in lane_ends.items()}
+    return Layout(t0, t1, tuple(bars), ticks, lanes, stopped, call_of_seq)
