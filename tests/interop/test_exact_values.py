@@ -63,6 +63,10 @@ def test_nan_through_the_recording_api_is_refused_naming_where_it_is(tmp_path):
             ex.finish({"status": "success", "payload": {"score": math.inf}})
         with pytest.raises(tracedb.InvalidInputError):
             store.start("Score", {"intent": "Score", "threshold": math.nan})
+        for bare in (1.0, -0.0, 1e16):  # SQLite would hand these back as the integers 1, 0, 10**16
+            with pytest.raises(tracedb.InvalidInputError) as err:
+                ex.event("agent.score", bare)
+            assert "wrap it in an object" in err.value.hint
         assert store.durable_lsn == lsn  # nothing of any of them reached the WAL
         assert ex.event("agent.answer", {"answer": {"score": 0.5}}) == 1  # the execution goes on
         ex.finish({"status": "success", "payload": {"score": 0.5}})

@@ -88,7 +88,8 @@ def test_the_hash_is_of_the_envelope_as_sent_replay_with_it_verifies_and_verify_
         eid = record_some(store)
         ex_hash = tracedb.compute_envelope_hash(envelope())
         rec = store.get(eid)
-        assert rec.header.envelopeHash == ex_hash
+        assert rec.envelope["auth"]["Password"] == "[REDACTED]"  # stored redacted...
+        assert rec.header.envelopeHash == ex_hash  # ...under the hash of the envelope as sent
         assert rec.header.replayable
         assert tracedb.ReplayEngine(rec).replay(env=envelope()).response == rec.finalResponse
     original = tmp_path / "envelope.json"
