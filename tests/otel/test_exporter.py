@@ -102,3 +102,19 @@ def test_spans_after_the_root_are_refused_not_recorded(tmp_path):
         assert exporter.export(late).name == "SUCCESS"
         assert len(exporter.rejected) == 1 and "completed" in exporter.rejected[0]
         assert len(store.get(f"otel-{trace_hex(spans)}").events) == 8
+
+
+def test_event_log_replay_serves_the_recorded_llm_and_tool_answers(tmp_path):
+    from tracedb.otel.exporter import TraceDBSpanExporter
+    from tracedb.replay import ReplaySession
+
+    spans = agent_run()
+    with tracedb.open(str(tmp_path / "s")) as store:
+        TraceDBSpanExporter(store).export(spans)
+        rec = store.get(f"otel-{trace_hex(spans)}")
+    session = ReplaySession(rec, strict=False)
+    first = rec.events[0].payload["request"]
+    answer = session.llm(first, call=lambda _r: pytest.fail("the model was called"))
+    assert answer["messages"][0]["parts"][0]["name"] == "get_weather"
+    result = session.tool("get_weather", {"city": "Paris"}, call=lambda _a: pytest.fail("the tool was called"))
+    assert result == {"sky": "sunny"}
