@@ -221,3 +221,16 @@ def test_a_run_killed_mid_way_is_incomplete_and_not_replayable(data_dir, fake):
     replay = subprocess.run([*tracedb_cli, "replay", row.execution_id], cwd=ROOT, capture_output=True, text=True)
     assert replay.returncode == 6, replay.stderr
     assert "error:" in replay.stderr and "not replayable" in replay.stderr and "hint:" in replay.stderr
+
+
+def test_a_run_that_fails_records_its_error_as_the_final_response(store, fake, processor):
+    from agents.exceptions import MaxTurnsExceeded
+
+    wa.script(fake)
+    with pytest.raises(MaxTurnsExceeded):
+        asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=wa.live_config(fake.base_url), max_turns=1))
+    [row] = store.list()
+    rec = store.get(row.execution_id)
+    assert rec.finalResponse["status"] == "error"
+    assert rec.finalResponse["error"]["message"] == "Max turns exceeded"
+    assert rec.finalResponse["payload"] == {"final_output": None, "last_agent": "triage"}

@@ -230,3 +230,17 @@ def test_the_async_client_records_and_replays(data_dir, fake):
             await astore.close()
 
     asyncio.run(main())
+
+
+def test_the_async_client_records_through_a_sync_store_too(store, fake):
+    fake.push_chat("from a thread")
+    ex = store.start("AnswerQuestion", ENVELOPE)
+
+    async def main():
+        client = record(openai_client(fake, openai.AsyncOpenAI), ex)
+        r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+        return r.choices[0].message.content
+
+    assert asyncio.run(main()) == "from a thread"
+    ex.finish({"status": "success"})
+    assert [e.type for e in store.get(ex.execution_id).events] == ["llm.requested", "llm.responded", "FINAL_RESPONSE"]

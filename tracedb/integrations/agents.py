@@ -224,7 +224,7 @@ class TraceDBProcessor(TracingProcessor):
             payload = {"span_id": span.span_id, "from_agent": data.from_agent, "to_agent": data.to_agent}
             self._record(run, lambda: run.execution.event(HANDOFF, payload))
         else:
-            if span.error is not None and kind in ("agent", "response", "custom"):
+            if span.error is not None and kind in ("agent", "task"):
                 run.error = jsonable(span.error)
             payload = {
                 "span_id": span.span_id,
