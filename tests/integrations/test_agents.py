@@ -19,6 +19,7 @@ from agents import RunConfig, Runner, set_trace_processors
 
 import tracedb
 from tests.integrations import weather_agent as wa
+from tests.integrations.weather_agent import replay_run
 from tracedb.config import load_config
 from tracedb.errors import NotReplayableError, ReplayDivergenceError, UsageError
 from tracedb.integrations.agents import ReplayModelProvider, TraceDBProcessor
@@ -52,20 +53,6 @@ def live_run(store, fake):
     result = asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=wa.live_config(fake.base_url)))
     [row] = store.list()
     return row.execution_id, result
-
-
-def replay_run(provider, *, streamed=False, tracing=False):
-    config = RunConfig(model_provider=provider, tracing_disabled=not tracing)
-    if not streamed:
-        return asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=config))
-
-    async def main():
-        result = Runner.run_streamed(wa.triage, wa.QUESTION, run_config=config)
-        async for _ in result.stream_events():
-            pass
-        return result
-
-    return asyncio.run(main())
 
 
 def reader_of(data_dir):

@@ -3,8 +3,10 @@ off to a specialist with a clock tool. Its model is the fake server, scripted by
 
 from __future__ import annotations
 
+import asyncio
+
 import openai
-from agents import Agent, RunConfig, function_tool
+from agents import Agent, RunConfig, Runner, function_tool
 from agents.models.openai_provider import OpenAIProvider
 
 QUESTION = "What is the weather and the time in Paris?"
@@ -51,3 +53,18 @@ def live_provider(base_url: str) -> OpenAIProvider:
 
 def live_config(base_url: str) -> RunConfig:
     return RunConfig(model_provider=live_provider(base_url))
+
+
+def replay_run(provider, *, streamed: bool = False, tracing: bool = False):
+    """Run the agent on `provider` (tracing off unless asked), streamed or not; the run's result."""
+    config = RunConfig(model_provider=provider, tracing_disabled=not tracing)
+    if not streamed:
+        return asyncio.run(Runner.run(triage, QUESTION, run_config=config))
+
+    async def main():
+        result = Runner.run_streamed(triage, QUESTION, run_config=config)
+        async for _ in result.stream_events():
+            pass
+        return result
+
+    return asyncio.run(main())

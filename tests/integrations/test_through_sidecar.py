@@ -1,0 +1,101 @@
+"""Both integrations recording through a running `tracedb serve` (the recording client), then
+replaying from what the recorder answers and from the read API next to it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+from agents import Runner, set_trace_processors
+
+from tests.integrations import weather_agent as wa
+from tests.integrations.weather_agent import replay_run
+from tests.sidecar.conftest import ServeProcess
+from tests.waiting import wait_until
+from tracedb.client import connect, connect_async
+from tracedb.config import load_config
+from tracedb.integrations.agents import ReplayModelProvider, TraceDBProcessor
+from tracedb.integrations.openai import record, replay
+from tracedb.reads import Reader
+
+
+def compacted(data_dir, eid):
+    """The record once the recorder compacted it to its final response (None before)."""
+    with Reader.open(load_config(overrides={"data_dir": data_dir})) as reader:
+        try:
+            rec = reader.get(eid)
+        except Exception:
+            return None
+    return rec if rec.finalResponse is not None else None
+
+
+def test_an_agents_run_recorded_through_the_sidecar_replays_offline(tmp_path, fake):
+    data_dir = str(tmp_path / ".tracedb")
+    serve = ServeProcess(data_dir)
+    try:
+        with connect(serve.socket) as client:
+            assert not client.embedded
+            p = TraceDBProcessor(client)
+            set_trace_processors([p])
+            try:
+                wa.script(fake)
+                live = asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=wa.live_config(fake.base_url)))
+            finally:
+                set_trace_processors([])
+                p.shutdown()
+            requests = fake.request_count
+            eid = None
+
+            def found():
+                nonlocal eid
+                with Reader.open(load_config(overrides={"data_dir": data_dir})) as reader:
+                    rows = reader.page().items
+                eid = rows[0].execution_id if rows else None
+                return eid is not None and compacted(data_dir, eid) is not None
+
+            wait_until(found, 30, "the run compacted into the database")
+            with Reader.open(load_config(overrides={"data_dir": data_dir})) as reader:
+                provider = ReplayModelProvider(reader, eid)
+            assert replay_run(provider).final_output == live.final_output == wa.FINAL
+            assert client.get(eid).finalResponse["payload"]["final_output"] == wa.FINAL
+        assert fake.request_count == requests
+    finally:
+        code, err = serve.terminate()
+    assert code == 0, err
+
+
+def test_the_openai_wrapper_records_through_the_sidecar_sync_and_async(tmp_path, fake):
+    data_dir = str(tmp_path / ".tracedb")
+    serve = ServeProcess(data_dir)
+    try:
+        fake.push_chat("through the socket")
+        with connect(serve.socket) as client:
+            ex = client.start("AnswerQuestion", {"intent": "AnswerQuestion"})
+            oa = record(openai.OpenAI(base_url=fake.base_url, api_key="k", max_retries=0), ex)
+            r = oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+            ex.finish({"status": "success"})
+            assert r.choices[0].message.content == "through the socket"
+            offline = replay(openai.OpenAI(base_url=fake.base_url, api_key="k"), client, ex.execution_id)
+            r2 = offline.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+            assert r2.choices[0].message.content == "through the socket"
+
+        async def main():
+            fake.push_chat("async through the socket")
+            aclient = await connect_async(serve.socket)
+            try:
+                aex = await aclient.start("AnswerQuestion", {"intent": "AnswerQuestion"})
+                oa = record(openai.AsyncOpenAI(base_url=fake.base_url, api_key="k", max_retries=0), aex)
+                r = await oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+                await aex.finish({"status": "success"})
+                rec = await aclient.get(aex.execution_id)
+            finally:
+                await aclient.close()
+            return r.choices[0].message.content, rec
+
+        text, rec = asyncio.run(main())
+        assert text == "async through the socket"
+        assert [e.type for e in rec.events] == ["llm.requested", "llm.responded", "FINAL_RESPONSE"]
+        assert fake.request_count == 2
+    finally:
+        code, err = serve.terminate()
+    assert code == 0, err
