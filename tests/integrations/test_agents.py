@@ -221,3 +221,31 @@ def test_a_run_that_fails_records_its_error_as_the_final_response(store, fake, p
     assert rec.finalResponse["status"] == "error"
     assert rec.finalResponse["error"]["message"] == "Max turns exceeded"
     assert rec.finalResponse["payload"] == {"final_output": None, "last_agent": "triage"}
+
+
+def test_each_callback_returns_once_its_events_are_in_the_wal_and_fdatasynced(store, data_dir, processor):
+    import wal
+    from agents.tracing import custom_span, function_span, trace
+
+    from tracedb.codec import decode_record
+
+    def on_disk():
+        """Every event of the WAL's segment files as read back from them, with its LSN."""
+        docs = [(r.lsn, decode_record(r.payload)) for r in wal.read_records(os.path.join(data_dir, "wal"))]
+        return [(lsn, d) for lsn, d in docs if d.get("op") == "event"]
+
+    with trace("Durable workflow"):
+        with function_span("lookup", input='{"q": 1}') as span:
+            span.span_data.output = "found"
+        # function_span's end returned: its tool events are in the files, under the durable LSN
+        events = on_disk()
+        [(lsn, requested)] = [(lsn, d) for lsn, d in events if d["type"] == "tool.requested"]
+        [(lsn2, responded)] = [(lsn, d) for lsn, d in events if d["type"] == "tool.responded"]
+        assert requested["payload"]["arguments"] == {"q": 1} and responded["payload"]["response"] == "found"
+        assert max(lsn, lsn2) <= store.durable_lsn
+        with custom_span("checkpoint", {"step": 2}):
+            started = [d for _, d in on_disk() if d["type"] == "agents.span.started"]
+            assert started[-1]["payload"]["name"] == "checkpoint"
+        assert any(d["type"] == "agents.span.ended" and d["payload"]["name"] == "checkpoint" for _, d in on_disk())
+    [row] = store.list()
+    assert store.get(row.execution_id).finalResponse["status"] == "success"
