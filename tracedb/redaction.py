@@ -36,35 +36,71 @@ def _norm(key: str) -> str:
     return key.lower().replace("-", "_")
 
 
+# Payloads of one application repeat their key names: each is normalised once.
+_NORMED: dict = {}
+_NORMED_MAX = 65536
+
+
+def _normed(key: str) -> str:
+    n = _NORMED.get(key)
+    if n is None:
+        n = _norm(key)
+        if len(_NORMED) >= _NORMED_MAX:
+            _NORMED.clear()
+        _NORMED[key] = n
+    return n
+
+
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
+def _has_key(value: Any, keys: frozenset) -> bool:
+    """Whether a key of `keys` (normalised) names a value anywhere inside `value`."""
+    t = type(value)
+    if t is dict:
+        items = value.items()
+    elif t is list or t is tuple:
+        for v in value:
+            if type(v) not in _LEAVES and _has_key(v, keys):
+                return True
+        return False
+    elif t in _LEAVES:
+        return False
+    elif isinstance(value, Mapping):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        return any(_has_key(v, keys) for v in value)
+    else:
+        return False
+    for k, v in items:
+        if type(k) is str and _normed(k) in keys:
+            return True
+        if type(v) not in _LEAVES and _has_key(v, keys):
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class Rules:
     """The rules for one intent: normalised key names and compiled patterns."""
 
     keys: frozenset
     patterns: tuple
-    # A quick test on the serialised JSON: no key of `keys` appears as an object key in it.
-    key_probe: Optional[re.Pattern]
 
     @property
     def empty(self) -> bool:
         return not self.keys and not self.patterns
 
-    def might_match(self, data: bytes) -> bool:
-        """False when redaction cannot change the JSON document `data` (so the value is kept as
-        it is without walking it); patterns are always tried on the value itself."""
+    def might_match(self, value: Any) -> bool:
+        """False when redaction cannot change `value` (the common case: it is then recorded
+        without being copied); with patterns, every string has to be tried."""
         if self.patterns:
             return True
-        return self.key_probe is not None and self.key_probe.search(data) is not None
+        return _has_key(value, self.keys)
 
 
 def _rules(keys, patterns) -> Rules:
-    normed = frozenset(_norm(k) for k in keys)
-    probe = None
-    if normed:
-        # A key is `"name":` in the JSON text; "-" and "_" match each other, case is ignored.
-        alts = sorted({re.escape(k).replace("_", "[-_]") for k in normed}, key=len, reverse=True)
-        probe = re.compile(('"(?:' + "|".join(alts) + ')"\\s*:').encode(), re.IGNORECASE)
-    return Rules(normed, tuple(patterns), probe)
+    return Rules(frozenset(_norm(k) for k in keys), tuple(patterns))
 
 
 def _compile_patterns(items: Any, where: str) -> list:

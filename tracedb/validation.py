@@ -107,9 +107,39 @@ def nonfinite_path(value: Any, path: str = "$") -> Optional[str]:
     return None
 
 
+_SKIP = (str, int, bool, type(None))
+
+
+def has_nonfinite(value: Any) -> bool:
+    """Whether a NaN or an infinity is inside `value` (the quick test; `nonfinite_path` says where)."""
+    t = type(value)
+    if t is dict:
+        items = value.values()
+    elif t is list or t is tuple:
+        items = value
+    elif t is float:
+        return value - value != 0.0  # nan - nan and inf - inf are nan
+    elif isinstance(value, float):
+        return not math.isfinite(value)
+    elif isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return False
+    for x in items:
+        if type(x) in _SKIP:
+            continue
+        if has_nonfinite(x):
+            return True
+    return False
+
+
 def check_finite(value: Any, what: str) -> None:
     """Refuse NaN and infinities: JSON has no such numbers, and orjson would write them as null,
     a value other than the one given. Refused, not stored altered."""
+    if not has_nonfinite(value):
+        return
     found = nonfinite_path(value)
     if found is not None:
         raise InvalidInputError(

@@ -224,7 +224,7 @@ def _sweep_idle(store_server):
     assert [e["seq"] for e in rec["events"]] == [1]
 
 
-@pytest.mark.parametrize("payload", [5, 0, -3, 1.5, 0.30000000000000004, 1e3, True, None, "s", [1, 2]])
+@pytest.mark.parametrize("payload", [5, 0, -3, 1.5, 0.30000000000000004, 1e300, True, None, "s", [1, 2]])
 def test_an_event_whose_payload_is_not_an_object_reads_back_and_resends_as_a_duplicate(store_server, payload):
     # SQLite stores a JSON document that is a bare number as a number (NUMERIC affinity): it
     # must still read back, from memory and once compacted, and a resend must be recognised.
@@ -238,6 +238,19 @@ def test_an_event_whose_payload_is_not_an_object_reads_back_and_resends_as_a_dup
     assert rec["ok"], rec
     assert rec["record"]["events"][0]["payload"] == payload
     assert c.call({"id": 4, **ev}) == {"id": 4, "ok": True, "seq": 1, "duplicate": True}
+
+
+@pytest.mark.parametrize("payload", [1e3, 1.0, -0.0])
+def test_a_bare_whole_float_payload_is_refused_as_the_database_would_give_back_an_integer(store_server, payload):
+    # Stored, 1000.0 would come back as the integer 1000 (SQLite's NUMERIC affinity): refused,
+    # with the way to keep it, rather than changed.
+    c = LineClient(sock_path(store_server.config.data_dir))
+    start(c, "exec-f")
+    ev = {"op": "event", "execution_id": "exec-f", "type": "tool.responded", "payload": payload, "seq": 1}
+    r = c.call({"id": 1, **ev})
+    assert r["ok"] is False and r["error"]["code"] == "bad_request"
+    assert "wrap it in an object" in r["error"]["message"]
+    assert c.call({"id": 2, **ev, "payload": {"value": payload}}) == {"id": 2, "ok": True, "seq": 1}
 
 
 def test_a_resend_is_a_duplicate_only_if_the_payload_is_the_same_json(store_server):
