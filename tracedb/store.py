@@ -492,7 +492,7 @@ class Store:
         except (TypeError, ValueError) as e:
             raise InvalidInputError(f"envelope cannot be hashed: {e}") from None
         rules = self._redactor.for_intent(intent) if self._redactor is not None else None
-        if rules is not None:
+        if rules is not None and rules.might_match(envelope):
             stored, changed = redact(envelope, rules)
             if changed:
                 # verify checks the stored envelope against this hash; the caller's stays the
@@ -588,11 +588,12 @@ class Store:
     def _event_record(self, execution_id: str, seq: int, type_: str, payload: Any, rules: Optional[Rules], now: int):
         """An event's WAL record and compaction hint: payload checked, then redacted."""
         pj = payload_json(payload, type_)
-        if rules is not None and rules.might_match(pj):
+        if rules is not None:
             value = orjson.loads(pj) if isinstance(payload, orjson.Fragment) else payload
-            value, changed = redact(value, rules)
-            if changed:
-                pj = payload_json(value, type_)
+            if rules.might_match(value):
+                value, changed = redact(value, rules)
+                if changed:
+                    pj = payload_json(value, type_)
         data = encode_event(execution_id, seq, type_, pj, now)
         if len(data) > wal.MAX_PAYLOAD_BYTES:
             check_record_size(data)
@@ -603,7 +604,7 @@ class Store:
     def _finish_record(execution_id: str, seq: int, response: dict, rules: Optional[Rules], now: int) -> bytes:
         """The final response's WAL record: checked, then redacted."""
         data = check_record_size(encode_finish(execution_id, seq, response, now))
-        if rules is not None and rules.might_match(data):
+        if rules is not None and rules.might_match(response):
             response, changed = redact(response, rules)
             if changed:
                 data = check_record_size(encode_finish(execution_id, seq, response, now))
