@@ -9,6 +9,7 @@ must reach the same final output with the fake server's request count unchanged.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -82,6 +83,12 @@ def test_a_live_run_is_recorded_span_by_span(store, fake, processor):
     assert rec.finalResponse == {
         "status": "success", "payload": {"final_output": wa.FINAL, "last_agent": "specialist"},
     }
+    # exact replay gives back what the run answered
+    out = subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", store.config.data_dir, "replay", eid,
+                          "--json"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    replayed = json.loads(out.stdout)
+    assert replayed["payload"]["final_output"] == wa.FINAL and replayed["fromReplay"] is True
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])

@@ -244,3 +244,36 @@ def test_the_async_client_records_through_a_sync_store_too(store, fake):
     assert asyncio.run(main()) == "from a thread"
     ex.finish({"status": "success"})
     assert [e.type for e in store.get(ex.execution_id).events] == ["llm.requested", "llm.responded", "FINAL_RESPONSE"]
+
+
+def test_bad_arguments_say_what_to_pass_and_record_nothing(store, fake):
+    from tracedb.errors import ExecutionNotFoundError, UsageError
+    from tracedb.integrations.openai import RecordingTransport
+
+    with pytest.raises(ExecutionNotFoundError):
+        replay(openai_client(fake), store, "exec-nonexistent")
+    with pytest.raises(UsageError, match="cannot read executions from object") as e:
+        Replay(object(), "exec-x")
+    assert "Reader" in e.value.hint
+    with pytest.raises(UsageError, match="needs the id"):
+        Replay(store)
+
+    async def with_async_handles():
+        astore = await tracedb.open_async(str(store.config.data_dir) + "-async")
+        try:
+            aex = await astore.start("AnswerQuestion", ENVELOPE)
+            with pytest.raises(UsageError, match="sync execution handle"):
+                RecordingTransport(aex)
+
+            class AsyncSource:  # what tracedb.reads.AsyncReader looks like to a replay
+                async def get(self, execution_id):
+                    return await astore.get(execution_id)
+
+            with pytest.raises(UsageError, match="asyncio reader") as e:
+                Replay(AsyncSource(), aex.execution_id)
+            assert "await reader.get" in e.value.hint
+        finally:
+            await astore.close()
+
+    asyncio.run(with_async_handles())
+    assert fake.request_count == 0 and store.list() == []
