@@ -32,8 +32,10 @@ def import_intentusnet(ctx, directory, workers, as_json):
     """Import an IntentusNet FileExecutionStore directory (DIR/<executionId>.json).
 
     Each record goes through the WAL like a live execution and keeps its id, creation time,
-    envelope, events and final response. Running it again imports nothing twice; a file that
-    cannot be stored exactly (see docs) is reported and skipped, and the command exits 1.
+    envelope, events and final response (redacted by the [redaction] rules). Running it again
+    imports nothing twice. A file that cannot be stored exactly (NaN, a changed record under an
+    id already imported, see docs/intentusnet.md) is reported and nothing of it is written; the
+    others go in, and the command exits 1.
 
     \b
     Example:
