@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import wal
 
 from . import damage, db, retention
+from . import salvage as salvaging
 from .config import Config
 from .errors import (
     EXIT_ERROR,
@@ -317,11 +318,15 @@ def scan_wal(config: Config) -> WalReport:
     return WalReport(r.records, r.first_lsn, r.last_lsn, r.segments, live, damages)
 
 
-def repair_wal(config: Config) -> wal.RepairResult:
-    """Cut the WAL at its first damage, keeping .broken copies; needs the recorder stopped."""
+def repair_wal(config: Config, *, dry_run: bool = False, salvage: bool = False) -> salvaging.RepairReport:
+    """Cut the WAL at its first damage keeping .broken copies, or with `salvage` keep every
+    record with a valid CRC (tracedb.salvage); `dry_run` says what it would do. Needs the
+    recorder stopped."""
     _require_wal_dir(config)
     try:
-        return wal.repair(config.wal_dir)
+        if salvage:
+            return salvaging.salvage(config, dry_run=dry_run, open_store=_open_store)
+        return salvaging.repair(config, dry_run=dry_run)
     except wal.WalLockedError as e:
         raise StoreInUseError(e.message, hint="stop the recorder first") from None
 

@@ -12,17 +12,24 @@ append), holding its compaction lock.
 
 from __future__ import annotations
 
+import filecmp
+import logging
+import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+import wal
+
 from .codec import OP_INCOMPLETE, encode_status
 from .models import traces
 from .record import STATUS_RUNNING
 
 _APPEND_CHUNK = 1000
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,49 @@ class RecoverResult:
     marked_incomplete: int = 0
     incomplete_ids: tuple[str, ...] = field(default=(), repr=False)
     segments_deleted: int = 0
+    # Copies kept of damaged segments that compaction was about to delete unread (see
+    # keep_damaged_segments).
+    kept_copies: tuple[str, ...] = ()
+
+
+def keep_damaged_segments(wal_dir: str, applied_lsn: int) -> tuple[str, ...]:
+    """Check the sealed segments wholly at or below `applied_lsn`, which the next compaction
+    deletes without reading them again (a crash came between the commit of their records and the
+    delete); copy each damaged one to `<name>.broken` first (fsynced), so that the evidence of
+    damage `wal scan` or `verify` reported is never deleted with it. Returns the copies made."""
+    segs = wal.list_segments(wal_dir)
+    kept = []
+    for seg, nxt in zip(segs, segs[1:]):
+        if nxt.first_lsn > applied_lsn + 1:
+            break
+        if not wal.salvage_file(seg.path, next_first_lsn=nxt.first_lsn, last=False).damages:
+            continue
+        dst = seg.path + ".broken"
+        n = 0
+        while os.path.exists(dst):
+            if filecmp.cmp(seg.path, dst, shallow=False):
+                break  # kept already (an earlier open found it)
+            n += 1
+            dst = f"{seg.path}.broken.{n}"
+        else:
+            dst = _copy(seg.path, dst, wal_dir)
+            log.error(
+                "WAL segment %s is damaged; its records were applied already, and a copy is kept as "
+                "%s before it is deleted", seg.name, os.path.basename(dst),
+            )
+        kept.append(dst)
+    return tuple(kept)
+
+
+def _copy(src: str, dst: str, directory: str) -> str:
+    shutil.copyfile(src, dst)
+    for path in (dst, directory):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return dst
 
 
 def orphaned_executions(engine: Engine, recorder_id: str, recording: set[str]) -> list[str]:

@@ -1001,6 +1001,7 @@ class Store:
 
     def _recover(self, *, at_open: bool = False, progress=None) -> RecoverResult:
         with self._compact_lock:
+            kept = recovery.keep_damaged_segments(self.config.wal_dir, self.applied_lsn)
             result = recovery.recover(
                 compact=self._compact_locked,
                 engine=self._read_engine,
@@ -1011,6 +1012,8 @@ class Store:
                 why="recovery" if at_open else "recover",
                 progress=progress,
             )
+        if kept:
+            result = dataclasses.replace(result, kept_copies=kept)
         if at_open:
             result = dataclasses.replace(result, wal_truncated_bytes=self._wal.open_result.truncated_bytes)
         return result

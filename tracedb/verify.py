@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 from . import db
 from .errors import ExecutionNotFoundError
 from .models import trace_steps, traces
-from .record import FINAL_RESPONSE, STATUS_COMPLETED, compute_envelope_hash, stored_envelope_hash
+from .record import FINAL_RESPONSE, REASON_RECORD_CORRUPTED, STATUS_COMPLETED, compute_envelope_hash, stored_envelope_hash
 
 # Traces per read transaction of the whole-store walk; their steps come in the same transaction.
 CHUNK_TRACES = 1000
@@ -50,6 +50,7 @@ _TRACE_COLUMNS = (
     traces.c.final_response,
     traces.c.last_seq,
     traces.c.meta,  # the stored envelope's hash when redaction rewrote it
+    traces.c.replayable_reason,
 )
 
 
@@ -125,7 +126,9 @@ def _walk(conn: Connection, rows: list, summaries: Iterable, problems: list) -> 
         if pending is not None and pending[0] == eid:
             _, count, first, last, finals, last_final = pending
             pending = next(it, None)
-            if first != 1 or last != count:  # seqs are unique (primary key): else exactly 1..count
+            # Seqs are unique (primary key): else exactly 1..count. Gaps in a trace marked
+            # record_corrupted are a loss already recorded (a WAL salvage), not a new problem.
+            if (first != 1 or last != count) and row.replayable_reason != REASON_RECORD_CORRUPTED:
                 _seq_problems(eid, _seqs(conn, eid), problems)
             n_steps += count
         _end_problems(row, last, finals, last_final or 0, problems)

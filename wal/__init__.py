@@ -18,6 +18,8 @@ from .format import MAX_PAYLOAD_BYTES
 from .fs import OsFileSystem
 from .reader import (
     Damage,
+    DamagedRange,
+    FileSalvage,
     Record,
     RecoveryMode,
     ScanResult,
@@ -25,7 +27,10 @@ from .reader import (
     list_segments,
     read_applied_lsn,
     read_records,
+    recover_salt,
+    salvage_file,
     scan,
+    segment_of,
 )
 from .repair import RepairResult, repair
 from .writer import DEFAULT_SEGMENT_SIZE_BYTES, AsyncWal, OpenResult, Wal, WalStats, open_async, open_wal
@@ -35,6 +40,8 @@ __all__ = [
     "is_locked",
     "AsyncWal",
     "Damage",
+    "DamagedRange",
+    "FileSalvage",
     "DEFAULT_SEGMENT_SIZE_BYTES",
     "MAX_PAYLOAD_BYTES",
     "OpenResult",
@@ -58,6 +65,9 @@ __all__ = [
     "open_wal",
     "read_applied_lsn",
     "read_records",
+    "recover_salt",
     "repair",
+    "salvage_file",
     "scan",
+    "segment_of",
 ]

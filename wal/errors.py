@@ -57,7 +57,9 @@ class WalCorruptionError(WalError):
     """Damage that is not a torn tail: names the file, the byte offset and what was expected."""
 
     default_hint = (
-        "inspect it; `tracedb wal repair` keeps a .broken copy and truncates at the last good record"
+        "stop the recorder; `tracedb wal repair --dry-run` says what a repair would keep and drop, "
+        "`tracedb wal repair --salvage` keeps every record with a valid CRC (a plain `tracedb wal "
+        "repair` truncates at the damage); each keeps a .broken copy"
     )
 
     def __init__(self, path: str, offset: int, expected: str, found: str):

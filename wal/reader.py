@@ -5,6 +5,7 @@ See wal/FORMAT.md, "Reading and recovery", for the rules this module implements.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import os
 import re
@@ -734,3 +735,198 @@ def scan(directory: str, *, mode: RecoveryMode | str = RecoveryMode.TOLERATE_TAI
         result.end_segment = reader._seg.path
         result.end_offset = reader._offset
     return result
+
+
+# -- salvage of one segment file ---------------------------------------------------------------
+
+
+def _solve_salt(buf, off: int, n: int, stored_crc: int) -> Optional[int]:
+    """The salt under which the record at `off` (payload length `n`) has the CRC `stored_crc`.
+
+    A record's CRC covers salt + header + payload; CRC-32C is affine in its input bits, so the
+    32 salt bits follow from one record by solving 32 linear equations over GF(2)."""
+    rest = bytes(buf[off + 4 : off + fmt.RECORD_HEADER_SIZE + n])
+    crc = fmt.crc32c
+    base = crc(bytes(4) + rest)
+    target = fmt.unmask(stored_crc) ^ base
+    # Columns of the linear map salt -> CRC; eliminate to find the salt bits.
+    rows = []  # (column bits as an int over 32 equations) per salt bit
+    for i in range(32):
+        rows.append(crc((1 << i).to_bytes(4, "little") + rest) ^ base)
+    # Solve sum(bit_i * rows[i]) == target: Gaussian elimination on the 32 columns.
+    pivots: dict[int, tuple[int, int]] = {}  # pivot bit -> (column, combination of salt bits)
+    for i, col in enumerate(rows):
+        combo = 1 << i
+        for bit, (pcol, pcombo) in pivots.items():
+            if col >> bit & 1:
+                col ^= pcol
+                combo ^= pcombo
+        if col == 0:
+            continue
+        bit = col.bit_length() - 1
+        for b, (pcol, pcombo) in list(pivots.items()):
+            if pcol >> bit & 1:
+                pivots[b] = (pcol ^ col, pcombo ^ combo)
+        pivots[bit] = (col, combo)
+    salt = 0
+    rem = target
+    for bit, (pcol, pcombo) in pivots.items():
+        if rem >> bit & 1:
+            rem ^= pcol
+            salt ^= pcombo
+    return salt if rem == 0 else None
+
+
+def recover_salt(path: str, first_lsn: int) -> Optional[int]:
+    """The salt of a segment whose header is damaged, found from its records: the first two
+    consecutive records (LSN first_lsn or later) that both check under one salt. None if the
+    file holds no such pair (one record alone could fit any salt)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    buf = memoryview(data)
+    end = len(data)
+    pos = fmt.SEGMENT_HEADER_SIZE
+    while pos + fmt.RECORD_HEADER_SIZE <= end:
+        crc, n, lsn, rtype, pad, res = fmt.REC_HEAD.unpack_from(buf, pos)
+        rec_end = pos + fmt.RECORD_HEADER_SIZE + n + pad
+        if (
+            rtype == fmt.TYPE_DATA and not res and n <= fmt.MAX_PAYLOAD_BYTES and rec_end <= end
+            and pad == fmt.padding_for(n) and lsn >= first_lsn
+        ):
+            salt = _solve_salt(buf, pos, n, crc)
+            if salt is not None:
+                seed = fmt.salt_seed(salt)
+                if not isinstance(_check_record(buf, pos, end, seed, None), str):
+                    nxt = _check_record(buf, rec_end, end, seed, lsn + 1)
+                    if not isinstance(nxt, str):
+                        return salt
+        pos += fmt.ALIGN
+    return None
+
+
+@dataclass(frozen=True)
+class DamagedRange:
+    """Bytes of a segment file that hold no valid record, and the LSNs lost with them.
+
+    `first_lost_lsn`..`last_lost_lsn`: the records those bytes held (none when the damage was
+    only padding or a header whose salt was recovered); `last_lost_lsn` None: unknown (the end of
+    the last segment). `torn_tail`: the unacknowledged end of the log, not a loss."""
+
+    path: str
+    offset: int
+    length: int
+    first_lost_lsn: Optional[int]
+    last_lost_lsn: Optional[int]
+    torn_tail: bool
+    expected: str
+    found: str
+
+    @property
+    def lost_records(self) -> Optional[int]:
+        if self.first_lost_lsn is None:
+            return 0
+        if self.last_lost_lsn is None:
+            return None
+        return self.last_lost_lsn - self.first_lost_lsn + 1
+
+
+@dataclass(frozen=True)
+class FileSalvage:
+    """Every record with a valid CRC in one segment file, and each damaged range."""
+
+    path: str
+    number: int
+    first_lsn: int
+    records: tuple[Record, ...]
+    damages: tuple[DamagedRange, ...]
+    sealed: bool
+    size: int
+
+
+class _SalvageReader(_OneSegmentReader):
+    """A one-segment reader in SALVAGE mode that also reads a segment whose header is damaged,
+    when the salt can be found from its records."""
+
+    def _open_segment(self, seg: SegmentInfo, expected_first: Optional[int]) -> bool:
+        with open(seg.path, "rb") as f:
+            head = f.read(fmt.SEGMENT_HEADER_SIZE)
+        got = fmt.decode_segment_header(head)
+        if not isinstance(got, str) and got.segment_number == seg.number and got.first_lsn == seg.first_lsn:
+            return super()._open_segment(seg, expected_first)
+        salt = recover_salt(seg.path, seg.first_lsn)
+        what = got if isinstance(got, str) else "a header naming this segment"
+        if salt is None:
+            return self._damage(seg.path, 0, what, "a damaged segment header (no salt found)", False)
+        self.damages.append(Damage(seg.path, 0, what, "a damaged segment header (salt found from its records)", False))
+        self._seg = seg
+        self._seed = fmt.salt_seed(salt)
+        self._offset = fmt.SEGMENT_HEADER_SIZE
+        self._expected = seg.first_lsn
+        return True
+
+
+def segment_of(path: str) -> Optional[SegmentInfo]:
+    """The segment a file is, or was a copy of (`<name>.wal.broken[.N]`), from its name."""
+    name = os.path.basename(path)
+    base = name.split(".wal", 1)[0] + ".wal" if ".wal" in name else name
+    parsed = fmt.parse_segment_name(base)
+    if parsed is None:
+        return None
+    return SegmentInfo(path, name, parsed[0], parsed[1])
+
+
+def salvage_file(path: str, *, next_first_lsn: Optional[int] = None, last: bool = True) -> FileSalvage:
+    """Read one segment file (a segment, or a `.broken` copy) in salvage mode: every record with
+    a valid CRC, resyncing after damage on the next valid record header (the segment's salt, an
+    LSN that continues the chain), and each damaged range with the LSNs it held.
+
+    `next_first_lsn`: the first LSN of the segment after it, which bounds the LSNs lost at its
+    end; `last`: it is the log's last segment (where a torn tail can be)."""
+    seg = segment_of(path)
+    if seg is None:
+        raise WalUsageError(f"{path} is not named as a segment or a copy of one")
+    reader = _SalvageReader(os.path.dirname(path) or ".", seg, RecoveryMode.SALVAGE)
+    records = tuple(reader.records())
+    sealed = reader.sealed_last
+    size = os.path.getsize(path)
+    lsns = [r.lsn for r in records]
+    offsets = [r.offset for r in records]
+    ranges = []
+    for d in reader.damages:
+        if d.missing_segments:
+            continue
+        i = bisect.bisect_left(offsets, d.offset)
+        before = lsns[i - 1] if i > 0 else seg.first_lsn - 1
+        stop = d.offset + max(d.skipped_bytes, 0)
+        j = bisect.bisect_left(offsets, stop)
+        if j < len(lsns):
+            after: Optional[int] = lsns[j]
+        elif sealed:
+            after = reader._expected  # the SEAL carries the segment's last LSN
+        else:
+            after = next_first_lsn
+        if d.offset == 0 and "salt found" in d.found:
+            first_lost = last_lost = None
+        elif after is None:
+            first_lost, last_lost = before + 1, None
+        elif after - 1 >= before + 1:
+            first_lost, last_lost = before + 1, after - 1
+        else:
+            first_lost = last_lost = None
+        length = (stop if stop > d.offset else size) - d.offset
+        if d.offset == 0 and "salt found" in d.found:
+            length = fmt.SEGMENT_HEADER_SIZE
+        torn = d.torn_tail and last
+        ranges.append(DamagedRange(path, d.offset, length, first_lost, last_lost, torn, d.expected, d.found))
+    if next_first_lsn is not None:
+        # A segment that ends short of its successor's first LSN without damage seen (zeros
+        # where its last records and SEAL were read as the end of written data) lost the rest.
+        top = max([lsns[-1] if lsns else seg.first_lsn - 1]
+                  + [r.last_lost_lsn for r in ranges if r.last_lost_lsn is not None])
+        if top + 1 < next_first_lsn and not any(r.last_lost_lsn is None for r in ranges):
+            end_of_data = reader._offset if reader._seg is not None else fmt.SEGMENT_HEADER_SIZE
+            ranges.append(DamagedRange(
+                path, end_of_data, size - end_of_data, top + 1, next_first_lsn - 1, False,
+                f"records up to LSN {next_first_lsn - 1} and a SEAL record", "zeros to the end of the file",
+            ))
+    return FileSalvage(path, seg.number, seg.first_lsn, records, tuple(ranges), sealed, size)

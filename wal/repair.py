@@ -12,8 +12,8 @@ from typing import Optional
 
 from .dir_lock import acquire_dir_lock
 from .errors import WalCorruptionError
-from .fs import OsFileSystem
-from .reader import Damage, RecoveryMode, WalReader, list_segments
+from .fs import OsFileSystem, write_file_atomic
+from .reader import APPLIED_FILE, Damage, RecoveryMode, WalReader, list_segments, read_applied_lsn
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,13 @@ def _keep_copy(fs, path: str) -> str:
     return dst
 
 
-def repair(directory: str, *, fs=None) -> RepairResult:
-    """Cut the log at its first damage (torn tail or corruption). A clean log is left alone."""
+def repair(directory: str, *, fs=None, applied_lsn: Optional[int] = None) -> RepairResult:
+    """Cut the log at its first damage (torn tail or corruption). A clean log is left alone.
+
+    `applied_lsn`: every record below it is applied elsewhere (the consumer's checkpoint + 1).
+    A cut below it would leave a log that ends before what the consumer holds, and that no
+    writer can continue: then the segments left (every record in them applied, their damaged
+    one copied) are removed and `APPLIED` is set to `applied_lsn`, so the log continues there."""
     fs = fs or OsFileSystem()
     lock_fd = acquire_dir_lock(os.path.abspath(directory))
     try:
@@ -90,9 +95,16 @@ def repair(directory: str, *, fs=None) -> RepairResult:
             fs.unlink(s.path)
             removed.append(s.path)
         fs.fsync_dir(directory)
+        last_lsn = reader.last_lsn
+        if applied_lsn is not None and last_lsn < applied_lsn - 1:
+            for s in list_segments(directory):
+                fs.unlink(s.path)
+                removed.append(s.path)
+            write_file_atomic(fs, directory, APPLIED_FILE, f"{max(applied_lsn, read_applied_lsn(directory))}\n".encode())
+            last_lsn = applied_lsn - 1
         return RepairResult(
             damage,
-            reader.last_lsn,
+            last_lsn,
             None if cut_at is None else cut_path,
             cut_at,
             tuple(removed),

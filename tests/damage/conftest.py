@@ -21,17 +21,17 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 class Recorder:
     """A real recorder process (recorder.py), killed with SIGKILL once it said READY."""
 
-    def __init__(self, data_dir: str, *args: str):
+    def __init__(self, data_dir: str, *args: str, env: dict | None = None):
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "recorder.py"), data_dir, *map(str, args)],
-            stdout=subprocess.PIPE, cwd=REPO, text=True,
+            stdout=subprocess.PIPE, cwd=REPO, text=True, env={**os.environ, **(env or {})},
         )
 
-    def ready(self) -> int:
-        """Wait for READY; the durable LSN it reports."""
+    def ready(self, word: str = "READY") -> int:
+        """Wait for the line starting with `word` (READY: the durable LSN it reports)."""
         line = self.proc.stdout.readline()
-        assert line.startswith("READY"), f"the recorder said {line!r} (exit {self.proc.poll()})"
-        return int(line.split()[1])
+        assert line.startswith(word), f"the recorder said {line!r} (exit {self.proc.poll()})"
+        return int(line.split()[1]) if word == "READY" else 0
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

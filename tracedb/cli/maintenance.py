@@ -1,5 +1,5 @@
 """Maintenance commands over `tracedb.admin`: compact, recover, prune, pin, unpin, invalidate,
-migrate, wal scan, wal repair.
+migrate, wal scan, wal repair (--dry-run, --salvage).
 
 prune, pin, unpin and invalidate write the database in short transactions without the WAL's
 lock, so they work next to a running recorder; compact and recover open the store, which takes
@@ -82,7 +82,8 @@ def recover(ctx, rebuild, partial, as_json):
     if as_json:
         emit_json(
             {"wal_truncated_bytes": r.wal_truncated_bytes, "compacted_records": r.compacted_records,
-             "marked_incomplete": r.marked_incomplete, "incomplete_ids": list(r.incomplete_ids)},
+             "marked_incomplete": r.marked_incomplete, "incomplete_ids": list(r.incomplete_ids),
+             "kept_copies": [os.path.basename(c) for c in r.kept_copies]},
             True,
         )
     else:
@@ -92,6 +93,8 @@ def recover(ctx, rebuild, partial, as_json):
         )
         for eid in r.incomplete_ids:
             click.echo(f"incomplete: {eid}")
+        for c in r.kept_copies:
+            click.echo(f"kept {os.path.basename(c)}: a damaged segment whose records were applied already")
 
 
 @main.command()
@@ -256,33 +259,81 @@ def wal_scan(ctx, as_json):
         ctx.exit(EXIT_INTEGRITY)
 
 
+# Executions a repair's report names one per line before it summarises the rest.
+SHOWN = 20
+
+
 @wal_group.command("repair")
+@click.option("--dry-run", is_flag=True,
+              help="Change nothing: say what a repair would cut or keep, how many records and which "
+              "executions it would drop.")
+@click.option("--salvage", is_flag=True,
+              help="Keep every record with a valid CRC: skip only the damaged bytes, also from the "
+              ".broken copies of an earlier repair; executions that lost an event become "
+              "not replayable (record_corrupted).")
 @json_option()
 @click.pass_context
-def wal_repair(ctx, as_json):
-    """Truncate the WAL at the last good record, keeping .broken copies (takes the lock).
+def wal_repair(ctx, dry_run, salvage, as_json):
+    """Repair a damaged WAL (takes the lock: stop the recorder first).
+
+    Without --salvage (fail-closed): cut the log at its first damage, keeping a .broken copy of
+    every file it changes; the records after the damage are not applied. With --salvage: keep
+    every record whose CRC is valid, resyncing on the next valid record after each damaged
+    range, compact them, and mark each execution that lost an event not replayable
+    (record_corrupted; `tracedb inspect ID` names its missing seqs). Either way the report names
+    each damaged range (file, offset, length, LSNs lost), and the data directory opens again
+    afterwards: damage below the applied LSN is already in the database, and the log continues
+    after it.
 
     \b
     Example:
+      tracedb wal repair --dry-run
+      tracedb wal repair --salvage && tracedb verify
       tracedb wal repair && tracedb recover
     """
     from .. import admin
 
-    r = admin.repair_wal(config_of(ctx))
+    r = admin.repair_wal(config_of(ctx), dry_run=dry_run, salvage=salvage)
     if as_json:
-        emit_json({
-            "repaired": r.damage is not None, "last_lsn": r.last_lsn, "truncated_at": r.truncated_at,
-            "truncated_segment": os.path.basename(r.truncated_segment) if r.truncated_segment else None,
-            "broken_copies": [os.path.basename(c) for c in r.broken_copies],
-        }, True)
-    elif r.damage is None:
+        emit_json(r.to_dict(), True)
+        return
+    if not r.repaired:
         click.echo(f"nothing to repair; the log ends at LSN {r.last_lsn}")
-    else:
+        return
+    would = "would " if r.dry_run else ""
+    for d in r.damaged:
+        click.echo(d.describe(r.applied_lsn))
+    for n in r.notes:
+        click.echo(f"note: {n}")
+    if r.salvage:
         click.echo(
-            f"truncated {os.path.basename(r.truncated_segment or '')} at {r.truncated_at}; "
-            f"the log now ends at LSN {r.last_lsn}; copies: "
-            + ", ".join(os.path.basename(c) for c in r.broken_copies)
+            f"salvage {would}keep {r.kept_records} record(s) found after the damage; "
+            f"{would}append {r.relogged_records} the database lacks, and compact them"
         )
+        for eid, missing in r.corrupted[:SHOWN]:
+            lost = ("seqs " + ", ".join(map(str, missing))) if missing else "its start record"
+            click.echo(f"{'would mark' if r.dry_run else 'marked'} record_corrupted: {eid} (lost {lost})")
+        if len(r.corrupted) > SHOWN:
+            click.echo(f"... and {len(r.corrupted) - SHOWN} more (--json lists every one)")
+    else:
+        lost = r.lost_records
+        click.echo(
+            f"{would}cut {r.cut_segment} at {r.cut_offset}; {would}drop {r.dropped_records} record(s) with a "
+            f"valid CRC after the damage, of {len(r.dropped_executions)} execution(s)"
+            + ("" if lost is None else f", and {lost} record(s) in the damaged bytes")
+        )
+        for eid in r.dropped_executions[:SHOWN]:
+            click.echo(f"{would}lose events of: {eid}")
+        if len(r.dropped_executions) > SHOWN:
+            click.echo(f"... and {len(r.dropped_executions) - SHOWN} more (--json lists every one)")
+    if r.broken_copies:
+        click.echo("copies kept: " + ", ".join(r.broken_copies))
+    if r.dry_run:
+        click.echo("dry run: nothing was changed")
+    elif not r.salvage:
+        click.echo("next: `tracedb recover` compacts what the log holds"
+                   + ("; `tracedb wal repair --salvage` keeps the dropped records from the copies"
+                      if r.dropped_records else ""))
 
 
 @main.command("backup")
