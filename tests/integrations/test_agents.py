@@ -256,3 +256,38 @@ def test_each_callback_returns_once_its_events_are_in_the_wal_and_fdatasynced(st
         assert any(d["type"] == "agents.span.ended" and d["payload"]["name"] == "checkpoint" for _, d in on_disk())
     [row] = store.list()
     assert store.get(row.execution_id).finalResponse["status"] == "success"
+
+
+def test_a_run_recorded_without_model_data_is_refused_with_a_hint(store, fake, processor):
+    from tracedb.errors import InvalidInputError
+
+    wa.script(fake)
+    config = wa.live_config(fake.base_url)
+    config.trace_include_sensitive_data = False
+    asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=config))
+    [row] = store.list()
+    rec = store.get(row.execution_id)
+    assert "llm.requested" not in [e.type for e in rec.events]
+    with pytest.raises(InvalidInputError, match="without their input and output") as e:
+        ReplayModelProvider(store, row.execution_id)
+    assert "trace_include_sensitive_data" in e.value.hint
+
+
+def test_a_run_on_the_chat_completions_model_is_recorded_but_not_replayed(store, fake, processor):
+    import openai
+    from agents import Agent, OpenAIChatCompletionsModel
+
+    from tracedb.errors import InvalidInputError
+
+    fake.push_chat("answered through chat completions")
+    client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0)
+    agent = Agent(name="chatty", instructions="Answer.", model=OpenAIChatCompletionsModel("m", client))
+    result = asyncio.run(Runner.run(agent, "hello"))
+    [row] = store.list()
+    rec = store.get(row.execution_id)
+    [generation] = [e.payload for e in rec.events
+                    if e.type == "agents.span.ended" and e.payload["type"] == "generation"]
+    assert generation["data"]["output"][0]["content"] == result.final_output == "answered through chat completions"
+    assert rec.finalResponse["payload"] == {"final_output": result.final_output, "last_agent": "chatty"}
+    with pytest.raises(InvalidInputError, match="chat completions model"):
+        ReplayModelProvider(store, row.execution_id)

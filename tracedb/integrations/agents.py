@@ -112,6 +112,15 @@ def final_output_of(response: Any) -> Optional[str]:
     return text
 
 
+def _chat_text(output: Any) -> Optional[str]:
+    text = None
+    for message in output or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            text = content
+    return text
+
+
 def _arguments(raw: Any) -> Any:
     if isinstance(raw, str):
         try:
@@ -133,7 +142,7 @@ def _span_name(data: Any) -> Optional[str]:
 class _Run:
     execution: Any
     spans: Dict[str, tuple] = field(default_factory=dict)  # span_id -> (parent_id, type, name)
-    last_response: Any = None
+    final_output: Optional[str] = None  # the text of the last model message so far
     last_agent: Optional[str] = None
     error: Any = None
     failed: bool = False
@@ -194,7 +203,7 @@ class TraceDBProcessor(TracingProcessor):
             return
         response: Dict[str, Any] = {
             "status": "error" if run.error is not None else "success",
-            "payload": {"final_output": final_output_of(run.last_response), "last_agent": run.last_agent},
+            "payload": {"final_output": run.final_output, "last_agent": run.last_agent},
         }
         if run.error is not None:
             response["error"] = run.error
@@ -224,6 +233,11 @@ class TraceDBProcessor(TracingProcessor):
             payload = {"span_id": span.span_id, "from_agent": data.from_agent, "to_agent": data.to_agent}
             self._record(run, lambda: run.execution.event(HANDOFF, payload))
         else:
+            if kind == "generation":  # a chat completions model: its answer is a chat message
+                text = _chat_text(getattr(data, "output", None))
+                if text is not None:
+                    run.final_output = text
+                    run.last_agent = self._agent_of(run, span.parent_id)
             if span.error is not None and kind in ("agent", "task"):
                 run.error = jsonable(span.error)
             payload = {
@@ -258,7 +272,9 @@ class TraceDBProcessor(TracingProcessor):
         }
         seq = run.execution.event(LLM_REQUESTED, {"prompt_hash": key, "request": request})
         run.execution.event(LLM_RESPONDED, {"prompt_hash": key, "request_seq": seq, "response": response})
-        run.last_response = response
+        text = final_output_of(response)
+        if text is not None:
+            run.final_output = text
         run.last_agent = self._agent_of(run, span.parent_id)
 
     def _tool_call(self, run: _Run, span: Any) -> None:
@@ -375,6 +391,28 @@ def _recordable(response: ModelResponse, model: Optional[str]) -> dict:
     return out
 
 
+def _check_replayable_model_calls(record: Any) -> None:
+    # Model calls recorded without their data cannot be answered: say so now, not as a
+    # divergence at the first call.
+    for e in record.events:
+        if e.type != SPAN_ENDED or not isinstance(e.payload, dict):
+            continue
+        if e.payload.get("type") == "response":
+            raise InvalidInputError(
+                f"execution {record.execution_id!r} holds model calls recorded without their input "
+                "and output, which replay needs",
+                hint="record with RunConfig(trace_include_sensitive_data=True), the SDK's default "
+                "(the OPENAI_AGENTS_TRACE_INCLUDE_SENSITIVE_DATA variable may turn it off)",
+            )
+        if e.payload.get("type") == "generation":
+            raise InvalidInputError(
+                f"execution {record.execution_id!r} was recorded on a chat completions model; "
+                "replay answers runs on the Responses API model only",
+                hint="run the agent on the SDK's default model (OpenAIResponsesModel) to record "
+                "replayable runs; `tracedb replay ID` still gives back this run's final response",
+            )
+
+
 class ReplayModelProvider(ModelProvider):
     """Replays a recorded run's model answers; `RunConfig(model_provider=...)`.
 
@@ -398,6 +436,7 @@ class ReplayModelProvider(ModelProvider):
         force: bool = False,
     ):
         self.record = load_record(source, execution_id, force=force)
+        _check_replayable_model_calls(self.record)
         self.strict = strict
         if recorder is None and not strict and hasattr(source, "start"):
             recorder = source
