@@ -43,6 +43,7 @@ def test_an_otel_execution_exports_its_spans_back(otlp_serve, data_dir, tmp_path
         assert http.post(srv.endpoint, content=protobuf_body(spans),
                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
     eid = f"otel-{trace_hex(spans)}"
+    assert record_of(data_dir, eid)["status"] == "completed"  # compacted: the export below reads it
     out = tracedb_cli(data_dir, "export", eid, "--format", "otlp-json")
     assert out.returncode == 0, out.stderr
     doc = orjson.loads(out.stdout)

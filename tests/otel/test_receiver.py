@@ -30,6 +30,14 @@ def partial(resp: httpx.Response) -> tuple[int, str]:
     return r.partial_success.rejected_spans, r.partial_success.error_message
 
 
+def _trace_of(body: bytes) -> str:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(body)
+    return req.resource_spans[0].scope_spans[0].spans[0].trace_id.hex()
+
+
 def events_of(record: dict) -> list[tuple[str, dict]]:
     return [(e["type"], e["payload"]) for e in record["events"]]
 
@@ -164,6 +172,9 @@ def test_bad_bodies_are_refused_and_the_receiver_keeps_serving(otlp_serve, data_
         r = http.post(srv.endpoint, content=good, headers=PB)
         assert r.status_code == 200
     assert srv.proc.poll() is None
+    from tracedb.otel.mapping import EXECUTION_PREFIX
+
+    record_of(data_dir, EXECUTION_PREFIX + _trace_of(good))  # compacted: the listing below sees it
     out = tracedb_cli(data_dir, "inspect", "--list", "--format", "json")
     rows = orjson.loads(out.stdout)
     assert [row["status"] for row in rows] == ["completed"]
@@ -255,3 +266,26 @@ def test_without_the_otel_extra_otlp_port_says_what_to_install(tmp_path):
     assert "error: the OTLP receiver needs the OpenTelemetry protocol package" in out.stderr
     assert "hint: pip install 'tracedb[otel]'" in out.stderr
     assert not (tmp_path / "d" / "wal").exists()  # refused before the store was opened
+
+
+def test_a_span_that_cannot_be_stored_is_refused_whole_and_the_rest_recorded(otlp_serve, data_dir):
+    import json
+
+    srv = otlp_serve()
+    spans = agent_run()
+    doc = json_doc(spans)
+    deep = {"stringValue": "x"}
+    for _ in range(300):  # deeper than a stored JSON value may be
+        deep = {"arrayValue": {"values": [deep]}}
+    chat = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    chat["attributes"].append({"key": "app.deep", "value": deep})
+    with httpx.Client(timeout=30) as http:
+        r = http.post(srv.endpoint, content=json.dumps(doc).encode(), headers=JS)
+    assert r.status_code == 200
+    ps = r.json()["partialSuccess"]
+    assert ps["rejectedSpans"] == "1" and chat["spanId"] in ps["errorMessage"]
+    rec = record_of(data_dir, f"otel-{trace_hex(spans)}")
+    assert rec["status"] == "completed"
+    assert all(e["payload"].get("span_id") != chat["spanId"] for e in rec["events"])  # not half of it
+    assert [e["type"] for e in rec["events"]] == [
+        "tool.requested", "tool.responded", "llm.requested", "llm.responded", "otel.invoke_agent", "FINAL_RESPONSE"]

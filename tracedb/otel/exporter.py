@@ -102,14 +102,16 @@ class TraceDBSpanExporter(SpanExporter):
                 self.rejected.append(f"span {span.span_id}: execution {eid} is {entry.status}")
                 continue
             events = M.span_events(span)
+            final = M.response_of(span) if span.is_root else None
             try:
+                M.check_later(events, final)
                 first = rec.event(eid, *events[0])
                 M.link_request_seq(events, first)
                 for type_, payload in events[1:]:
                     rec.event(eid, type_, payload)
                 entry.spans.add(span.span_id)
-                if span.is_root:
-                    rec.finish(eid, M.response_of(span))
+                if final is not None:
+                    rec.finish(eid, final)
                     entry.status = STATUS_COMPLETED
             except ExecutionClosedError as e:
                 entry.status = e.status

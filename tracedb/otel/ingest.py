@@ -207,13 +207,15 @@ class SpanIngest:
                 result.rejected.append(self._closed_message(span, entry))
                 continue
             events = M.span_events(span)
+            final = M.response_of(span) if span.is_root else None
             try:
+                M.check_later(events, final)
                 first = store.stage_event(batch, eid, *events[0])
                 M.link_request_seq(events, first)
                 for type_, payload in events[1:]:
                     store.stage_event(batch, eid, type_, payload)
-                if span.is_root:
-                    store.stage_finish(batch, eid, M.response_of(span))
+                if final is not None:
+                    store.stage_finish(batch, eid, final)
                     self._close(entry, STATUS_COMPLETED)
             except ExecutionClosedError as e:
                 self._close(entry, e.status)

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Optional
 import orjson
 
 from ..record import LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED
+from ..validation import dumps_checked, payload_json
 
 EXECUTION_PREFIX = "otel-"
 SPAN_EVENT = "otel.span"
@@ -263,7 +264,7 @@ def spans_from_json(doc: Any) -> tuple[list[Span], list[str]]:
                         parent_remote=bool(flags & _PARENT_REMOTE_KNOWN and flags & _PARENT_REMOTE),
                         trace_state=str(s.get("traceState", "")),
                     ))
-                except (BadSpan, AttributeError, TypeError) as e:
+                except (ValueError, AttributeError, TypeError, RecursionError) as e:
                     rejected.append(f"span {str(name)[:80]!r}: {e}")
     return spans, rejected
 
@@ -456,6 +457,15 @@ def span_events(span: Span) -> list[tuple[str, dict]]:
         return [(TOOL_REQUESTED, requested), (TOOL_RESPONDED, responded)]
     type_ = f"otel.{_safe_type_part(op)}" if op else SPAN_EVENT
     return [(type_, {"span_id": span.span_id, "otel": _otel_part(span, dict(attrs))})]
+
+
+def check_later(events: list[tuple[str, dict]], final: Optional[dict]) -> None:
+    """Encode what a span stages after its first event (InvalidInputError if it cannot be
+    stored), before the first is staged: a span is recorded whole or not at all."""
+    for type_, payload in events[1:]:
+        payload_json(payload, type_)
+    if final is not None:
+        dumps_checked(final, "final response")
 
 
 def link_request_seq(events: list[tuple[str, dict]], first_seq: int) -> None:
