@@ -19,6 +19,8 @@ _FILE_KEYS = {
     "allow_remote": bool,
     "token_file": str,
     "metrics_port": int,
+    "otlp_port": int,
+    "otlp_host": str,
     "max_frame_bytes": int,
     "max_connections": int,
     "max_inflight_requests": int,
@@ -78,6 +80,11 @@ def _read_token(token_file: Optional[str]) -> Optional[str]:
               help="File holding the bearer token for TCP clients (or env TRACEDB_TOKEN).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
               help="Serve /metrics and /health on http://127.0.0.1:PORT (off by default).")
+@click.option("--otlp-port", type=click.IntRange(0, 65535),
+              help="Also receive OpenTelemetry traces (OTLP/HTTP, POST /v1/traces) on this port; "
+              "point an agent at it with OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:PORT/v1/traces "
+              "(needs the otel extra; docs/otel.md).")
+@click.option("--otlp-host", help="Address for --otlp-port (default 127.0.0.1; another needs --allow-remote and a token).")
 @click.option("--max-frame-bytes", type=click.IntRange(1, P.MAX_FRAME_BYTES_LIMIT),
               help=f"Largest request line (default {P.DEFAULT_MAX_FRAME_BYTES}).")
 @click.option("--max-connections", type=click.IntRange(1),
@@ -92,7 +99,7 @@ def _read_token(token_file: Optional[str]) -> Optional[str]:
 @click.option("--compact-in-process", is_flag=True,
               help="Compact in a thread of the recorder instead of a child process (slower ingest).")
 @click.pass_context
-def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, max_frame_bytes,
+def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, otlp_port, otlp_host, max_frame_bytes,
           max_connections, max_inflight_requests, log_level, log_format, compact_in_process):
     """Run the sidecar recorder: agents record through it over a Unix socket.
 
@@ -104,6 +111,7 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, max_fra
     \b
     Example:
       tracedb --data-dir ./.tracedb serve --metrics-port 9464
+      tracedb serve --otlp-port 4318    # agents: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:4318/v1/traces
     """
     # The server, and the demo below, are imported by their commands: the other commands start faster.
     from ..sidecar.run import serve_forever
@@ -130,7 +138,15 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, max_fra
         drain_timeout_s=file.get("drain_timeout_s", 10.0),
         data_dir=cfg.data_dir,
     )
-    serve_forever(cfg, scfg, log_level=log_level or file.get("log_level", "info"), log_json={"json": True, "text": False}.get(log_format))
+    if otlp_port is None:
+        otlp_port = file.get("otlp_port")
+    otlp = None
+    if otlp_port is not None:
+        otlp = {"host": otlp_host or file.get("otlp_host") or "127.0.0.1", "port": otlp_port}
+    elif otlp_host:
+        raise click.UsageError("--otlp-host needs --otlp-port")
+    serve_forever(cfg, scfg, log_level=log_level or file.get("log_level", "info"), log_json={"json": True, "text": False}.get(log_format),
+                  otlp=otlp)
 
 
 @main.command()

@@ -58,11 +58,17 @@ def _cannot_listen(e: OSError, what: str, scfg: ServerConfig) -> ConfigError:
     )
 
 
-async def serve(cfg, scfg: ServerConfig) -> int:
-    """Open the store on `cfg.data_dir`, serve until SIGTERM/SIGINT, shut down cleanly."""
+async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None) -> int:
+    """Open the store on `cfg.data_dir`, serve until SIGTERM/SIGINT, shut down cleanly.
+    `otlp` ({"host", "port"}) also serves OTLP/HTTP traces there (tracedb.otel.receiver)."""
     from .store_backend import open_backend
 
     check_config(scfg)  # refuse a bad listening setup before recovery does any work
+    if otlp is not None:
+        from ..otel.receiver import check_listen, require_otel
+
+        require_otel()
+        check_listen(otlp["host"], scfg.allow_remote, scfg.token)
     t0 = time.perf_counter()
     backend = await open_backend(cfg.data_dir, config=cfg)
     rec = getattr(backend.store, "last_recovery", None)
@@ -78,6 +84,7 @@ async def serve(cfg, scfg: ServerConfig) -> int:
     )
     server = SidecarServer(backend, scfg, version=_version())
     http = None
+    otlp_http = None
     listening = "the metrics port"
     try:
         metrics = SidecarMetrics()
@@ -87,7 +94,18 @@ async def serve(cfg, scfg: ServerConfig) -> int:
             await http.start()
         listening = "the socket or TCP port"
         await server.start()
+        if otlp is not None:
+            from ..otel.receiver import start_receiver
+
+            listening = f"the OTLP port {otlp['host']}:{otlp['port']} (--otlp-port)"
+            otlp_http, _receiver = await start_receiver(
+                backend.store, host=otlp["host"], port=otlp["port"], token=scfg.token,
+                draining=lambda: server.draining,
+            )
+            log.info("otlp listening", extra={"otlp": f"http://{otlp['host']}:{otlp_http.port}/v1/traces"})
     except BaseException as e:
+        if otlp_http is not None:
+            await otlp_http.close()
         if http is not None:
             await http.close()
         await backend.close()
@@ -99,12 +117,15 @@ async def serve(cfg, scfg: ServerConfig) -> int:
     try:
         await server.serve_until_stopped()
     finally:
+        if otlp_http is not None:
+            await otlp_http.close()
         if http is not None:
             await http.close()
     return 0
 
 
-def serve_forever(cfg, scfg: ServerConfig, *, log_level: str = "info", log_json: Optional[bool] = None) -> None:
+def serve_forever(cfg, scfg: ServerConfig, *, log_level: str = "info", log_json: Optional[bool] = None,
+                  otlp: Optional[dict] = None) -> None:
     """Run `serve` in a fresh event loop (the CLI entry point)."""
     configure_logging(log_level, json_format=log_json)
-    asyncio.run(serve(cfg, scfg))
+    asyncio.run(serve(cfg, scfg, otlp))
