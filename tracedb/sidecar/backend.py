@@ -91,6 +91,11 @@ class Backend(Protocol):
     def stage_invalidate(self, execution_id: str, reason: str):
         """Stage a manual invalidation (replayable_reason manually_invalidated)."""
 
+    def stage_recording_failure(self, execution_id: str, detail: str):
+        """Flag an execution not replayable because records of it were lost (replayable_reason
+        recording_failure); its status does not change. A client that failed open during an
+        outage sends it once the recorder is back."""
+
     def stage_abandon(self, execution_id: str, reason: str):
         """Mark a running execution incomplete now (its agent died): status incomplete,
         replayable_reason execution_incomplete, events kept. A repeat succeeds."""

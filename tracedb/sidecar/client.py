@@ -48,8 +48,9 @@ from .. import errors as E
 from .. import handles
 from ..backoff import Backoff
 from ..ids import new_execution_id
-from ..record import ExecutionRecord
+from ..record import ExecutionRecord, compute_envelope_hash
 from . import protocol as P
+from .outage import CONTINUE, DEFAULT_OUTAGE_TIMEOUT_S, LostExecution, Outage, flag_detail, outage_policy
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +298,7 @@ class _SyncSidecar:
     """The sync transport to a sidecar: reconnects and resends on transient failures."""
 
     def __init__(self, address: str, *, token=None, timeout_s=60.0, reconnect_timeout_s=30.0,
-                 connect_timeout_s=DEFAULT_CONNECT_TIMEOUT_S):
+                 connect_timeout_s=DEFAULT_CONNECT_TIMEOUT_S, connect_now: bool = True):
         self.address = address
         self.token = token if token is not None else os.environ.get("TRACEDB_TOKEN")
         self.timeout_s = timeout_s
@@ -307,6 +308,8 @@ class _SyncSidecar:
         self.next_id = 0
         self.reconnects = 0
         self.max_frame_bytes = P.DEFAULT_MAX_FRAME_BYTES
+        if not connect_now:
+            return  # connected by the first request
         with self.lock:
             # A recorder that was never reachable fails the first connection fast.
             self._connect(time.monotonic() + connect_timeout_s, min(timeout_s, connect_timeout_s))
@@ -400,18 +403,22 @@ class Execution(handles.Execution):
         self._next_seq = next_seq
         self._lock = threading.Lock()
 
-    def event(self, type: str, payload: Any = None) -> int:
-        """Record one event; returns its seq once it is durable."""
+    def event(self, type: str, payload: Any = None) -> Optional[int]:
+        """Record one event; returns its seq once it is durable (None: not recorded, the client
+        fails open and the recorder is unreachable)."""
         with self._lock:
             got = self.recorder.event(self.execution_id, type, payload, seq=self._next_seq)
-            self._next_seq = got + 1
+            if got is not None:
+                self._next_seq = got + 1
             return got
 
-    def finish(self, response: dict) -> int:
-        """Record the final response (FINAL_RESPONSE); returns its seq once durable."""
+    def finish(self, response: dict) -> Optional[int]:
+        """Record the final response (FINAL_RESPONSE); returns its seq once durable (None: not
+        recorded, as for `event`)."""
         with self._lock:
             got = self.recorder.finish(self.execution_id, response, seq=self._next_seq)
-            self._next_seq = got + 1
+            if got is not None:
+                self._next_seq = got + 1
             return got
 
     @property
@@ -424,6 +431,13 @@ class Client:
     """Records executions through a sidecar or, with none configured, in-process (sync API).
 
     Thread-safe: calls from several threads are serialised on one connection.
+
+    `on_outage` (or TRACEDB_ON_OUTAGE) chooses what a call does when the sidecar cannot be
+    reached: "raise" (default) raises RecorderUnavailableError; "continue" fails open: the agent
+    goes on, the record is dropped (the call returns None), counted in `outage_stats()` and
+    logged, and the execution is flagged `recording_failure` once the recorder is back. In that
+    mode each call waits at most `outage_timeout_s` (default 2 s) for the recorder, and none waits
+    while it is known to be down. See tracedb/sidecar/outage.py.
     """
 
     def __init__(
@@ -436,19 +450,94 @@ class Client:
         reconnect_timeout_s: float = 30.0,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         embedded: Optional[bool] = None,
+        on_outage: Optional[str] = None,
+        outage_timeout_s: float = DEFAULT_OUTAGE_TIMEOUT_S,
     ):
+        policy = outage_policy(on_outage)
         self.address = None if embedded else resolve_sidecar(sidecar, data_dir)
         self._store = None
         self._remote: Optional[_SyncSidecar] = None
+        self._outage: Optional[Outage] = None
         if self.address is None:
             import tracedb
 
             self._store = tracedb.open(default_data_dir(data_dir))
-        else:
-            self._remote = _SyncSidecar(
-                self.address, token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s,
-                connect_timeout_s=connect_timeout_s,
-            )
+            return
+        if policy == CONTINUE:
+            self._outage = Outage(self.address)
+            timeout_s = min(timeout_s, outage_timeout_s)
+            reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s)
+        kwargs = dict(token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s,
+                      connect_timeout_s=connect_timeout_s)
+        try:
+            self._remote = _SyncSidecar(self.address, **kwargs)
+        except RecorderUnavailableError as e:
+            if self._outage is None:
+                raise
+            self._remote = _SyncSidecar(self.address, connect_now=False, **kwargs)
+            self._outage.failed(e)
+
+    def outage_stats(self) -> dict:
+        """With on_outage="continue": whether the recorder is down, how many outages, how many
+        records were dropped and how many executions they touched (all zero otherwise)."""
+        if self._outage is None:
+            return {"down": False, "outages": 0, "unrecorded": 0, "executions_affected": 0}
+        return self._outage.stats()
+
+    def _write(self, req: dict, execution_id: Optional[str], start: Optional[dict] = None) -> Optional[dict]:
+        """Send a write request under the outage policy: its response, or None if it was dropped."""
+        o = self._outage
+        if o is None:
+            return self._remote.request(req, execution_id)
+        if execution_id is not None and o.closed(execution_id):
+            o.drop(execution_id)
+            return None
+        if o.down and not o.probe_due():
+            o.drop(execution_id, start)
+            return None
+        try:
+            if o.down:
+                self._remote.request({"id": None, "op": "ping"})
+                o.recovered()
+            if o.lost:
+                self._flag_lost(o)
+            if execution_id is not None:
+                o.take_seq(execution_id, req)
+            if o.closed(execution_id):
+                o.drop(execution_id)
+                return None
+            return self._remote.request(req, execution_id)
+        except RecorderUnavailableError as e:
+            o.failed(e)
+            o.drop(execution_id, start)
+            return None
+        except E.ExecutionClosedError:
+            if execution_id not in o.lost:
+                raise
+            o.lost[execution_id].closed = True
+            o.drop(execution_id)
+            return None
+
+    def _flag_lost(self, o: Outage) -> None:
+        for lost in o.to_flag():
+            self._flag_one(lost)
+
+    def _flag_one(self, lost: LostExecution) -> None:
+        eid = lost.execution_id
+        try:
+            if lost.start is not None:
+                last = self._remote.request(dict(lost.start), eid).get("last_seq", 0)
+                lost.start = None
+            else:
+                record = ExecutionRecord.from_dict(self._remote.request({"id": None, "op": "get", "execution_id": eid}, eid)["record"])
+                last = record.events[-1].seq if record.events else 0
+            self._remote.request({"id": None, "op": "recording_failure", "execution_id": eid, "detail": flag_detail(lost)}, eid)
+            lost.next_seq = last + 1
+        except RecorderUnavailableError:
+            raise
+        except E.TraceDBError as e:  # closed meanwhile (recovery marked it incomplete), or gone
+            lost.closed = True
+            log.warning("a dropped execution cannot be flagged", extra={"execution_id": eid, "cause": str(e)})
 
     @property
     def embedded(self) -> bool:
@@ -472,10 +561,10 @@ class Client:
             )
             return Execution(self, ex.execution_id, ex.envelope_hash)
         execution_id = execution_id or new_execution_id()
-        resp = self._remote.request(
-            _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq),
-            execution_id,
-        )
+        req = _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq)
+        resp = self._write(req, execution_id, start=dict(req))
+        if resp is None:  # dropped (fail open): the handle goes on, its records dropped likewise
+            return Execution(self, execution_id, compute_envelope_hash(envelope))
         return Execution(self, resp["execution_id"], resp["envelope_hash"], resp.get("last_seq", 0) + 1)
 
     def execution(self, execution_id: str, envelope_hash: str = "", next_seq: int = 1) -> Execution:
@@ -491,7 +580,8 @@ class Client:
         req = {"id": None, "op": "event", "execution_id": execution_id, "type": type, "payload": payload}
         if seq is not None:
             req["seq"] = seq
-        return self._remote.request(req, execution_id)["seq"]
+        resp = self._write(req, execution_id)
+        return None if resp is None else resp["seq"]
 
     def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> int:
         """Record an execution's final response by id; returns its seq once durable. Without
@@ -501,16 +591,15 @@ class Client:
         req = {"id": None, "op": "finish", "execution_id": execution_id, "response": response}
         if seq is not None:
             req["seq"] = seq
-        return self._remote.request(req, execution_id)["seq"]
+        resp = self._write(req, execution_id)
+        return None if resp is None else resp["seq"]
 
     def invalidate(self, execution_id: str, reason: str) -> None:
         """Mark an execution manually invalidated (not replayable)."""
         if self._store is not None:
             self._store.invalidate(execution_id, reason)
             return
-        self._remote.request(
-            {"id": None, "op": "invalidate", "execution_id": execution_id, "reason": reason}, execution_id
-        )
+        self._write({"id": None, "op": "invalidate", "execution_id": execution_id, "reason": reason}, execution_id)
 
     def abandon(self, execution_id: str, reason: str) -> None:
         """Mark a running execution incomplete (execution_incomplete) because its agent died:
@@ -518,9 +607,7 @@ class Client:
         if self._store is not None:
             self._store.abandon(execution_id, reason)
             return
-        self._remote.request(
-            {"id": None, "op": "abandon", "execution_id": execution_id, "reason": reason}, execution_id
-        )
+        self._write({"id": None, "op": "abandon", "execution_id": execution_id, "reason": reason}, execution_id)
 
     def get(self, execution_id: str) -> ExecutionRecord:
         """The execution's whole record."""
@@ -841,6 +928,30 @@ class AsyncExecution(handles.AsyncExecution):
         behind the failed one fail with seq_conflict and rewind to the same point."""
         self._next_seq = min(self._next_seq, seq)
 
+    def resync(self, next_seq: int) -> None:
+        """The recorder's next seq for this execution, learnt after records were dropped."""
+        self._next_seq = next_seq
+
+
+class _FailOpen:
+    """The awaitable of a request sent by a fail-open client: resolves to the seq, or to None
+    when the recorder turned out to be unreachable (the record is counted as dropped)."""
+
+    __slots__ = ("_aw", "_outage", "_execution_id")
+
+    def __init__(self, aw, outage: Outage, execution_id: str):
+        self._aw = aw
+        self._outage = outage
+        self._execution_id = execution_id
+
+    def __await__(self):
+        try:
+            return (yield from self._aw.__await__())
+        except RecorderUnavailableError as e:  # the awaitable rewound the handle's seq already
+            self._outage.failed(e)
+            self._outage.drop(self._execution_id)
+            return None
+
 
 class _SeqAwaitable:
     """The awaitable of a sent event: resolves to its seq; on failure rewinds the execution's
@@ -870,6 +981,7 @@ class AsyncClient:
         self.address: Optional[str] = None
         self._store = None
         self._remote: Optional[_AsyncSidecar] = None
+        self._outage: Optional[Outage] = None
 
     @classmethod
     async def create(
@@ -882,21 +994,91 @@ class AsyncClient:
         reconnect_timeout_s: float = 30.0,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         embedded: Optional[bool] = None,
+        on_outage: Optional[str] = None,
+        outage_timeout_s: float = DEFAULT_OUTAGE_TIMEOUT_S,
     ) -> "AsyncClient":
-        """Connect (or open the embedded store)."""
+        """Connect (or open the embedded store). `on_outage` as for `Client`."""
         self = cls()
+        policy = outage_policy(on_outage)
         self.address = None if embedded else resolve_sidecar(sidecar, data_dir)
         if self.address is None:
             import tracedb
 
             self._store = await tracedb.open_async(default_data_dir(data_dir))
-        else:
-            self._remote = _AsyncSidecar(
-                self.address, token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s,
-                connect_timeout_s=connect_timeout_s,
-            )
+            return self
+        if policy == CONTINUE:
+            self._outage = Outage(self.address)
+            timeout_s = min(timeout_s, outage_timeout_s)
+            reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s)
+        self._remote = _AsyncSidecar(
+            self.address, token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+        )
+        try:
             await self._remote.connect()
+        except RecorderUnavailableError as e:
+            if self._outage is None:
+                raise
+            self._outage.failed(e)  # the first request connects
         return self
+
+    def outage_stats(self) -> dict:
+        """As `Client.outage_stats`."""
+        if self._outage is None:
+            return {"down": False, "outages": 0, "unrecorded": 0, "executions_affected": 0}
+        return self._outage.stats()
+
+    async def _write(self, req: dict, execution_id: Optional[str], seq: Optional[int] = None,
+                     execution: Optional[AsyncExecution] = None, start: Optional[dict] = None) -> Optional[dict]:
+        """`Client._write`, awaited: the response, or None if the record was dropped."""
+        o = self._outage
+        if o is None:
+            return await self._remote.request(req, execution_id)
+        try:
+            if not o.closed(execution_id) and (not o.down or o.probe_due()):
+                if o.down:
+                    await self._remote.request({"id": None, "op": "ping"})
+                    o.recovered()
+                for lost in o.to_flag():
+                    await self._flag_one(lost)
+                if execution_id is not None:
+                    o.take_seq(execution_id, req)
+                if not o.closed(execution_id):
+                    resp = await self._remote.request(req, execution_id)
+                    if execution is not None and req.get("seq") != seq:
+                        execution.resync(resp["seq"] + 1)
+                    return resp
+        except RecorderUnavailableError as e:
+            o.failed(e)
+        except (E.ExecutionClosedError, SeqConflictError) as e:
+            if execution_id not in o.lost:
+                raise
+            # Closed by the recorder meanwhile; or a pipelined request overtaken by a resync.
+            o.lost[execution_id].closed = isinstance(e, E.ExecutionClosedError)
+        o.drop(execution_id, start)
+        if execution is not None and seq is not None:
+            execution.rewind(seq)
+        return None
+
+    async def _flag_one(self, lost: LostExecution) -> None:
+        eid = lost.execution_id
+        try:
+            if lost.start is not None:
+                last = (await self._remote.request(dict(lost.start), eid)).get("last_seq", 0)
+                lost.start = None
+            else:
+                got = await self._remote.request({"id": None, "op": "get", "execution_id": eid}, eid)
+                record = ExecutionRecord.from_dict(got["record"])
+                last = record.events[-1].seq if record.events else 0
+            await self._remote.request(
+                {"id": None, "op": "recording_failure", "execution_id": eid, "detail": flag_detail(lost)}, eid
+            )
+            lost.next_seq = last + 1
+        except RecorderUnavailableError:
+            raise
+        except E.TraceDBError as e:  # closed meanwhile (recovery marked it incomplete), or gone
+            lost.closed = True
+            log.warning("a dropped execution cannot be flagged", extra={"execution_id": eid, "cause": str(e)})
 
     @property
     def embedded(self) -> bool:
@@ -920,10 +1102,10 @@ class AsyncClient:
             )
             return AsyncExecution(self, ex.execution_id, ex.envelope_hash)
         execution_id = execution_id or new_execution_id()
-        resp = await self._remote.request(
-            _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq),
-            execution_id,
-        )
+        req = _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq)
+        resp = await self._write(req, execution_id, start=dict(req))
+        if resp is None:  # dropped (fail open)
+            return AsyncExecution(self, execution_id, compute_envelope_hash(envelope))
         return AsyncExecution(self, resp["execution_id"], resp["envelope_hash"], resp.get("last_seq", 0) + 1)
 
     def execution(self, execution_id: str, envelope_hash: str = "", next_seq: int = 1) -> AsyncExecution:
@@ -946,14 +1128,24 @@ class AsyncClient:
             req["seq"] = seq
         return self._submit_seq(req, execution_id, seq, execution)
 
-    def _submit_seq(self, req: dict, execution_id: str, seq: Optional[int], execution) -> "_SeqAwaitable":
+    def _submit_seq(self, req: dict, execution_id: str, seq: Optional[int], execution):
+        o = self._outage
+        if o is not None and (o.down or o.lost):
+            # Fail open, with the recorder down or records to flag: the slow path, in a task.
+            return asyncio.ensure_future(self._seq_of(self._write(req, execution_id, seq, execution)))
         try:
             fut = self._remote.submit(req, execution_id)
         except E.TraceDBError:
             if execution is not None and seq is not None:
                 execution.rewind(seq)  # never sent: its seq is free again
             raise
-        return _SeqAwaitable(fut, seq, execution)
+        aw = _SeqAwaitable(fut, seq, execution)
+        return aw if o is None else _FailOpen(aw, o, execution_id)
+
+    @staticmethod
+    async def _seq_of(write) -> Optional[int]:
+        resp = await write
+        return None if resp is None else resp["seq"]
 
     async def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> int:
         """Record an execution's final response by id; returns its seq once durable. Without
@@ -974,18 +1166,14 @@ class AsyncClient:
         if self._store is not None:
             await self._store.invalidate(execution_id, reason)
             return
-        await self._remote.request(
-            {"id": None, "op": "invalidate", "execution_id": execution_id, "reason": reason}, execution_id
-        )
+        await self._write({"id": None, "op": "invalidate", "execution_id": execution_id, "reason": reason}, execution_id)
 
     async def abandon(self, execution_id: str, reason: str) -> None:
         """Mark a running execution incomplete because its agent died (see Client.abandon)."""
         if self._store is not None:
             await self._store.abandon(execution_id, reason)
             return
-        await self._remote.request(
-            {"id": None, "op": "abandon", "execution_id": execution_id, "reason": reason}, execution_id
-        )
+        await self._write({"id": None, "op": "abandon", "execution_id": execution_id, "reason": reason}, execution_id)
 
     async def get(self, execution_id: str) -> ExecutionRecord:
         """The execution's whole record."""

@@ -57,8 +57,8 @@ ERROR_CODES = (
     INTERNAL,
 )
 
-OPS = ("hello", "ping", "start", "event", "finish", "invalidate", "abandon", "get")
-WRITE_OPS = frozenset({"start", "event", "finish", "invalidate", "abandon"})
+OPS = ("hello", "ping", "start", "event", "finish", "invalidate", "abandon", "recording_failure", "get")
+WRITE_OPS = frozenset({"start", "event", "finish", "invalidate", "abandon", "recording_failure"})
 
 _EXECUTION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*\Z")
 _OPT = orjson.OPT_APPEND_NEWLINE

@@ -470,6 +470,11 @@ class Connection(asyncio.Protocol):
             eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
             reason = P.req_str(req, "reason", P.MAX_REASON_CHARS)
             return backend.stage_abandon(eid, reason)
+        if op == "recording_failure":
+            counts["recording_failure"] += 1
+            eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
+            detail = P.req_str(req, "detail", P.MAX_REASON_CHARS)
+            return backend.stage_recording_failure(eid, detail)
         if op == "get":
             counts["get"] += 1
             eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import wal
 
+from ..codec import OP_RECORDING_FAILURE
 from ..errors import ExecutionClosedError, ExecutionExistsError, ExecutionNotFoundError
 from ..models import TERMINAL_STATUSES
 from ..record import FINAL_RESPONSE, compute_envelope_hash
@@ -107,6 +108,18 @@ class StoreBackend:
                 return Staged({}, IN_BATCH)
             return Staged({}, self.barrier())  # already invalidated: answer once that is durable
         return Deferred(self._invalidate_in_db(execution_id, reason))
+
+    def stage_recording_failure(self, execution_id: str, detail: str):
+        """Stage a recording_failure flag; executions only the database knows are flagged off the loop."""
+        self._recorded_steps.pop(execution_id, None)
+        before = len(self.batch.payloads)
+        if self.store.stage_status_change(self.batch, execution_id, OP_RECORDING_FAILURE, detail, held_only=True):
+            return Staged({}, IN_BATCH if len(self.batch.payloads) > before else self.barrier())
+        return Deferred(self._flag_in_db(execution_id, detail))
+
+    async def _flag_in_db(self, execution_id: str, detail: str) -> Staged:
+        await self.astore.mark_recording_failure(execution_id, detail)
+        return Staged({})
 
     def stage_abandon(self, execution_id: str, reason: str):
         """Mark a running execution incomplete (its agent is gone); a repeat is answered alike."""
