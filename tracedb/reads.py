@@ -16,8 +16,9 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, Union
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
@@ -114,6 +115,29 @@ def _steps_stmt(execution_id: str):
         .where(trace_steps.c.execution_id == execution_id)
         .order_by(trace_steps.c.seq)
     )
+
+
+class _Step(NamedTuple):
+    seq: int
+    type: str
+    payload: object
+    recorded_at_ns: int
+
+
+def _raw_steps_stmt(execution_id: str):
+    """`_steps_stmt` with the payload as its JSON text: decoded by `_decoded`, about ten times
+    faster than the driver's per-row JSON processing (a 10,000-event timeline for the web view)."""
+    return (
+        sa.select(trace_steps.c.seq, trace_steps.c.type, sa.cast(trace_steps.c.payload, sa.Text),
+                  trace_steps.c.recorded_at_ns)
+        .where(trace_steps.c.execution_id == execution_id)
+        .order_by(trace_steps.c.seq)
+    )
+
+
+def _decoded(rows) -> list:
+    loads = orjson.loads
+    return [_Step(seq, type_, None if text is None else loads(text), at) for seq, type_, text, at in rows]
 
 
 def _load(engine: Engine, execution_id: str):
@@ -482,6 +506,20 @@ def _status_counts_stmt(where: Filter):
     return others.apply(sa.select(traces.c.status, sa.func.count()).group_by(traces.c.status))
 
 
+def _bounded_count_stmts(where: Filter, at_most: int):
+    """(status, a count of its matches that stops at `at_most` + 1), one per status: each walks
+    the (status, created_at_ns, execution_id) index and stops early, so its cost does not grow
+    with the store."""
+    if at_most < 0:
+        raise InvalidInputError("at_most must not be negative")
+    out = []
+    for status in STATUSES:
+        one = Filter(status, where.since, where.until, where.intent, where.search, where.replayable)
+        inner = one.apply(sa.select(sa.literal(1)).select_from(traces)).limit(at_most + 1).subquery()
+        out.append((status, sa.select(sa.func.count()).select_from(inner)))
+    return out
+
+
 def _status_counts(rows) -> dict[str, int]:
     counts = {s: 0 for s in STATUSES}
     for status, n in rows:
@@ -652,11 +690,16 @@ class Reader:
             n = int(conn.execute(q).scalar() or 0)
         return n + sum(1 for row in pending.rows.values() if _pending_matches(row, where))
 
-    def status_counts(self, where: Filter = EVERYTHING) -> dict[str, int]:
+    def status_counts(self, where: Filter = EVERYTHING, *, at_most: Optional[int] = None) -> dict[str, int]:
         """How many executions of each status match `where`'s other filters (its status is
-        left out, so that a listing can show every status side by side)."""
-        with self._engine.connect() as conn:
-            return _status_counts(conn.execute(_status_counts_stmt(where)).all())
+        left out, so that a listing can show every status side by side).
+
+        With `at_most`, counting a status stops past it (a count of `at_most` + 1 means "more"):
+        an exact count reads every matching row, which on millions takes seconds."""
+        with self._engine.connect() as conn, conn.begin():
+            if at_most is None:
+                return _status_counts(conn.execute(_status_counts_stmt(where)).all())
+            return {s: int(conn.execute(q).scalar() or 0) for s, q in _bounded_count_stmts(where, at_most)}
 
     def progress(self, execution_id: str, after_seq: int = 0, *, limit: int = 1000) -> Progress:
         """An execution's status and up to `limit` events recorded after `after_seq` (an exact
@@ -794,7 +837,7 @@ class AsyncReader:
             row = (await conn.execute(_trace_stmt(eid))).first()
             if row is None:
                 raise ExecutionNotFoundError(eid)
-            steps = (await conn.execute(_steps_stmt(eid))).all()
+            steps = _decoded((await conn.execute(_raw_steps_stmt(eid))).all())
         return row, steps
 
     async def get(self, execution_id: str) -> ExecutionRecord:
@@ -811,10 +854,12 @@ class AsyncReader:
         async with self._engine.connect() as conn:
             return int((await conn.execute(q)).scalar() or 0)
 
-    async def status_counts(self, where: Filter = EVERYTHING) -> dict[str, int]:
+    async def status_counts(self, where: Filter = EVERYTHING, *, at_most: Optional[int] = None) -> dict[str, int]:
         """How many executions of each status match `where`'s other filters (see `Reader.status_counts`)."""
-        async with self._engine.connect() as conn:
-            return _status_counts((await conn.execute(_status_counts_stmt(where))).all())
+        async with self._engine.connect() as conn, conn.begin():
+            if at_most is None:
+                return _status_counts((await conn.execute(_status_counts_stmt(where))).all())
+            return {s: int((await conn.execute(q)).scalar() or 0) for s, q in _bounded_count_stmts(where, at_most)}
 
     async def progress(self, execution_id: str, after_seq: int = 0, *, limit: int = 1000) -> Progress:
         """An execution's status and the events recorded after `after_seq` (see `Reader.progress`)."""

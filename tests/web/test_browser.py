@@ -64,8 +64,11 @@ def test_list_filter_open_an_execution_see_its_timeline_and_where_it_stopped(ui,
     url, ids = ui
     page.goto(url)
     assert page.locator("table.executions tbody tr").count() == len(ids)
+    page.locator(".counts.loaded").wait_for()  # the counts per status come after the page
     assert page.locator(".chip[data-status=incomplete] .n").inner_text() == "1"
-    shots(page, "list.png")
+    assert page.locator(".chip[data-status=all] .n").inner_text() == str(len(ids))
+    assert page.locator(".pager .total").inner_text() == f"{len(ids)} matching"
+    shots(page, "list.png")  # (after the counts loaded)
     page.select_option("select[name=status]", "incomplete")
     page.click("form.filters button[type=submit]")
     page.wait_for_url("**status=incomplete**")
@@ -254,6 +257,7 @@ def test_a_newcomer_sees_the_crashed_demo_execution_stop_on_its_timeline(tmp_pat
         assert "never finished" in page.locator("[data-testid=replay]").inner_text()
         shots(page, "demo-crashed.png")
         page.goto(ui.url)
+        page.locator(".counts.loaded").wait_for()
         shots(page, "demo-list.png")
     finally:
         if ui is not None:

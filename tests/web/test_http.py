@@ -30,7 +30,14 @@ def test_the_list_shows_every_execution_with_counts_and_filters(ui):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     for eid in ids.values():
         assert f'href="/e/{eid}"' in r.text
-    assert 'incomplete <b class="n">1</b>' in r.text and 'completed <b class="n">4</b>' in r.text
+    counts = _get(url + "counts").json()
+    assert counts["counts"] == {"running": 0, "completed": 4, "incomplete": 1, "invalidated": 1}
+    assert counts["total"] == "6" and counts["shown"]["completed"] == "4"
+    # Counts per status under the other filters: the status filter itself is left out.
+    narrowed = _get(url + "counts", params={"status": "incomplete", "intent": "AnswerQuestion"}).json()
+    assert narrowed["counts"] == {"running": 0, "completed": 3, "incomplete": 1, "invalidated": 0}
+    assert narrowed["total"] == "1"
+    assert _get(url + "counts", params={"status": "nope"}).status_code == 400
     only = _get(url, params={"status": "incomplete"}).text
     assert ids["crashed"] in only and ids["ok"] not in only
     no = _get(url, params={"replayable": "no"}).text

@@ -30,6 +30,10 @@ def test_counts_per_status_leave_the_status_filter_out_and_keep_the_others(web_s
         assert r.status_counts(Filter(search="summar")) == {
             "running": 0, "completed": 0, "incomplete": 0, "invalidated": 1}
         assert sum(r.status_counts(Filter(replayable=False)).values()) == r.count(Filter(replayable=False)) == 2
+        # Bounded counts stop one past the bound ("more than"), and agree below it.
+        assert r.status_counts(at_most=2) == {"running": 0, "completed": 3, "incomplete": 1, "invalidated": 1}
+        assert r.status_counts(Filter(intent="AnswerQuestion"), at_most=100) == r.status_counts(
+            Filter(intent="AnswerQuestion"))
 
 
 def test_the_replayable_filter(web_store):
@@ -107,3 +111,30 @@ def test_the_layout_pairs_calls_and_marks_where_an_incomplete_execution_stopped(
     assert [(b.kind, b.request_seq, b.end_ns) for b in open_bar] == [("tool", 4, None)]
     assert crashed.t1 > crashed.stopped_at.at_ns  # room after the stop for the open bar
     assert layout(running_like).stopped_at is None
+
+
+def test_calls_pair_as_event_log_replay_pairs_them():
+    from tracedb.record import ExecutionEvent
+    from tracedb.replay import EventLog, args_hash
+    from tracedb.web.timeline import pair_calls
+
+    def ev(seq, type_, payload):
+        return ExecutionEvent(seq=seq, type=type_, payload=payload)
+
+    events = [
+        ev(1, "tool.requested", {"name": "a", "arguments": {"x": 1}}),
+        ev(2, "tool.requested", {"name": "b", "arguments": {"x": 2}}),
+        ev(3, "llm.requested", {"request": {"model": "m", "messages": []}}),
+        # No request_seq: paired by key (b's arguments), not by order.
+        ev(4, "tool.responded", {"name": "b", "args_hash": args_hash({"x": 2}), "response": 2}),
+        ev(5, "llm.responded", {"request_seq": 3, "response": {}}),
+        ev(6, "tool.responded", {"name": "zzz", "response": 1}),  # no key match: the first unanswered
+        ev(7, "tool.requested", {"name": "c", "args_hash": "h"}),
+        ev(8, "llm.responded", {"request_seq": 3}),  # nothing left to answer
+        ev(9, "tool.requested", {"name": "d"}),
+        ev(10, "tool.responded", {"name": "d", "request_seq": 9}),
+    ]
+    ours = [(c.kind, c.request_seq, c.response_seq) for c in pair_calls(events)]
+    theirs = [(c.kind, c.request_seq, c.response_seq) for c in EventLog(events).calls]
+    assert ours == theirs
+    assert ours == [("tool", 1, 6), ("tool", 2, 4), ("llm", 3, 5), ("tool", 7, None), ("tool", 9, 10)]

@@ -2,7 +2,8 @@
 
 `create_app(reader)` serves, read-only (GET and HEAD only):
 
-    /                       executions newest first: filters, counts per status, keyset pages
+    /                       executions newest first: filters, keyset pages
+    /counts                 executions per status under the same filters (the list loads them)
     /e/{id}                 one execution (a unique prefix redirects to the whole id)
     /e/{id}/events/{seq}    one event's payload as JSON (the payload viewer loads it on demand)
     /e/{id}/rows?after=N    more event rows, as HTML in JSON
@@ -47,6 +48,8 @@ from .timeline import layout
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 MAX_PAGE_SIZE = 500
+# Counts per status stop past this many: an exact count reads every matching row.
+COUNT_LIMIT = 10_000
 TOKEN_COOKIE = "tracedb_token"
 # No inline script or style anywhere: a recorded string that slipped through escaping still
 # could not run.
@@ -142,11 +145,22 @@ class Views:
         self.replay_command = replay_command
 
     async def executions(self, request: Request) -> Response:
+        # The counts come separately (/counts): on millions they take longer than the page.
         where, params, before, limit = list_params(request)
         page = await self.reader.page(where, before=before, limit=limit)
-        counts = await self.reader.status_counts(where)
-        total = counts[where.status] if where.status else sum(counts.values())
-        return _html(pages.list_page(page, counts, params, first_page=before is None, total=total))
+        return _html(pages.list_page(page, params, first_page=before is None))
+
+    async def counts(self, request: Request) -> Response:
+        """Executions per status under the list's other filters, each counted up to COUNT_LIMIT."""
+        where, params, _before, _limit = list_params(request)
+        counts = await self.reader.status_counts(where, at_most=COUNT_LIMIT)
+        shown = {s: pages.fmt_count(n, COUNT_LIMIT) for s, n in counts.items()}
+        if where.status:
+            total = shown[where.status]
+        else:
+            capped = any(n > COUNT_LIMIT for n in counts.values())
+            total = f"{sum(min(n, COUNT_LIMIT) for n in counts.values()):,}" + ("+" if capped else "")
+        return _json({"counts": counts, "shown": shown, "limit": COUNT_LIMIT, "total": total})
 
     async def _exact(self, request: Request) -> str:
         return await self.reader.resolve(request.path_params["execution_id"])
@@ -314,6 +328,7 @@ def create_app(
     routes = [
         *extra_routes,
         Route("/", v.executions, methods=get),
+        Route("/counts", v.counts, methods=get),
         Route("/e/{execution_id:str}", v.execution, methods=get),
         Route("/e/{execution_id:str}/events/{seq:str}", v.event, methods=get),
         Route("/e/{execution_id:str}/rows", v.rows, methods=get),

@@ -30,6 +30,8 @@ from .timeline import LLM, TOOL, Layout
 # stays quick to paint).
 ROWS_PER_PAGE = 200
 PREVIEW_CHARS = 160
+# Past this many calls the timeline draws merged runs of bars instead of one link per call.
+DENSE_BARS = 400
 
 
 def esc(value) -> str:
@@ -150,8 +152,14 @@ def _query(params: dict, **changes) -> str:
     return "/?" + urlencode(merged) if merged else "/"
 
 
-def list_page(page: Page, counts: dict, params: dict, *, first_page: bool, total: int) -> str:
-    """Executions newest first, the filters, the counts per status and the pager."""
+def fmt_count(n: int, limit: int) -> str:
+    """A count as shown: 1,234, or 10,000+ past the limit it was counted to."""
+    return f"{limit:,}+" if n > limit else f"{n:,}"
+
+
+def list_page(page: Page, params: dict, *, first_page: bool) -> str:
+    """Executions newest first, the filters, the counts per status (filled in by the script
+    from /counts) and the pager."""
     p = {k: v for k, v in params.items() if k not in ("before",)}
 
     def options(name: str, choices: Iterable[tuple[str, str]]) -> str:
@@ -170,22 +178,22 @@ def list_page(page: Page, counts: dict, params: dict, *, first_page: bool, total
         + "</select></label>"
         f'<label>Intent<input name="intent" value="{esc(params.get("intent"))}" placeholder="exact intent"></label>'
         f'<label class="grow">Search<input name="q" value="{esc(params.get("q"))}" placeholder="text in the intent"></label>'
-        f'<label>Since<input name="since" value="{esc(params.get("since"))}" placeholder="2h, 7d or ISO time"></label>'
+        f'<label>Since<input name="since" value="{esc(params.get("since"))}" placeholder="2h, 7d, ISO"></label>'
         f'<label>Until<input name="until" value="{esc(params.get("until"))}" placeholder="ISO time"></label>'
         + (f'<input type="hidden" name="limit" value="{esc(params["limit"])}">' if params.get("limit") else "")
         + '<button type="submit">Filter</button><a class="clear" href="/">Clear</a></form>'
     )
-    all_n = sum(counts.values())
     chips = [
-        f'<a class="chip{" on" if not params.get("status") else ""}" href="{esc(_query(p, status=None))}">'
-        f'all <b>{all_n:,}</b></a>'
+        f'<a class="chip{" on" if not params.get("status") else ""}" data-status="all" href="{esc(_query(p, status=None))}">'
+        'all <b class="n">…</b></a>'
     ]
     for s in STATUSES:
         on = " on" if params.get("status") == s else ""
         chips.append(
             f'<a class="chip st-{s}{on}" data-status="{s}" href="{esc(_query(p, status=s))}">'
-            f'{s} <b class="n">{counts.get(s, 0):,}</b></a>'
+            f'{s} <b class="n">…</b></a>'
         )
+    counts_src = "/counts" + _query(p)[1:] if _query(p) != "/" else "/counts"
     rows = []
     for r in page.items:
         rows.append(
@@ -207,7 +215,7 @@ def list_page(page: Page, counts: dict, params: dict, *, first_page: bool, total
             "<th>Status</th><th>Replay</th><th class=\"num\">Events</th><th class=\"num\">Duration</th><th></th>"
             "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
         )
-    elif all_n == 0 and not any(params.get(k) for k in ("status", "replayable", "intent", "q", "since", "until")):
+    elif first_page and not any(params.get(k) for k in ("status", "replayable", "intent", "q", "since", "until")):
         table = (
             '<div class="empty"><p>No executions recorded yet.</p>'
             "<p>Record a few with <code>tracedb demo</code> (next to a running <code>tracedb serve</code>), "
@@ -220,11 +228,11 @@ def list_page(page: Page, counts: dict, params: dict, *, first_page: bool, total
         pager.append(f'<a href="{esc(_query(p))}">« Newest</a>')
     if page.next_cursor:
         pager.append(f'<a class="older" href="{esc(_query(p, before=page.next_cursor))}">Older »</a>')
-    pager.append(f'<span class="total">{total:,} matching</span></nav>')
+    pager.append('<span class="total"><b class="n">…</b> matching</span></nav>')
     body = (
         '<div class="titlebar"><h1>Executions</h1><span class="sub">newest first</span></div>'
         + form
-        + '<div class="counts">' + "".join(chips) + "</div>"
+        + f'<div class="counts" data-src="{esc(counts_src)}">' + "".join(chips) + "</div>"
         + table
         + "".join(pager)
     )
@@ -333,8 +341,19 @@ def overview_svg(lay: Layout, *, running: bool) -> str:
         if name:
             parts.append(f'<text class="lane" x="4" y="{ry + 14:.1f}">{esc(name)}</text>')
     few = len(lay.bars) <= 40
+    dense = len(lay.bars) > DENSE_BARS
+    spans: dict[tuple, list] = {}  # (kind, lane) -> merged [x0, x1] of a dense timeline
     for b in lay.bars:
         ry = bar_y.get((b.kind, b.lane), events_y)
+        if dense and b.end_ns is not None:
+            # Thousands of calls: draw what a pixel can show, runs of bars merged into one rect.
+            x0, x1 = X(b.start_ns), max(X(b.end_ns), X(b.start_ns) + 0.5)
+            runs = spans.setdefault((b.kind, ry), [])
+            if runs and x0 - runs[-1][1] < 0.5:
+                runs[-1][1] = max(runs[-1][1], x1)
+            else:
+                runs.append([x0, x1])
+            continue
         x0 = X(b.start_ns)
         x1 = X(b.end_ns if b.end_ns is not None else lay.t1)
         w = max(2.0, x1 - x0)
@@ -356,6 +375,10 @@ def overview_svg(lay: Layout, *, running: bool) -> str:
                 parts.append(f'<text class="barlabel out" x="{x0 - 4:.2f}" y="{ry + 14:.1f}" '
                              f'text-anchor="end">{esc(label)}</text>')
         parts.append("</a>")
+    for (kind, ry), runs in spans.items():
+        parts.append(f'<path class="bar {kind} dense" d="'
+                     + "".join(f"M{x0:.1f} {ry:g}h{x1 - x0:.1f}v{lane_h:g}h{x0 - x1:.1f}z" for x0, x1 in runs)
+                     + f'"><title>{len(lay.bars):,} calls: open an event row for each</title></path>')
     # Every event as a tick, in one path: cheap however many there are.
     # One tick per distinct position (half a unit, under a pixel): 10,000 events stay a short path.
     xs = sorted({round(X(t.at_ns) * 2) / 2 for t in lay.ticks})

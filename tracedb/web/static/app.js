@@ -197,6 +197,31 @@
     setTimeout(tick, POLL_MS);
   }
 
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", live);
-  else live();
+  // -- counts per status (after the page: on millions of executions they take longer) -------
+
+  function counts() {
+    const box = document.querySelector(".counts[data-src]");
+    if (!box) return;
+    fetch(box.dataset.src)
+      .then((r) => (r.ok ? r.json() : Promise.reject(new Error(String(r.status)))))
+      .then((doc) => {
+        let all = 0, capped = false;
+        for (const [status, n] of Object.entries(doc.counts)) {
+          const b = box.querySelector(`.chip[data-status="${status}"] .n`);
+          if (b) b.textContent = doc.shown[status];
+          all += Math.min(n, doc.limit);
+          capped = capped || n > doc.limit;
+        }
+        const a = box.querySelector('.chip[data-status="all"] .n');
+        if (a) a.textContent = all.toLocaleString("en-US") + (capped ? "+" : "");
+        const total = document.querySelector(".pager .total .n");
+        if (total) total.textContent = doc.total;
+        box.classList.add("loaded");
+      })
+      .catch(() => { for (const b of box.querySelectorAll(".n")) b.textContent = "?"; });
+  }
+
+  function start() { live(); counts(); }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
 })();
