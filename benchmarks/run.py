@@ -7,7 +7,8 @@ compare the ratios printed by one run, not absolute figures across runs.
 Sections: wal (the log alone), store (recording and compaction through the public API, next to
 the layers beneath), replay (from the store, and in memory), sidecar, pg, cli (the read
 commands on stores of 10k, 100k and 1M events; building the 1M store takes a minute or two),
-otel (OTLP/HTTP ingest of GenAI spans next to the native protocol).
+otel (OTLP/HTTP ingest of GenAI spans next to the native protocol), integrations (an Agents SDK
+run live, recorded and replayed offline; the OpenAI SDK wrapper's cost per call).
 Every row with a target prints whether this run met it; `--json FILE` keeps every figure.
 """
 
