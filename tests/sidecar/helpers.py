@@ -45,10 +45,11 @@ class ServerThread:
                     self.backend = await self.backend
                 self.server = SidecarServer(self.backend, self.config)
                 if self.metrics is not None:
-                    from tracedb.sidecar.metrics import MetricsHttpServer
+                    from tracedb.asgi import HttpEndpoint
+                    from tracedb.sidecar.metrics import metrics_app
 
                     self.metrics.attach(self.server)
-                    self.http = MetricsHttpServer(self.metrics, port=0)
+                    self.http = HttpEndpoint(metrics_app(self.metrics), port=0)
                     self.http_port = await self.http.start()
                 await self.server.start()
             except BaseException as e:  # noqa: BLE001 - reported to the test thread

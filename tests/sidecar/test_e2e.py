@@ -16,7 +16,7 @@ import tracedb
 from tracedb.sidecar.client import Client
 
 from .conftest import ROOT
-from .helpers import LineClient
+from .helpers import LineClient, wait_for
 
 ENV = {"intent": "ProcessIntent", "payload": {"n": 1}}
 
@@ -127,6 +127,30 @@ def test_metrics_and_health(serve_process):
     with pytest.raises(urllib.error.HTTPError) as nf:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/nope", timeout=10)
     assert nf.value.code == 404
+    code, err = srv.terminate()
+    assert code == 0, err
+
+
+def test_the_http_port_serves_the_web_view_metrics_and_health_on_one_server(serve_process):
+    port = _free_port()
+    srv = serve_process("--http-port", str(port))
+    with Client("unix:" + srv.socket) as client:
+        ex = client.start("ProcessIntent", ENV)
+        ex.event("tool.requested", {"name": "<script>x</script>"})
+        eid = ex.execution_id
+    base = f"http://127.0.0.1:{port}"
+    assert "tracedb_events_acked_total 2.0" in urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    assert json.loads(urllib.request.urlopen(base + "/health", timeout=10).read())["status"] == "ok"
+
+    def listed() -> bool:  # the recorder compacts in the background
+        return eid in urllib.request.urlopen(base + "/", timeout=10).read().decode()
+
+    wait_for(listed, 30, "the execution on the list page")
+    page = urllib.request.urlopen(f"{base}/e/{eid}", timeout=10).read().decode()
+    assert "ProcessIntent" in page and "&lt;script&gt;x&lt;/script&gt;" in page and "<script>x" not in page
+    with pytest.raises(urllib.error.HTTPError) as post:
+        urllib.request.urlopen(urllib.request.Request(base + "/metrics", data=b"x", method="POST"), timeout=10)
+    assert post.value.code == 405
     code, err = srv.terminate()
     assert code == 0, err
 

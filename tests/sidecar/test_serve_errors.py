@@ -9,13 +9,13 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("flag", ["--metrics-port", "--tcp"])
+@pytest.mark.parametrize("flag", ["--http-port", "--metrics-port", "--tcp"])
 def test_a_busy_port_is_one_error_and_one_hint(tmp_path, flag):
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
     port = holder.getsockname()[1]
-    value = str(port) if flag == "--metrics-port" else f"127.0.0.1:{port}"
+    value = f"127.0.0.1:{port}" if flag == "--tcp" else str(port)
     data_dir = tmp_path / "d"
     try:
         r = subprocess.run(
@@ -26,7 +26,8 @@ def test_a_busy_port_is_one_error_and_one_hint(tmp_path, flag):
         holder.close()
     assert r.returncode == 1
     lines = [line for line in r.stderr.splitlines() if not line.startswith("{")]  # JSON log lines
-    assert len(lines) == 2 and lines[0].startswith("error: cannot listen") and f"{flag} " in lines[0]
+    named = "--tcp" if flag == "--tcp" else "--http-port"  # --metrics-port is its older name
+    assert len(lines) == 2 and lines[0].startswith("error: cannot listen") and f"{named} " in lines[0]
     assert lines[1].startswith("hint: ")
     assert "Traceback" not in r.stderr
     # The store it opened was closed again: the next recorder takes the data directory at once.

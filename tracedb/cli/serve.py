@@ -19,6 +19,8 @@ _FILE_KEYS = {
     "allow_remote": bool,
     "token_file": str,
     "metrics_port": int,
+    "http_port": int,
+    "http_host": str,
     "otlp_port": int,
     "otlp_host": str,
     "max_frame_bytes": int,
@@ -78,8 +80,13 @@ def _read_token(token_file: Optional[str]) -> Optional[str]:
               help="Allow a non-loopback --tcp address; a bearer token is then required.")
 @click.option("--token-file", type=click.Path(dir_okay=False),
               help="File holding the bearer token for TCP clients (or env TRACEDB_TOKEN).")
+@click.option("--http-port", type=click.IntRange(0, 65535),
+              help="Serve the web view (as `tracedb ui`), /metrics and /health on http://127.0.0.1:PORT "
+              "(off by default).")
+@click.option("--http-host", help="Address for --http-port (default 127.0.0.1; another needs --allow-remote "
+              "and a token, which every request must then carry).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
-              help="Serve /metrics and /health on http://127.0.0.1:PORT (off by default).")
+              help="The older name of --http-port: the same server, the web view included.")
 @click.option("--otlp-port", type=click.IntRange(0, 65535),
               help="Also receive OpenTelemetry traces (OTLP/HTTP, POST /v1/traces) on this port; "
               "point an agent at it with OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:PORT/v1/traces "
@@ -99,7 +106,7 @@ def _read_token(token_file: Optional[str]) -> Optional[str]:
 @click.option("--compact-in-process", is_flag=True,
               help="Compact in a thread of the recorder instead of a child process (slower ingest).")
 @click.pass_context
-def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, otlp_port, otlp_host, max_frame_bytes,
+def serve(ctx, socket_path, tcp, allow_remote, token_file, http_port, http_host, metrics_port, otlp_port, otlp_host, max_frame_bytes,
           max_connections, max_inflight_requests, log_level, log_format, compact_in_process):
     """Run the sidecar recorder: agents record through it over a Unix socket.
 
@@ -110,7 +117,7 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, otlp_po
 
     \b
     Example:
-      tracedb --data-dir ./.tracedb serve --metrics-port 9464
+      tracedb --data-dir ./.tracedb serve --http-port 9464   # web view, /metrics, /health
       tracedb serve --otlp-port 4318    # agents: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:4318/v1/traces
     """
     # The server, and the demo below, are imported by their commands: the other commands start faster.
@@ -129,7 +136,8 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, otlp_po
         tcp_port=port,
         allow_remote=bool(allow_remote if allow_remote is not None else file.get("allow_remote", False)),
         token=_read_token(token_file or file.get("token_file")),
-        metrics_port=metrics_port if metrics_port is not None else file.get("metrics_port"),
+        metrics_port=next((p for p in (http_port, metrics_port, file.get("http_port"), file.get("metrics_port"))
+                           if p is not None), None),
         max_frame_bytes=max_frame_bytes or file.get("max_frame_bytes", P.DEFAULT_MAX_FRAME_BYTES),
         max_connections=max_connections or file.get("max_connections", P.DEFAULT_MAX_CONNECTIONS),
         max_inflight_requests=max_inflight_requests
@@ -146,7 +154,7 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, metrics_port, otlp_po
     elif otlp_host:
         raise click.UsageError("--otlp-host needs --otlp-port")
     serve_forever(cfg, scfg, log_level=log_level or file.get("log_level", "info"), log_json={"json": True, "text": False}.get(log_format),
-                  otlp=otlp)
+                  otlp=otlp, http_host=http_host or file.get("http_host") or "127.0.0.1")
 
 
 @main.command()

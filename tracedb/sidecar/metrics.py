@@ -1,7 +1,8 @@
 """Observability of the sidecar: Prometheus metrics, /health, structured (JSON) logs.
 
-Opt-in (`tracedb serve --metrics-port N`): a small HTTP endpoint on 127.0.0.1 serving `/metrics`
-in the Prometheus text format (prometheus-client) and `/health` as JSON.
+Opt-in (`tracedb serve --http-port N`): `/metrics` in the Prometheus text format
+(prometheus-client's own ASGI app) and `/health` as JSON, served by uvicorn on the recorder's
+event loop next to the web view (`tracedb.web`), one server on 127.0.0.1.
 
 The hot path only bumps plain integers (`server.Counters`); a custom collector turns them into
 metric families at scrape time. Histograms are observed once per WAL group and once per response
@@ -204,67 +205,46 @@ class _Collector:
         yield GaugeMetricFamily("tracedb_recorder_failed", "1 when the WAL refuses writes.", value=1 if s.failed else 0)
 
 
-class MetricsHttpServer:
-    """A minimal HTTP/1.0 endpoint on the server's event loop: GET /metrics, GET /health."""
+class _AsgiApp:
+    """An ASGI callable as an object, so that Starlette's Route hands it the raw scope."""
 
-    def __init__(self, metrics: SidecarMetrics, host: str = "127.0.0.1", port: int = 0):
-        self.metrics = metrics
-        self.host = host
-        self.port = port
-        self._server: Optional[asyncio.AbstractServer] = None
-        self._sampler: Optional[asyncio.Task] = None
+    def __init__(self, app):
+        self.app = app
 
-    async def start(self) -> int:
-        """Listen; returns the bound port (useful with port 0)."""
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._sampler = asyncio.get_running_loop().create_task(self._sample())
-        log.info("metrics listening", extra={"metrics": f"http://{self.host}:{self.port}/metrics"})
-        return self.port
+    async def __call__(self, scope, receive, send):
+        await self.app(scope, receive, send)
 
-    async def _sample(self) -> None:
-        while True:
-            self.metrics.sample()
-            await asyncio.sleep(1.0)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            line = await asyncio.wait_for(reader.readline(), timeout=5.0)
-            # Drain the headers; nothing in them matters here.
-            while True:
-                h = await asyncio.wait_for(reader.readline(), timeout=5.0)
-                if h in (b"\r\n", b"\n", b""):
-                    break
-            parts = line.decode("latin-1").split()
-            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
-            if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
-                status, ctype, body = 405, "text/plain", b"only GET\n"
-            elif path == "/metrics":
-                status, ctype, body = 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics.render()
-            elif path == "/health":
-                status, payload = self.metrics.health()
-                ctype, body = "application/json", orjson.dumps(payload) + b"\n"
-            else:
-                status, ctype, body = 404, "text/plain", b"try /metrics or /health\n"
-            reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}[status]
-            head = (
-                f"HTTP/1.0 {status} {reason}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            ).encode()
-            writer.write(head + (body if parts and parts[0] != "HEAD" else b""))
-            await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
+def routes(metrics: SidecarMetrics) -> list:
+    """Starlette routes: GET /metrics (prometheus-client's ASGI app on the metrics' registry) and
+    GET /health (JSON; 200 when the recorder can write, else 503)."""
+    from prometheus_client import make_asgi_app
+    from starlette.responses import Response
+    from starlette.routing import Route
 
-    async def close(self) -> None:
-        """Stop listening and sampling."""
-        if self._sampler is not None:
-            self._sampler.cancel()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+    async def health(_request):
+        status, body = metrics.health()
+        return Response(orjson.dumps(body) + b"\n", status_code=status, media_type="application/json",
+                        headers={"cache-control": "no-store"})
+
+    return [
+        Route("/metrics", _AsgiApp(make_asgi_app(registry=metrics.registry)), methods=["GET", "HEAD"]),
+        Route("/health", health, methods=["GET", "HEAD"]),
+    ]
+
+
+def metrics_app(metrics: SidecarMetrics):
+    """/metrics and /health alone, as a Starlette app (a recorder without the web view)."""
+    from starlette.applications import Starlette
+
+    return Starlette(routes=routes(metrics))
+
+
+async def sample_forever(metrics: SidecarMetrics, interval_s: float = 1.0) -> None:
+    """Feed the events/s meter once a second until cancelled."""
+    while True:
+        metrics.sample()
+        await asyncio.sleep(interval_s)
 
 
 # -- structured logs -----------------------------------------------------------------------------

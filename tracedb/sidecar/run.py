@@ -11,7 +11,7 @@ import time
 from typing import Optional
 
 from ..errors import ConfigError
-from .metrics import MetricsHttpServer, SidecarMetrics, configure_logging
+from .metrics import SidecarMetrics, configure_logging, routes, sample_forever
 from .server import ServerConfig, SidecarServer, check_config
 
 log = logging.getLogger("tracedb.sidecar")
@@ -48,7 +48,7 @@ _CANNOT_LISTEN = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
 def _cannot_listen(e: OSError, what: str, scfg: ServerConfig) -> ConfigError:
     ports = []
     if scfg.metrics_port is not None:
-        ports.append(f"--metrics-port {scfg.metrics_port}")
+        ports.append(f"--http-port {scfg.metrics_port}")
     if scfg.tcp_port is not None:
         ports.append(f"--tcp {scfg.tcp_host or '127.0.0.1'}:{scfg.tcp_port}")
     return ConfigError(
@@ -58,12 +58,52 @@ def _cannot_listen(e: OSError, what: str, scfg: ServerConfig) -> ConfigError:
     )
 
 
-async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None) -> int:
+class HttpServer:
+    """`--http-port`: the web view, /metrics and /health on one uvicorn server on the loop."""
+
+    def __init__(self, cfg, metrics: SidecarMetrics, host: str, port: int, token):
+        self.cfg, self.metrics, self.host, self.port, self.token = cfg, metrics, host, port, token
+        self.reader = None
+        self.endpoint = None
+        self._sampler = None
+
+    async def start(self) -> int:
+        from ..asgi import HttpEndpoint
+        from ..reads import AsyncReader
+        from ..web import create_app
+        from ..web.run import is_loopback, replay_command
+
+        self._sampler = asyncio.get_running_loop().create_task(sample_forever(self.metrics))
+        self.reader = await AsyncReader.open(self.cfg)
+        app = create_app(
+            self.reader, replay_command=replay_command(self.cfg), extra_routes=routes(self.metrics),
+            token=None if is_loopback(self.host) else self.token,
+        )
+        self.endpoint = HttpEndpoint(app, host=self.host, port=self.port, name="http")
+        self.port = await self.endpoint.start()
+        log.info("http listening", extra={"ui": f"http://{self.host}:{self.port}/",
+                                          "metrics": f"http://{self.host}:{self.port}/metrics"})
+        return self.port
+
+    async def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+        if self.endpoint is not None:
+            await self.endpoint.close()
+        if self.reader is not None:
+            await self.reader.close()
+
+
+async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_host: str = "127.0.0.1") -> int:
     """Open the store on `cfg.data_dir`, serve until SIGTERM/SIGINT, shut down cleanly.
     `otlp` ({"host", "port"}) also serves OTLP/HTTP traces there (tracedb.otel.receiver)."""
     from .store_backend import open_backend
 
     check_config(scfg)  # refuse a bad listening setup before recovery does any work
+    if scfg.metrics_port is not None:  # --http-port: the web view, /metrics, /health
+        from ..web.run import check_listen as check_http
+
+        check_http(http_host, allow_remote=scfg.allow_remote, token=scfg.token, flag="--http-host")
     if otlp is not None:
         from ..otel.receiver import check_listen, require_otel
 
@@ -85,12 +125,12 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None) -> int:
     server = SidecarServer(backend, scfg, version=_version())
     http = None
     otlp_http = None
-    listening = "the metrics port"
+    listening = "the HTTP port"
     try:
         metrics = SidecarMetrics()
         metrics.attach(server)
         if scfg.metrics_port is not None:
-            http = MetricsHttpServer(metrics, port=scfg.metrics_port)
+            http = HttpServer(cfg, metrics, http_host, scfg.metrics_port, scfg.token)
             await http.start()
         listening = "the socket or TCP port"
         await server.start()
@@ -125,7 +165,7 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None) -> int:
 
 
 def serve_forever(cfg, scfg: ServerConfig, *, log_level: str = "info", log_json: Optional[bool] = None,
-                  otlp: Optional[dict] = None) -> None:
+                  otlp: Optional[dict] = None, http_host: str = "127.0.0.1") -> None:
     """Run `serve` in a fresh event loop (the CLI entry point)."""
     configure_logging(log_level, json_format=log_json)
-    asyncio.run(serve(cfg, scfg, otlp))
+    asyncio.run(serve(cfg, scfg, otlp, http_host=http_host))
