@@ -151,21 +151,17 @@ class Receiver:
         self.max_inflight = max_inflight_requests
         self.draining = draining
         self.inflight = 0
-        self.requests = 0
-        self.refused: dict[int, int] = {}
         self.app = Starlette(routes=[Route(TRACES_PATH, self.traces, methods=["POST"])])
 
     async def traces(self, request):
         """POST /v1/traces."""
         from starlette.responses import Response
 
-        self.requests += 1
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         as_json = ctype == JSON
         media = JSON if as_json else PROTOBUF
 
         def refuse(status: int, code: int, message: str, retry: bool = False) -> Response:
-            self.refused[status] = self.refused.get(status, 0) + 1
             headers = {"Retry-After": str(RETRY_AFTER_S)} if retry else None
             return Response(_status_body(code, message, as_json), status_code=status, media_type=media, headers=headers)
 
