@@ -21,7 +21,7 @@ import wal
 from ..codec import OP_RECORDING_FAILURE
 from ..errors import ExecutionClosedError, ExecutionExistsError, ExecutionNotFoundError
 from ..models import TERMINAL_STATUSES
-from ..record import FINAL_RESPONSE, compute_envelope_hash
+from ..record import FINAL_RESPONSE, compute_envelope_hash, redacted_paths
 from ..state import StagedBatch, StageMiss
 from ..store_async import AsyncStore
 from . import protocol as P
@@ -278,7 +278,7 @@ class StoreBackend:
         if got is not None:
             if got[0] == type and same_json(got[1], payload):
                 return Staged({"seq": seq, "duplicate": True})
-            if got[0] == type and self.store.redactor is not None:
+            if got[0] == type and self.store.redactor is not None and redacted_paths(got[1]):
                 # The recorded payload is the redacted one: compare what the resend would record.
                 intent = (await self._recorded(execution_id)).intent
                 if same_json(got[1], self.store.redact_for(intent, payload)):
