@@ -167,6 +167,12 @@ class AsyncStore:
         await sink.durable()
         return status
 
+    async def record_execution(self, intent: str, envelope: dict, execution_id: Optional[str] = None, **kw):
+        """`Store.record_execution` (a whole execution checked, then one WAL append), off the loop;
+        returns the execution's id."""
+        ex = await self._run(self.store.record_execution, intent, envelope, execution_id, **kw)
+        return ex.execution_id
+
     async def get(self, execution_id: str) -> ExecutionRecord:
         """The execution's whole record."""
         return await self._run(self.store.get, execution_id)

@@ -72,3 +72,26 @@ def test_nan_through_the_recording_api_is_refused_naming_where_it_is(tmp_path):
         ex.finish({"status": "success", "payload": {"score": 0.5}})
         rec = store.get(ex.execution_id)
         assert rec.header.replayable and tracedb.ReplayEngine(rec).replay().payload == {"score": 0.5}
+
+
+def test_the_asyncio_twin_records_a_whole_execution_or_nothing(tmp_path):
+    import asyncio
+
+    async def run():
+        astore = await tracedb.open_async(str(tmp_path / "d"), config=SETTINGS)
+        lsn = astore.store.durable_lsn
+        with pytest.raises(tracedb.InvalidInputError):
+            await astore.record_execution(
+                "I", {"intent": "I"}, "exec-b", events=[("myapp.x", {"a": 1}), ("myapp.x", {"a": math.nan})],
+                response={"status": "ok"},
+            )
+        assert astore.store.durable_lsn == lsn
+        eid = await astore.record_execution(
+            "I", {"intent": "I"}, "exec-b", events=[("myapp.x", {"a": 1})], response={"status": "ok"},
+        )
+        rec = await astore.get(eid)
+        await astore.close()
+        return rec
+
+    rec = asyncio.run(run())
+    assert (rec.status, [e.type for e in rec.events]) == ("completed", ["myapp.x", "FINAL_RESPONSE"])
