@@ -291,3 +291,28 @@ def test_a_run_on_the_chat_completions_model_is_recorded_but_not_replayed(store,
     assert rec.finalResponse["payload"] == {"final_output": result.final_output, "last_agent": "chatty"}
     with pytest.raises(InvalidInputError, match="chat completions model"):
         ReplayModelProvider(store, row.execution_id)
+
+
+def test_runs_inside_one_trace_are_one_execution_and_replay_run_after_run(store, fake, processor):
+    from agents import trace
+
+    wa.script(fake)
+    wa.script(fake)
+    questions = [wa.QUESTION, "And tomorrow? " + wa.QUESTION]
+
+    async def live():
+        with trace("Two questions"):
+            return [(await Runner.run(wa.triage, q, run_config=wa.live_config(fake.base_url))).final_output
+                    for q in questions]
+
+    answers = asyncio.run(live())
+    [row] = store.list()
+    assert row.intent == "Two questions" and fake.request_count == 8
+    provider = ReplayModelProvider(store, row.execution_id)
+
+    async def offline():
+        config = RunConfig(model_provider=provider, tracing_disabled=True)
+        return [(await Runner.run(wa.triage, q, run_config=config)).final_output for q in questions]
+
+    assert asyncio.run(offline()) == answers
+    assert fake.request_count == 8 and provider.served == 8 and provider.consumed
