@@ -17,16 +17,28 @@ from .conftest import make_server
 from .helpers import LineClient, sock_path, wait_for
 
 
-def test_socket_is_0600_in_a_0700_directory(tdir):
+def test_socket_is_0600_and_a_directory_it_did_not_create_keeps_its_mode(tdir):
     data = os.path.join(tdir, "data")
     os.makedirs(data, mode=0o755)
     os.chmod(data, 0o755)
-    srv = make_server(tdir, ServerConfig(socket_path=sock_path(data)))
+    shared = os.path.join(tdir, "shared")  # as /tmp: everyone writes, the sticky bit protects
+    os.makedirs(shared)
+    os.chmod(shared, 0o1777)
+    created = os.path.join(tdir, "new", "sock")
+    servers = [
+        make_server(os.path.join(tdir, "w1"), ServerConfig(socket_path=sock_path(data))),
+        make_server(os.path.join(tdir, "w2"), ServerConfig(socket_path=os.path.join(shared, "t.sock"))),
+        make_server(os.path.join(tdir, "w3"), ServerConfig(socket_path=os.path.join(created, "t.sock"))),
+    ]
     try:
-        assert stat.S_IMODE(os.stat(sock_path(data)).st_mode) == 0o600
-        assert stat.S_IMODE(os.stat(data).st_mode) == 0o700
+        for path in (sock_path(data), os.path.join(shared, "t.sock"), os.path.join(created, "t.sock")):
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(data).st_mode) == 0o755
+        assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+        assert stat.S_IMODE(os.stat(created).st_mode) == 0o700  # created by serve: private
     finally:
-        srv.stop()
+        for srv in servers:
+            srv.stop()
     assert not os.path.exists(sock_path(data)), "the socket is removed on shutdown"
 
 

@@ -161,6 +161,14 @@ class Connection(asyncio.Protocol):
         # A get builds a whole record in memory: a few at a time per connection, so that a
         # client pipelining gets of a large trace cannot hold max_inflight copies of it.
         self.gets = asyncio.Semaphore(MAX_CONCURRENT_GETS)
+        # Gets waiting for their turn; past MAX_QUEUED_GETS the connection's later frames are
+        # held (and reading paused) until they drain: pipelined gets cannot pile up unread.
+        self.gets_queued = 0
+        self.held = False
+        # Clear while the peer leaves its responses unread (the transport's buffer is over its
+        # high-water mark): a get builds its record only once the peer has read what came before.
+        self.can_write = asyncio.Event()
+        self.can_write.set()
         self.deferred: Optional[asyncio.Task] = None  # a Deferred request holding back the rest
         self.backlog: list = []  # frames read while `deferred` runs
         loop = asyncio.get_running_loop()
@@ -198,6 +206,7 @@ class Connection(asyncio.Protocol):
             self.gone.set_result(None)
         # Requests already staged stay staged: they become durable and are recorded, but their
         # responses have nowhere to go. A client that reconnects and resends gets the originals.
+        self.can_write.set()  # release waiting gets: they find the connection lost
         self._maybe_settled()
         if exc is not None:
             log.debug("connection lost", extra={"peer": self.peer, "error": str(exc)})
@@ -205,11 +214,13 @@ class Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         """The peer does not read its responses: stop reading its requests until it does."""
         self.write_paused = True
+        self.can_write.clear()
         self._update_reading()
 
     def resume_writing(self) -> None:
         """The peer caught up with its responses: read again (unless too much is in flight)."""
         self.write_paused = False
+        self.can_write.set()
         self._update_reading()
 
     def eof_received(self):
@@ -223,7 +234,7 @@ class Connection(asyncio.Protocol):
         self.counters.bytes_in += len(data)
         frames = self.splitter.feed(data)
         if frames:
-            if self.deferred is not None:
+            if self.deferred is not None or self.held:
                 # A request of this connection is still being resolved: keep the order.
                 self.backlog.extend(frames)
                 self._update_reading()
@@ -293,8 +304,13 @@ class Connection(asyncio.Protocol):
                     staged = backend.stage_event(eid, typ, req["payload"], seq)
                 else:
                     staged = self._other(op, req)
-                    if staged is None:
-                        continue  # answered by a task (get)
+                    if staged is None:  # answered by a task (get)
+                        if self.gets_queued >= MAX_QUEUED_GETS and i < n:
+                            self.held = True  # the rest waits until the gets drain
+                            self.backlog = frames[i:] + self.backlog
+                            self._update_reading()
+                            break
+                        continue
                 if type(staged) is int:  # the fast path: staged in the batch, this is its seq
                     entries.append((rid, staged))
                     nbytes += len(frame)
@@ -478,6 +494,7 @@ class Connection(asyncio.Protocol):
         if op == "get":
             counts["get"] += 1
             eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
+            self.gets_queued += 1
             self._spawn(self._get(req.get("id"), eid))
             return None
         if op is None:
@@ -543,6 +560,9 @@ class Connection(asyncio.Protocol):
             if barrier is not None and barrier is not IN_BATCH:
                 await barrier
             async with self.gets:
+                await self.can_write.wait()
+                if self.lost:
+                    return
                 record = await self.backend.get(execution_id)
                 line = _ok(rid, {"record": record})
                 self._write(line)
@@ -551,7 +571,19 @@ class Connection(asyncio.Protocol):
             code, message = _error_of(e)
             self.counters.errors[code] = self.counters.errors.get(code, 0) + 1
             line = P.encode_error(rid, code, message)
+        finally:
+            self.gets_queued -= 1
+            if self.held and self.gets_queued <= MAX_QUEUED_GETS // 2:
+                self.held = False
+                if self.deferred is None:  # else the Deferred's resolution takes the backlog
+                    frames, self.backlog = self.backlog, []
+                    asyncio.get_running_loop().call_soon(self._process_held, frames)
         self._write(line)
+
+    def _process_held(self, frames: list) -> None:
+        if frames:
+            self.process(frames)
+        self._update_reading()
 
     # -- plumbing --------------------------------------------------------------------------
     def _write(self, data: bytes) -> None:
@@ -565,6 +597,7 @@ class Connection(asyncio.Protocol):
             return
         want_pause = (
             self.write_paused
+            or self.held
             or self.inflight + len(self.backlog) >= self.max_inflight
             or self.inflight_bytes >= self.max_inflight_bytes
         )
@@ -626,6 +659,7 @@ def _ok(rid: Any, fields: dict) -> bytes:
 
 # Store error codes that are not wire codes, and what a client should make of them.
 MAX_CONCURRENT_GETS = 4
+MAX_QUEUED_GETS = 64
 
 _STORE_CODES = {
     "closed": P.UNAVAILABLE,  # the store is closing (shutdown)
@@ -793,16 +827,15 @@ class SidecarServer:
 
 
 def _prepare_socket_dir(directory: str) -> None:
-    """Create the socket's directory 0700; refuse one that others can write to."""
+    """Create the socket's directory 0700; refuse one that anyone can write to without the
+    sticky bit (another user could replace the socket). An existing directory keeps its mode:
+    the socket itself is created 0600, which is what keeps other users out."""
     if not os.path.isdir(directory):
         os.makedirs(directory, mode=0o700, exist_ok=True)
         os.chmod(directory, 0o700)
         return
     st = os.stat(directory)
-    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
-        # Our own directory (the data directory by default): keep other users out of it.
-        os.chmod(directory, stat.S_IMODE(st.st_mode) & 0o700)
-    elif stat.S_IMODE(st.st_mode) & 0o002 and not st.st_mode & stat.S_ISVTX:
+    if stat.S_IMODE(st.st_mode) & 0o002 and not st.st_mode & stat.S_ISVTX:
         raise ServerConfigError(
             f"the socket directory {directory} is writable by everyone",
             hint="put the socket in a private directory (the default is the data directory)",
