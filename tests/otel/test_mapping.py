@@ -50,3 +50,15 @@ def test_other_operations_get_a_namespaced_type_and_a_remote_parent_makes_a_root
     assert not s.is_root
     s.parent_remote = True
     assert s.is_root
+
+
+def test_otlp_json_spans_take_enum_names_too_and_a_bad_value_refuses_only_its_span():
+    span_doc = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "chat", "kind": "SPAN_KIND_CLIENT",
+                "startTimeUnixNano": "10", "endTimeUnixNano": 20, "status": {"code": "STATUS_CODE_ERROR"},
+                "attributes": [{"key": "n", "value": {"intValue": "7"}}]}
+    bad = dict(span_doc, spanId="ef" * 8, attributes=[{"key": "n", "value": {"intValue": "seven"}}])
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": [span_doc, bad]}]}]}
+    spans, rejected = M.spans_from_json(doc)
+    assert len(spans) == 1 and len(rejected) == 1 and "seven" in rejected[0]
+    s = spans[0]
+    assert (s.kind, s.status_code, s.start_ns, s.end_ns, s.attributes) == (3, 2, 10, 20, {"n": 7})

@@ -222,7 +222,16 @@ def _json_hex(d: dict, key: str, size: int, required: bool = True) -> Optional[s
     return raw.lower()
 
 
+# Enum names some writers put where OTLP/JSON asks for the number.
+_ENUM_NAMES = {
+    **{f"SPAN_KIND_{name.upper()}": i for i, name in enumerate(KINDS)},
+    **{f"STATUS_CODE_{name.upper()}": i for i, name in enumerate(STATUS_CODES)},
+}
+
+
 def _int(v: Any, what: str) -> int:
+    if isinstance(v, str) and v in _ENUM_NAMES:
+        return _ENUM_NAMES[v]
     try:
         return int(v or 0)
     except (TypeError, ValueError):
