@@ -4,6 +4,7 @@ graceful shutdown (in-process, on temporary sockets)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import stat
@@ -231,6 +232,10 @@ def test_a_failing_disk_fails_the_writes_in_flight_and_the_server_keeps_answerin
 
     fs = _FlakyFs()
     metrics = SidecarMetrics()
+    logged: list[logging.LogRecord] = []
+    catch = logging.Handler(logging.ERROR)
+    catch.emit = logged.append
+    logging.getLogger("tracedb.sidecar").addHandler(catch)
     srv = ServerThread(lambda: MemoryBackend(os.path.join(tdir, "wal"), fs=fs),
                        ServerConfig(socket_path=sock_path(tdir)), metrics=metrics).start()
     try:
@@ -245,7 +250,11 @@ def test_a_failing_disk_fails_the_writes_in_flight_and_the_server_keeps_answerin
         assert r["error"]["code"] == "unavailable"
         status, body = srv.call(metrics.health)
         assert status == 503 and body["status"] == "failed"
+        # One error line says so, however many writes it refuses.
+        failures = [r for r in logged if "WAL failed closed" in r.getMessage()]
+        assert len(failures) == 1 and "injected I/O error" in failures[0].error
     finally:
+        logging.getLogger("tracedb.sidecar").removeHandler(catch)
         srv.stop()
 
 

@@ -681,6 +681,13 @@ def _error_of(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, wal.PayloadTooLargeError):
         return P.FRAME_TOO_LARGE, str(exc)
     if isinstance(exc, wal.WalError):
+        if isinstance(exc, wal.WalFailedError) and not getattr(exc, "logged", False):
+            exc.logged = True  # the WAL raises this one error for every later write: log it once
+            log.error(
+                "the WAL failed closed: no write is accepted any more; restart the recorder "
+                "(recovery keeps every acknowledged event)",
+                extra={"error": str(exc)},
+            )
         return P.UNAVAILABLE, f"the recorder cannot write: {exc}"
     if isinstance(exc, asyncio.CancelledError):
         return P.UNAVAILABLE, "the request was cancelled (server shutting down)"
