@@ -99,3 +99,36 @@ def test_the_openai_wrapper_records_through_the_sidecar_sync_and_async(tmp_path,
     finally:
         code, err = serve.terminate()
     assert code == 0, err
+
+
+def test_a_recorder_lost_mid_run_stops_the_recording_not_the_run(tmp_path, fake):
+    data_dir = str(tmp_path / ".tracedb")
+    serve = ServeProcess(data_dir)
+    wa.BEFORE_WEATHER[:] = [serve.kill]  # the recorder dies while the agent calls its first tool
+    try:
+        with connect(serve.socket, reconnect_timeout_s=0.5) as client:
+            p = TraceDBProcessor(client)
+            set_trace_processors([p])
+            try:
+                wa.script(fake)
+                result = asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=wa.live_config(fake.base_url)))
+            finally:
+                set_trace_processors([])
+                p.shutdown()
+        assert result.final_output == wa.FINAL  # the agent finished its run
+    finally:
+        wa.BEFORE_WEATHER.clear()
+        serve.kill()
+
+    serve = ServeProcess(data_dir)  # starting again recovers: the run is incomplete
+    try:
+        with Reader.open(load_config(overrides={"data_dir": data_dir})) as reader:
+            [row] = reader.page().items
+            rec = reader.get(row.execution_id)
+    finally:
+        code, err = serve.terminate()
+    assert code == 0, err
+    assert rec.status == "incomplete" and rec.header.replayableReason == "execution_incomplete"
+    types = [e.type for e in rec.events]
+    assert types.count("llm.responded") == 1 and "tool.responded" not in types
+    assert rec.events[-1].type == "agents.span.started" and rec.events[-1].payload["name"] == "get_weather"

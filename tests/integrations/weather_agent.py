@@ -13,12 +13,15 @@ QUESTION = "What is the weather and the time in Paris?"
 FINAL = "It is sunny and it is noon in Paris."
 WEATHER = {"Paris": "sunny"}  # what the weather tool answers; a test changes it to make a run diverge
 TOOL_CALLS: list[str] = []  # every tool call made, in order
+BEFORE_WEATHER: list = []  # functions the weather tool calls first (a test's way in mid-run)
 
 
 @function_tool
 def get_weather(city: str) -> str:
     """The weather in a city."""
     TOOL_CALLS.append(f"get_weather({city})")
+    for fn in BEFORE_WEATHER:
+        fn()
     return f"{WEATHER.get(city, 'unknown')} in {city}"
 
 

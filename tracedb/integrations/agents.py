@@ -155,7 +155,8 @@ class TraceDBProcessor(TracingProcessor):
     `intent` names the executions (default: the trace's workflow name). The callbacks record on a
     thread of their own and return once the recorder acknowledged (after its fdatasync), so the
     SDK's event loop may call them. A recording that fails stops that run's recording and marks
-    the execution incomplete; the run itself goes on (the SDK ignores a processor's errors).
+    the execution incomplete (the recorder's recovery does, if the recorder itself is gone); the
+    run itself goes on (the SDK ignores a processor's errors).
     """
 
     def __init__(self, recorder: Any, *, intent: Optional[str] = None):
