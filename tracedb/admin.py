@@ -204,9 +204,25 @@ def prune(
         return retention.prune(
             engine, seconds, now_ns=time.time_ns(), dry_run=dry_run,
             batch_traces=config.prune_batch_traces, progress=progress,
+            outside_parents=retention.UncompactedForks(config.wal_dir, _applied_lsn(config, engine)),
         )
     finally:
         engine.dispose()
+
+
+def _applied_lsn(config: Config, engine) -> int:
+    """This data directory's recorder's applied LSN (0 when it has compacted nothing yet)."""
+    import sqlalchemy as sa
+
+    from .models import compaction_checkpoint as cp
+    from .pending import recorder_id_of
+
+    recorder_id = recorder_id_of(config)
+    if not recorder_id:
+        return 0
+    with engine.connect() as conn:
+        q = sa.select(cp.c.applied_lsn).where(cp.c.recorder_id == recorder_id)
+        return int(conn.execute(q).scalar() or 0)
 
 
 def set_pinned(config: Config, execution_id: str, pinned: bool) -> str:

@@ -19,11 +19,15 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+import wal
+
 from . import db
 from .backoff import Backoff
+from .codec import EVENT_TAG
 from .errors import ExecutionNotFoundError, InvalidInputError
 from .models import TERMINAL_STATUSES, trace_steps, traces
 from .record import REASON_MANUALLY_INVALIDATED, STATUS_INVALIDATED
@@ -135,9 +139,11 @@ class _Batch:
     parents: int = 0
 
 
-def _run_batch(conn, cutoff_ns: int, after: tuple[int, str], limit: int, dry_run: bool) -> _Batch:
+def _run_batch(conn, cutoff_ns: int, after: tuple[int, str], limit: int, dry_run: bool,
+               outside_parents: Optional[Callable[[], set]] = None) -> _Batch:
     """One batch in the caller's transaction: classify the next `limit` old traces, then delete
-    (or, dry, count) those that go, with their steps."""
+    (or, dry, count) those that go, with their steps. `outside_parents()` names the parents of
+    forks the database does not hold yet (acknowledged in the WAL, not compacted): kept too."""
     rows = conn.execute(_OLD_TRACES, {"after_ns": after[0], "after_id": after[1], "limit": limit}).all()
     b = _Batch(last=(rows[-1].created_at_ns, rows[-1].execution_id) if len(rows) == limit else None)
     candidates = []
@@ -151,6 +157,9 @@ def _run_batch(conn, cutoff_ns: int, after: tuple[int, str], limit: int, dry_run
     if not candidates:
         return b
     kept = set(conn.execute(_KEPT_FOR_FORKS, {"ids": candidates, "cutoff": cutoff_ns}).scalars())
+    if outside_parents is not None:
+        # Asked last, just before the delete: a fork acknowledged while the batch ran is seen.
+        kept |= _with_ancestors(conn, outside_parents(), set(candidates))
     b.parents = len(kept)
     # Sorted: rows are locked in execution-id order, as the compactor does.
     ids = sorted(eid for eid in candidates if eid not in kept)
@@ -165,13 +174,31 @@ def _run_batch(conn, cutoff_ns: int, after: tuple[int, str], limit: int, dry_run
     return b
 
 
-def _batch(engine: Engine, cutoff_ns: int, after, limit: int, dry_run: bool) -> _Batch:
+def _with_ancestors(conn, parents: set, candidates: set) -> set:
+    """Those of `candidates` that are in `parents` or an ancestor of one (a fork of a fork)."""
+    kept: set = set()
+    frontier = set(parents)
+    seen: set = set()
+    while frontier:
+        seen |= frontier
+        kept |= frontier & candidates
+        rows = conn.execute(
+            sa.select(traces.c.parent_execution_id).where(
+                traces.c.execution_id.in_(sorted(frontier)), traces.c.parent_execution_id.is_not(None)
+            )
+        ).scalars()
+        frontier = set(rows) - seen
+    return kept
+
+
+def _batch(engine: Engine, cutoff_ns: int, after, limit: int, dry_run: bool,
+           outside_parents: Optional[Callable[[], set]] = None) -> _Batch:
     """One batch in one short transaction, run again when it loses a deadlock or a lock wait."""
     backoff = Backoff(first_s=0.01, max_s=0.5)
     while True:
         try:
             with engine.begin() as conn:
-                return _run_batch(conn, cutoff_ns, after, limit, dry_run)
+                return _run_batch(conn, cutoff_ns, after, limit, dry_run, outside_parents)
         except sa.exc.DBAPIError as e:
             state = db.sqlstate(e)
             if state not in db.RETRY_SQLSTATES or backoff.attempts + 1 >= _BATCH_ATTEMPTS:
@@ -199,8 +226,13 @@ def prune(
     dry_run: bool = False,
     batch_traces: int = 500,
     progress: Optional[Callable[[int, int], None]] = None,
+    outside_parents: Optional[Callable[[], set]] = None,
 ) -> PruneResult:
     """Delete terminal, unpinned traces created more than `older_than_s` ago, with their steps.
+
+    A trace is kept while a fork made from it is kept: forks in the database, and the forks
+    `outside_parents()` names (the parents of forks acknowledged in a WAL and not compacted
+    yet), asked by each batch just before it deletes.
 
     One walk over the traces created before the cutoff, newest first, `batch_traces` at a time
     by keyset, each batch one short transaction that decides and deletes: memory does not grow
@@ -227,7 +259,7 @@ def prune(
     # (created_at_ns, execution_id) < (cutoff, ""): exactly the traces created before the cutoff.
     after: tuple[int, str] = (cutoff, "")
     while True:
-        b = _batch(engine, cutoff, after, batch_traces, dry_run)
+        b = _batch(engine, cutoff, after, batch_traces, dry_run, outside_parents)
         deleted += b.deleted
         steps += b.steps
         pinned += b.pinned
@@ -330,3 +362,29 @@ def invalidate_in_db(engine: Engine, execution_id: str, reason: str, now_ns: int
             )
         )
     return True
+
+
+class UncompactedForks:
+    """The parents of the forks started in this data directory's WAL above the applied LSN, read
+    without the recorder's lock (it may be running). Each call reads on from where the last one
+    stopped, so a prune batch asks again cheaply just before it deletes."""
+
+    def __init__(self, wal_dir: str, applied_lsn: int):
+        self.wal_dir = wal_dir
+        self.next_lsn = applied_lsn + 1
+        self.parents: set = set()
+
+    def __call__(self) -> set:
+        if not os.path.isdir(self.wal_dir):
+            return self.parents
+        reader = wal.WalReader(self.wal_dir, from_lsn=self.next_lsn, mode="point_in_time")
+        event_tag = bytes((EVENT_TAG,))
+        for rec in reader.records():
+            self.next_lsn = rec.lsn + 1
+            raw = rec.payload
+            if raw[:1] == event_tag or b'"parent"' not in raw:
+                continue
+            parent = orjson.loads(raw).get("parent")
+            if parent:
+                self.parents.add(parent)
+        return self.parents

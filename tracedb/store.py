@@ -1034,6 +1034,8 @@ class Store:
         return retention.prune(
             self._engine, older_than_s, now_ns=self.clock(), dry_run=dry_run,
             batch_traces=self.config.prune_batch_traces, progress=progress,
+            # Forks started from now on (other threads) are in the WAL before the database.
+            outside_parents=retention.UncompactedForks(self.config.wal_dir, self.applied_lsn),
         )
 
     def pin(self, execution_id: str) -> None:

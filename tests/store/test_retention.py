@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -158,3 +159,27 @@ def test_a_fork_started_after_the_dry_run_keeps_its_parent(open_store, clock):
     assert (result.deleted_traces, result.kept_parents) == (5, 1)
     assert stored_ids(store.engine) == {"exec-old0", "exec-new-fork"}
 
+
+
+def test_prune_keeps_the_parents_of_forks_acknowledged_but_not_compacted(open_store, clock, data_dir):
+    # The recorder runs with its compaction window open: the forks are acknowledged (in the WAL),
+    # not in the database yet, when `tracedb prune` runs in another process.
+    store = open_store()
+    record_seed_002(store, "exec-old")
+    middle = store.start("X", {}, "exec-fork1", parent_execution_id="exec-old", forked_at_seq=2)
+    middle.finish({"status": "success"})
+    record_seed_002(store, "exec-other")
+    store.compact()
+    store.start("X", {}, "exec-fork2", parent_execution_id="exec-fork1", forked_at_seq=1)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "tracedb", "--data-dir", data_dir, "prune", "--older-than", "1d", "--json"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    # exec-fork2's parent and grandparent stay; only the unrelated old trace goes.
+    assert (result["deleted_traces"], result["kept_parents"]) == (1, 2), result
+    store.compact()
+    assert stored_ids(store.engine) == {"exec-old", "exec-fork1", "exec-fork2"}
+    assert forks_without_parent(store.engine) == []
