@@ -83,9 +83,22 @@ class SpanIngest:
         self.spans_duplicate = 0
         self.spans_rejected = 0
         self._engine = None  # read-only, for the lookups of new traces (`_in_database`)
+        self._tail: Optional[asyncio.Future] = None  # done once the last request to arrive has staged
 
     async def record(self, spans: list) -> IngestResult:
         """Record `spans` (mapping.Span); returns once everything they wrote is durable."""
+        # Requests stage in the order they arrived (their mapping runs in parallel, off the loop):
+        # each waits for the one before it to have staged (not for it to be durable: they share
+        # group commits).
+        before, turn = self._tail, self.loop.create_future()
+        self._tail = turn
+        try:
+            return await self._record(spans, before, turn)
+        finally:
+            if not turn.done():
+                turn.set_result(None)
+
+    async def _record(self, spans: list, before: Optional[asyncio.Future], turn: asyncio.Future) -> IngestResult:
         result = IngestResult()
         groups = M.by_trace(spans)
         fresh: list[tuple[TraceEntry, list]] = []
@@ -98,20 +111,23 @@ class SpanIngest:
                 fresh.append((entry, group))
             elif entry.ready is not None:
                 waits.append(entry.ready)
-        if fresh:
-            try:
-                await self.loop.run_in_executor(None, self._resolve, fresh)
-            except BaseException:
-                for entry, _group in fresh:
-                    self._forget(entry, group_tid=_group[0].trace_id)
-                raise
-            finally:
-                for entry, _group in fresh:
-                    ready, entry.ready = entry.ready, None
-                    if ready is not None and not ready.done():
-                        ready.set_result(None)
+        # Mapping spans to events and looking up new traces run off the loop: a request of
+        # hundreds of spans would otherwise hold up every other client of the recorder.
+        try:
+            mapped = await self.loop.run_in_executor(None, self._prepare, groups, fresh)
+        except BaseException:
+            for entry, _group in fresh:
+                self._forget(entry, group_tid=_group[0].trace_id)
+            raise
+        finally:
+            for entry, _group in fresh:
+                ready, entry.ready = entry.ready, None
+                if ready is not None and not ready.done():
+                    ready.set_result(None)
         for w in waits:
             await asyncio.shield(w)
+        if before is not None and not before.done():
+            await asyncio.shield(before)
         # From here to the append, nothing awaits: the batch is staged and appended in one go.
         batch = StagedBatch()
         for tid, group in groups.items():
@@ -120,8 +136,9 @@ class SpanIngest:
                 # Its lookup failed in another request; that request reported the error.
                 result.rejected.extend(f"span {s.span_id}: the recorder could not look up its trace" for s in group)
                 continue
-            self._stage_trace(batch, entry, group, result)
+            self._stage_trace(batch, entry, group, mapped, result)
         fut = self.store.append_staged(batch, self.loop)
+        turn.set_result(None)
         if fut is not None:
             self.last = fut
         else:
@@ -136,7 +153,25 @@ class SpanIngest:
         self._trim()
         return result
 
-    # -- off the loop: traces this ingest does not hold ----------------------------------------
+    # -- off the loop ------------------------------------------------------------------------
+    def _prepare(self, groups: dict, fresh: list) -> dict:
+        """Look up the new traces, and map every span: {id(span): (events, final response or
+        None, why it cannot be stored or None)}."""
+        if fresh:
+            self._resolve(fresh)
+        mapped = {}
+        for group in groups.values():
+            for span in group:
+                events = M.span_events(span)
+                final = M.response_of(span) if span.is_root else None
+                try:
+                    M.check_later(events, final)
+                except InvalidInputError as e:
+                    mapped[id(span)] = (events, final, str(e))
+                else:
+                    mapped[id(span)] = (events, final, None)
+        return mapped
+
     def _resolve(self, fresh: list) -> None:
         """Reserve a start for each new trace; look up the ones the store knows already. What
         `Store.check_new_in_db` does for one id, for a whole request in one query: the store's
@@ -193,7 +228,8 @@ class SpanIngest:
             self._engine = None
 
     # -- on the loop -----------------------------------------------------------------------
-    def _stage_trace(self, batch: StagedBatch, entry: TraceEntry, group: list, result: IngestResult) -> None:
+    def _stage_trace(self, batch: StagedBatch, entry: TraceEntry, group: list, mapped: dict,
+                     result: IngestResult) -> None:
         store = self.store
         eid = entry.execution_id
         if entry.start is not None:
@@ -206,10 +242,12 @@ class SpanIngest:
             if entry.status != STATUS_RUNNING:
                 result.rejected.append(self._closed_message(span, entry))
                 continue
-            events = M.span_events(span)
-            final = M.response_of(span) if span.is_root else None
+            events, final, unstorable = mapped[id(span)]
+            if unstorable is not None:
+                result.rejected.append(f"span {span.span_id}: {unstorable}")
+                entry.spans.add(span.span_id)  # a retry would be refused alike
+                continue
             try:
-                M.check_later(events, final)
                 first = store.stage_event(batch, eid, *events[0])
                 M.link_request_seq(events, first)
                 for type_, payload in events[1:]:
