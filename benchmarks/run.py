@@ -8,7 +8,9 @@ Sections: wal (the log alone), store (recording and compaction through the publi
 the layers beneath), replay (from the store, and in memory), sidecar, pg, cli (the read
 commands on stores of 10k, 100k and 1M events; building the 1M store takes a minute or two),
 otel (OTLP/HTTP ingest of GenAI spans next to the native protocol), integrations (an Agents SDK
-run live, recorded and replayed offline; the OpenAI SDK wrapper's cost per call).
+run live, recorded and replayed offline; the OpenAI SDK wrapper's cost per call), web (the
+web view's server time on a store of 1M executions, a 10,000-event timeline, and ingest next to
+it; the 1M store is built once, in a minute or two, and kept in the working directory).
 Every row with a target prints whether this run met it; `--json FILE` keeps every figure.
 """
 
@@ -746,6 +748,32 @@ def section_otel(args, workdir: str) -> None:
     RESULTS["otel"] = r
 
 
+def section_web(args, workdir: str) -> None:
+    from benchmarks import web
+
+    n = 100_000 if args.quick else 1_000_000
+    print(f"\n== Web view: server time of its pages (ASGI app in process, request to last byte) on a store of"
+          f" {n:,} executions, then ingest next to a `tracedb ui` process answering requests in a loop")
+    result = web.run(workdir, executions=n, repeats=10 if args.quick else 40,
+                     ingest_seconds=args.seconds if args.quick else max(args.seconds, 5.0))
+    if result["build_s"]:
+        print(f"  (store built in {result['build_s']:.0f} s, kept under {workdir})")
+    for name, fig in result["pages"].items():
+        print(f"  {name:<52} p50 {fig['p50_ms']:8.1f} ms   p95 {fig['p95_ms']:8.1f} ms   {fig['bytes']:>9,} B", flush=True)
+        if name.startswith(("list page", "filtered", "a deep page")):
+            check(fig, "p95 <= 150 ms", fig["p95_ms"] <= 150)
+        elif name.startswith("timeline"):
+            check(fig, "p95 <= 1000 ms (server part of the <= 1 s first paint)", fig["p95_ms"] <= 1000)
+    ing = result["ingest"]
+    row("ingest alone (open_async, 32 executions at once)", ing["alone_events_per_s"])
+    for name, fig in ing["with_ui"].items():
+        row(f"ingest next to the web view, requests {name}", fig["events_per_s"],
+            extra=f"the view answered {fig['ui_requests_per_s']:.0f} requests/s meanwhile")
+        print(ratio_line(f"ingest with the view ({name}) / alone", fig["ratio"]), flush=True)
+        check(fig, ">= 0.90", fig["ratio"] >= 0.90, "ingest kept next to the view")
+    RESULTS["web"] = result
+
+
 SECTIONS = {
     "wal": section_wal,
     "store": section_store,
@@ -755,6 +783,7 @@ SECTIONS = {
     "cli": section_cli,
     "integrations": section_integrations,
     "otel": section_otel,
+    "web": section_web,
 }
 
 
