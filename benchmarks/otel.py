@@ -116,7 +116,8 @@ def template(exporter: int, batch: int) -> tuple[bytes, list]:
     return req.SerializeToString(), spans
 
 
-def _tag(n: int) -> bytes:
+def request_tag(n: int) -> bytes:
+    """The trace ids' last 8 bytes for the n-th request (TAG in the prebuilt bodies)."""
     return b"\x7e" + n.to_bytes(7, "big")
 
 
@@ -165,7 +166,7 @@ async def _drive_otlp(port: int, bodies: list[bytes], seconds: float, warmup: fl
     async def exporter(http, body: bytes, per: int) -> None:
         while time.perf_counter() < stop_at:
             counter[0] += 1
-            payload = body.replace(TAG, _tag(counter[0]))
+            payload = body.replace(TAG, request_tag(counter[0]))
             t0 = time.perf_counter()
             r = await http.post(url, content=payload, headers={"Content-Type": "application/x-protobuf"})
             t1 = time.perf_counter()
@@ -198,7 +199,7 @@ async def _drive_native(sock: str, batches: list[tuple[bytes, int]], seconds: fl
         try:
             while time.perf_counter() < stop_at:
                 counter[0] += 1
-                data = frames.replace(hexed, _tag(counter[0]).hex().encode())
+                data = frames.replace(hexed, request_tag(counter[0]).hex().encode())
                 t0 = time.perf_counter()
                 writer.write(data)
                 got = 0
