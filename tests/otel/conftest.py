@@ -30,12 +30,13 @@ def env_for(data_dir: str, **extra: str) -> dict:
 class OtlpServe:
     """`tracedb serve --otlp-port 0` on a data directory; `.port` is the OTLP port it bound."""
 
-    def __init__(self, data_dir: str, *args: str, env: Optional[dict] = None):
+    def __init__(self, data_dir: str, *args: str, env: Optional[dict] = None,
+                 otlp_args: tuple = ("--otlp-port", "0")):
         self.data_dir = data_dir
         self.port: Optional[int] = None
         self.log: list[dict] = []
         self.proc = subprocess.Popen(
-            [*TRACEDB, "--data-dir", data_dir, "serve", "--log-format", "json", "--otlp-port", "0", *args],
+            [*TRACEDB, "--data-dir", data_dir, "serve", "--log-format", "json", *otlp_args, *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             env=env_for(data_dir, **{"TRACEDB_IDLE_TIMEOUT_S": "0", **(env or {})}),
         )

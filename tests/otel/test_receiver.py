@@ -289,3 +289,19 @@ def test_a_span_that_cannot_be_stored_is_refused_whole_and_the_rest_recorded(otl
     assert all(e["payload"].get("span_id") != chat["spanId"] for e in rec["events"])  # not half of it
     assert [e["type"] for e in rec["events"]] == [
         "tool.requested", "tool.responded", "llm.requested", "llm.responded", "otel.invoke_agent", "FINAL_RESPONSE"]
+
+
+def test_the_configuration_file_can_turn_the_receiver_on_and_otlp_host_needs_a_port(otlp_serve, data_dir, tmp_path):
+    from .conftest import OtlpServe
+
+    conf = tmp_path / "tracedb.toml"
+    conf.write_text('[sidecar]\notlp_port = 0\notlp_host = "127.0.0.1"\n')
+    srv = OtlpServe(str(tmp_path / "viaconf"), env={"TRACEDB_CONFIG": str(conf)}, otlp_args=())
+    try:
+        with httpx.Client(timeout=30) as http:
+            r = http.post(srv.endpoint, content=protobuf_body(agent_run()), headers=PB)
+        assert r.status_code == 200
+    finally:
+        srv.kill()
+    out = tracedb_cli(str(tmp_path / "other"), "serve", "--otlp-host", "127.0.0.1")
+    assert out.returncode == 2 and "--otlp-host needs --otlp-port" in out.stderr
