@@ -1,7 +1,9 @@
-"""Record OpenTelemetry spans into a store on its event loop, through the staged group commit.
+"""Record OpenTelemetry spans into a store through the staged group commit.
 
-`SpanIngest.record(spans)` stages every new span's events into one `StagedBatch` (the path the
-sidecar's native requests take: `Store.stage_*`, then `Store.append_staged`) and returns once
+`SpanIngest.record(spans)`, called on the event loop that owns the store's group commit, maps the
+spans to events and looks up new traces in a worker thread, then, back on the loop and in the
+order requests arrived, stages every new span's events into one `StagedBatch` (the path the
+sidecar's native requests take: `Store.stage_*`, then `Store.append_staged`). It returns once
 that batch is durable: one WAL call and one fdatasync for a whole request, shared with whatever
 else the recorder is writing.
 
