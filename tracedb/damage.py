@@ -84,11 +84,11 @@ def damaged_database_error(config: Config, error: BaseException) -> DatabaseDama
         hint = (
             f"the WAL holds only LSN {cover.first_lsn}..{cover.last_lsn}: the records below "
             f"{cover.first_lsn} were compacted and exist only in this file. Restore it from a backup "
-            "(`tracedb restore`; `tracedb recover` then applies the WAL on top); `tracedb recover "
+            "(see `tracedb restore --help`; `tracedb recover` then applies the WAL on top); `tracedb recover "
             "--rebuild --partial` rebuilds from the WAL alone, without those records"
         )
     else:
-        hint = "restore it from a backup (`tracedb restore`): the data directory has no WAL to rebuild it from"
+        hint = "restore it from a backup (see `tracedb restore --help`): the data directory has no WAL to rebuild it from"
     return DatabaseDamagedError(path, detail, hint=hint)
 
 
@@ -133,13 +133,13 @@ def rebuild(config: Config, *, partial: bool = False, open_store=None) -> Rebuil
     if cover.first_lsn is None and not cover.complete:
         raise IntegrityError(
             f"the data directory {config.data_dir} has no WAL records to rebuild the database from",
-            hint="restore the database from a backup (`tracedb restore`)",
+            hint="restore the database from a backup (see `tracedb restore --help`)",
         )
     if not cover.complete and not partial:
         raise IntegrityError(
             f"the WAL holds only LSN {cover.first_lsn}..{cover.last_lsn}: a database rebuilt from it "
             f"lacks every record below {cover.first_lsn}",
-            hint="restore the database from a backup instead (`tracedb restore`), or accept the loss "
+            hint="restore the database from a backup instead (see `tracedb restore --help`), or accept the loss "
             "with `tracedb recover --rebuild --partial`",
         )
     moved = []

@@ -97,6 +97,9 @@ def test_rebuild_from_a_partial_wal_is_refused_unless_the_loss_is_accepted(recor
     assert not os.path.exists(os.path.join(data_dir, "traces.db.damaged"))
     commands = hinted_commands(text)
     assert "tracedb recover --rebuild --partial" in commands
+    for command in commands:  # every command the hint names works as written
+        if command != "tracedb recover --rebuild --partial" and command != "tracedb recover":
+            assert follow(run, command).exit_code == 0, command
     assert follow(run, "tracedb recover --rebuild --partial").exit_code == 0
     assert run("verify").exit_code == 0
     assert run("inspect", "--list").exit_code == 0
