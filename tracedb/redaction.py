@@ -20,7 +20,7 @@ trace's `meta` for `verify`. A record lists where it was redacted (`ExecutionRec
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from .errors import ConfigError
@@ -36,32 +36,20 @@ def _norm(key: str) -> str:
     return key.lower().replace("-", "_")
 
 
-# Payloads of one application repeat their key names: each is normalised once.
-_NORMED: dict = {}
-_NORMED_MAX = 65536
-
-
-def _normed(key: str) -> str:
-    n = _NORMED.get(key)
-    if n is None:
-        n = _norm(key)
-        if len(_NORMED) >= _NORMED_MAX:
-            _NORMED.clear()
-        _NORMED[key] = n
-    return n
-
-
 _LEAVES = frozenset({str, int, float, bool, type(None)})
+# Payloads of one application repeat their key names: each rule set decides once per name.
+_SEEN_MAX = 65536
 
 
-def _has_key(value: Any, keys: frozenset) -> bool:
-    """Whether a key of `keys` (normalised) names a value anywhere inside `value`."""
+def _has_key(value: Any, secret: dict, keys: frozenset) -> bool:
+    """Whether a key of `keys` (normalised) names a value anywhere inside `value`; `secret`
+    caches the answer per key name."""
     t = type(value)
     if t is dict:
         items = value.items()
     elif t is list or t is tuple:
         for v in value:
-            if type(v) not in _LEAVES and _has_key(v, keys):
+            if type(v) not in _LEAVES and _has_key(v, secret, keys):
                 return True
         return False
     elif t in _LEAVES:
@@ -69,13 +57,20 @@ def _has_key(value: Any, keys: frozenset) -> bool:
     elif isinstance(value, Mapping):
         items = value.items()
     elif isinstance(value, (list, tuple)):
-        return any(_has_key(v, keys) for v in value)
+        return any(_has_key(v, secret, keys) for v in value)
     else:
         return False
+    seen = secret.get
     for k, v in items:
-        if type(k) is str and _normed(k) in keys:
+        hit = seen(k)
+        if hit is None:
+            hit = isinstance(k, str) and _norm(k) in keys
+            if len(secret) >= _SEEN_MAX:
+                secret.clear()
+            secret[k] = hit
+        if hit:
             return True
-        if type(v) not in _LEAVES and _has_key(v, keys):
+        if type(v) not in _LEAVES and _has_key(v, secret, keys):
             return True
     return False
 
@@ -86,6 +81,8 @@ class Rules:
 
     keys: frozenset
     patterns: tuple
+    # key name -> whether it is one of `keys` (filled as payloads are seen)
+    seen: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def empty(self) -> bool:
@@ -96,7 +93,7 @@ class Rules:
         without being copied); with patterns, every string has to be tried."""
         if self.patterns:
             return True
-        return _has_key(value, self.keys)
+        return bool(self.keys) and _has_key(value, self.seen, self.keys)
 
 
 def _rules(keys, patterns) -> Rules:
