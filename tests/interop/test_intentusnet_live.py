@@ -113,3 +113,24 @@ def test_a_value_tracedb_refuses_mid_route_flags_the_execution_and_routing_goes_
     assert "NaN or infinity" in rec.finalResponse["tracedb.refused"]
     shown = json.loads(CliRunner().invoke(main, ["--data-dir", store.data_dir, "inspect", rec.execution_id, "--json"]).stdout)
     assert shown["replayable"] is False
+
+
+class Counting(BaseAgent):
+    calls = 0
+
+    def handle_intent(self, env):
+        Counting.calls += 1
+        return AgentResponse.success({"ok": True}, agent=self.definition.name)
+
+
+def test_an_envelope_tracedb_refuses_fails_the_route_before_any_agent_runs(store):
+    router = make_live_router(store, Counting)
+    env, _ = envelope(text="x")
+    env.payload["threshold"] = math.nan
+    Counting.calls = 0
+    lsn = store.durable_lsn
+    with pytest.raises(tracedb.InvalidInputError) as err:
+        router.route_intent(env)
+    assert "NaN or infinity" in err.value.message
+    assert Counting.calls == 0 and store.durable_lsn == lsn and store.list() == []
+    assert router.records.live == {}
