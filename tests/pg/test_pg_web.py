@@ -88,3 +88,23 @@ def test_the_pages_render_from_postgresql(open_pg_store, pg_url):
     assert f'forked from <a class="mono" href="/e/{ids["ok"]}">' in fork_page.text
     assert diff.status_code == 200 and "First divergence" in diff.text
     assert (missing.status_code, bad.status_code) == (404, 400)
+
+
+def test_tracedb_ui_with_db_serves_a_fleets_database(open_pg_store, pg_url, tmp_path):
+    import httpx
+
+    from tests.web.conftest import UiProcess
+
+    store = open_pg_store()
+    ids = _record(store)
+    # Run where no data directory is: the database alone is what the view reads.
+    ui = UiProcess("--db", pg_url, cwd=str(tmp_path))
+    try:
+        page = httpx.get(ui.url, timeout=30)
+        assert page.status_code == 200 and ids["crash"] in page.text and ids["fork"] in page.text
+        crash = httpx.get(ui.url + f"e/{ids['crash']}", timeout=30)
+        assert crash.status_code == 200 and "Summarize" in crash.text
+        counts = httpx.get(ui.url + "counts", timeout=30).json()["counts"]
+        assert counts == {"running": 1, "completed": 2, "incomplete": 0, "invalidated": 1}
+    finally:
+        assert ui.stop() == 0

@@ -105,6 +105,10 @@ def copy_button(text: str, label: str = "Copy") -> str:
     return f'<button type="button" class="copy" data-copy="{esc(text)}">{esc(label)}</button>'
 
 
+def _short_id(execution_id: str) -> str:
+    return execution_id if len(execution_id) <= 18 else execution_id[:17] + "…"
+
+
 def exec_link(execution_id: str, text: Optional[str] = None) -> str:
     return f'<a class="mono" href="/e/{esc(execution_id)}">{esc(text or execution_id)}</a>'
 
@@ -198,14 +202,14 @@ def list_page(page: Page, params: dict, *, first_page: bool) -> str:
     for r in page.items:
         rows.append(
             f'<tr data-id="{esc(r.execution_id)}">'
-            f'<td>{exec_link(r.execution_id)}</td>'
+            f'<td class="id">{exec_link(r.execution_id)}</td>'
             f'<td class="when">{esc(fmt_time(r.created_at_ns))}</td>'
             f'<td class="intent">{esc(r.intent or "")}</td>'
             f"<td>{status_badge(r.status)}</td>"
             f"<td>{replay_badge(r.replayable, r.replayable_reason, r.status)}</td>"
             f'<td class="num">{r.last_seq}</td>'
             f'<td class="num">{esc(fmt_duration(r.duration_ns))}</td>'
-            + (f'<td class="fork">fork of {exec_link(r.parent_execution_id, r.parent_execution_id[:13] + "…")}</td>'
+            + (f'<td class="fork">fork of {exec_link(r.parent_execution_id, _short_id(r.parent_execution_id))}</td>'
                if r.parent_execution_id else "<td></td>")
             + "</tr>"
         )
