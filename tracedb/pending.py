@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 
 import orjson
 import sqlalchemy as sa
@@ -47,8 +47,7 @@ def recorder_id_of(config: Config) -> str:
         return ""
 
 
-@dataclass(frozen=True)
-class PendingStep:
+class PendingStep(NamedTuple):
     """An event read from the WAL: its payload as the JSON text the recorder wrote."""
 
     seq: int
@@ -138,8 +137,9 @@ def load(config: Config, engine: Engine) -> Pending:
     pending.uncompacted_records = len(records)
     decoded = []
     ids: set = set()
+    tag = bytes((EVENT_TAG,))
     for lsn, raw in records:
-        if raw[:1] == bytes((EVENT_TAG,)):
+        if raw[:1] == tag:
             cut = raw.index(b"\n")
             eid, seq, type_, t = orjson.loads(raw[1:cut])
             decoded.append((lsn, None, (eid, seq, type_, raw[cut + 1 :].decode(), t)))

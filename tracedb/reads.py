@@ -593,11 +593,15 @@ def _merged_page(rows: list, pending: Pending, where: Filter, before: Optional[s
 
     items = [TraceSummary.model_validate(r._mapping) for r in rows]
     cut = decode_cursor(before) if before is not None else None
-    for eid, row in pending.rows.items():
-        if not _pending_matches(row, where) or (cut is not None and (row["created_at_ns"], eid) >= cut):
-            continue
+    # Only the newest limit + 1 of the pending rows can be on the page: validate those alone.
+    keys = sorted(
+        ((row["created_at_ns"], eid) for eid, row in pending.rows.items()
+         if _pending_matches(row, where) and (cut is None or (row["created_at_ns"], eid) < cut)),
+        reverse=True,
+    )[: limit + 1]
+    for _created, eid in keys:
         items.append(TraceSummary.model_validate(
-            {**row, "last_event_at_ns": pending.last_event_at_ns.get(eid)}
+            {**pending.rows[eid], "last_event_at_ns": pending.last_event_at_ns.get(eid)}
         ))
     items.sort(key=lambda s: (s.created_at_ns, s.execution_id), reverse=True)
     shown = tuple(items[:limit])
