@@ -65,7 +65,9 @@ def test_one_flipped_bit_costs_one_record(recorded, cli):
     lsn, seg, off, eid, seq = event_record_in_the_middle(wal_dir)
     flip_bit(os.path.join(wal_dir, seg), off + 30, 5)
     run = cli(data_dir)
-    assert run("wal", "scan").exit_code == 4
+    scanned = run("wal", "scan")
+    assert scanned.exit_code == 4 and f"{seg} at {off}" in scanned.stdout
+    assert "tracedb wal repair --salvage" in hinted_commands(scanned.stderr)
     assert run("verify").exit_code == 4
 
     before = digest(data_dir)

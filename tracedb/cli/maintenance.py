@@ -256,6 +256,12 @@ def wal_scan(ctx, as_json):
             kind = "live tail" if d.live_tail else "torn tail" if d.torn_tail else "CORRUPTION"
             click.echo(f"{kind}: {d.segment} at {d.offset}: expected {d.expected}, found {d.found}")
     if r.corrupt:
+        if not as_json:
+            click.echo(
+                "hint: stop the recorder; `tracedb wal repair --dry-run` says what a repair would keep "
+                "and drop, and `tracedb wal repair --salvage` keeps every record with a valid CRC",
+                err=True,
+            )
         ctx.exit(EXIT_INTEGRITY)
 
 
