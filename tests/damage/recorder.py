@@ -9,6 +9,7 @@ usage: recorder.py DATA_DIR SCENARIO [ARGS]
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -18,6 +19,8 @@ import tracedb
 def main() -> None:
     data_dir, scenario = sys.argv[1], sys.argv[2]
     settings = {"compact_interval_ms": 0, "idle_timeout_s": 0}
+    if os.environ.get("RECORDER_DB_URL"):  # compact into this (PostgreSQL) database
+        settings["db_url"] = os.environ["RECORDER_DB_URL"]
     if scenario in ("bulk", "compacted"):
         settings["wal_segment_size_bytes"] = int(sys.argv[5])
         settings["wal_preallocate"] = False
