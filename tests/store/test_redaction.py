@@ -174,3 +174,28 @@ def test_the_default_rules_cover_the_usual_key_names(tmp_path):
         assert rec.events[0].payload == {
             "password": "[REDACTED]", "client_secret": "[REDACTED]", "X-Api-Key": "[REDACTED]", "keep": "v",
         }
+
+
+def test_no_secret_in_any_segment_or_the_spare_across_rotations(tmp_path):
+    # Small segments, events with secrets until the WAL has rotated and made its zero-filled
+    # spare: every segment, sealed or open, the spare, the database and its -wal are read.
+    data = str(tmp_path / "data")
+    wal_dir = os.path.join(data, "wal")
+    settings = {"compact_interval_ms": 0, "idle_timeout_s": 0, "wal_segment_size_bytes": 1 << 20}
+    with tracedb.open(data, config=settings) as store:
+        ex = store.start("Research", {"intent": "Research", "headers": {"Authorization": SECRET_KEY}})
+        big = dict(tool_call(), api_key=SECRET_KEY, blob="x" * 600)
+        for _ in range(20_000):
+            ex.event("tool.requested", big)
+            names = os.listdir(wal_dir)
+            if "preallocated.tmp" in names and sum(n.endswith(".wal") for n in names) >= 2:
+                break
+        names = os.listdir(wal_dir)
+        assert "preallocated.tmp" in names
+        assert sum(n.endswith(".wal") for n in names) >= 2
+        assert files_holding(data, SECRET_KEY) == {}
+        ex.finish(response())
+        store.compact()
+        assert os.path.exists(os.path.join(data, "traces.db-wal"))
+        assert files_holding(data, SECRET_KEY) == {}
+    assert files_holding(data, SECRET_KEY) == {}
