@@ -26,7 +26,9 @@ from .errors import (
     StoreNotFoundError,
     TraceDBError,
 )
-from .reads import Reader
+from .reads import Reader, missing_seqs
+from .replay.exact import record_problems
+from .verify import VerifyResult
 from .recovery import RecoverResult
 from .replay.forking import Fork, fork as fork_execution
 from .retention import PruneResult
@@ -90,6 +92,17 @@ def verify_store(config: Config, execution_id: Optional[str] = None) -> damage.C
         with Reader.open(config) as reader:
             try:
                 traces_result = reader.verify(execution_id)
+            except ExecutionNotFoundError:
+                eid = reader.resolve(execution_id)
+                if eid not in reader.pending.rows:
+                    raise
+                # Only in the WAL (no recorder compacted it): the record's own checks.
+                record = reader.get(eid)
+                problems = [f"{eid}: {p}" for p in record_problems(record)]
+                problems += [f"{eid}: event seq {s} is missing" for s in missing_seqs(record)]
+                traces_result = VerifyResult(1, len(record.events), tuple(problems))
+                notes = (f"{eid} is only in the WAL (not compacted yet): `tracedb recover` applies it",)
+                return damage.Checkup(traces_result, notes=notes, database_path=path)
             except Exception as e:  # noqa: BLE001 - a damaged file is reported, the WAL still checked
                 if not damage.is_damaged_database(e):
                     raise

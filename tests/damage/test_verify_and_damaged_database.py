@@ -132,6 +132,9 @@ def test_verify_names_uncompacted_records_and_executions_left_running(recorded, 
     assert report["left_running"] == ["exec-cut"]
     assert report["wal"]["uncompacted_records"] == lsn
     assert any("tracedb recover" in n for n in report["notes"])
+    one = run.json("verify", "exec-cut", "--json")  # only in the WAL: checked all the same
+    assert one["ok"] is True and one["checked_traces"] == 1 and one["checked_steps"] == 2
+    assert any("only in the WAL" in n for n in one["notes"])
     assert run("recover").exit_code == 0
     report = run.json("verify", "--json")
     assert report["left_running"] == [] and report["wal"]["uncompacted_records"] == 0 and report["notes"] == []
