@@ -151,3 +151,22 @@ def test_ids_and_event_types_match_whole_strings(store):
     rec["events"][0]["type"] = "CUSTOM\n"
     with pytest.raises(tracedb.InvalidInputError):
         write_record(store, rec)
+
+
+def test_a_route_whose_record_is_refused_at_save_leaves_no_running_execution(store):
+    # IntentusNet's router saves the whole record when the route ends; a NaN in the agent's
+    # answer used to leave the start and first events in the WAL, the execution `running`.
+    from intentusnet import AgentResponse, BaseAgent
+
+    from .conftest import envelope, make_router
+
+    class NaNScore(BaseAgent):
+        def handle_intent(self, env):
+            return AgentResponse.success({"score": math.nan}, agent=self.definition.name)
+
+    router = make_router(TraceDBExecutionStore(store), (NaNScore, "nan", "UpperIntent"))
+    lsn = store.durable_lsn
+    with pytest.raises(tracedb.InvalidInputError) as err:
+        router.route_intent(envelope()[0])
+    assert "NaN or infinity" in err.value.message
+    assert store.durable_lsn == lsn and store.list() == []
