@@ -104,9 +104,11 @@ class UiProcess:
         self.url = orjson.loads(line)["url"]
 
     def stop(self) -> int:
+        """SIGTERM, then the exit status; what it wrote on stderr is kept in `stderr_text`."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(30)
+        self.stderr_text = self.proc.stderr.read()
         for f in (self.proc.stdout, self.proc.stderr):
             f.close()
         return code

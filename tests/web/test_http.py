@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from .conftest import REPO, XSS_INTENT
+from .conftest import REPO, XSS_INTENT, UiProcess
 
 
 def _get(url: str, **kw) -> httpx.Response:
@@ -212,3 +212,39 @@ def test_a_remote_address_needs_allow_remote_and_a_token(web_store, tmp_path):
         assert ui.wait(30) == 0
         ui.stdout.close()
         ui.stderr.close()
+
+
+def test_serve_refuses_a_remote_http_host_without_allow_remote_and_a_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRACEDB_TOKEN"}
+    base = [sys.executable, "-m", "tracedb", "--data-dir", str(tmp_path / "d"), "serve", "--http-port", "0",
+            "--http-host", "0.0.0.0"]
+    r = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert r.returncode == 1 and "refusing to serve the web view on non-loopback address 0.0.0.0 (--http-host)" in r.stderr
+    r = subprocess.run(base + ["--allow-remote"], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert r.returncode == 1 and "needs a bearer token" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "d").exists()  # refused before the store was opened
+
+
+def test_with_no_recorder_running_ui_says_what_the_database_does_not_hold_yet(tmp_path):
+    data_dir = str(tmp_path / "crashed")
+    # A recorder SIGKILLed mid-execution: one execution left running, one event not compacted.
+    code = (
+        "import os, signal, tracedb\n"
+        f"s = tracedb.open({data_dir!r}, config={{'compact_interval_ms': 0, 'idle_timeout_s': 0}})\n"
+        "ex = s.start('Crashy', {'intent': 'Crashy'}, 'exec-left-running')\n"
+        "ex.event('tool.requested', {'name': 'x'})\n"
+        "s.compact()\n"
+        "ex.event('tool.responded', {'name': 'x'})\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=60)
+    assert killed.returncode == -9, killed.stderr
+    proc = UiProcess("--data-dir", data_dir)
+    try:
+        page = _get(proc.url + "e/exec-left-running").text
+        assert "running" in page
+    finally:
+        assert proc.stop() == 0
+    note = proc.stderr_text
+    assert "note: no recorder is running: 1 WAL record(s)" in note and "1 execution(s) left running" in note
+    assert "tracedb recover" in note

@@ -27,6 +27,22 @@ def _token(token_file):
     return token
 
 
+def _recovery_note(cfg) -> str | None:
+    """What the view cannot show while no recorder runs: WAL records not compacted, executions
+    nobody will finish (the read commands fold these in; the view reads the database alone)."""
+    from ..reads import Reader
+
+    with Reader.open(cfg) as reader:  # a missing store: exit 3 here, before anything listens
+        pending = reader.pending
+        if not pending.uncompacted_records and not pending.left_running:
+            return None
+        return (
+            f"note: no recorder is running: {pending.uncompacted_records} WAL record(s) are not in the "
+            f"database yet and {len(pending.left_running)} execution(s) left running show as running; "
+            "`tracedb recover` (or starting `tracedb serve`) folds them in and marks those incomplete"
+        )
+
+
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; anything but loopback needs --allow-remote and a token.")
@@ -63,6 +79,9 @@ def ui(ctx, host, port, allow_remote, token_file, data_dir, db_url, as_json):
         cfg = cfg.replace(db_url=db_url)
     token = _token(token_file) if allow_remote or token_file else None
     check_listen(host, allow_remote=allow_remote, token=token)
+    note = _recovery_note(cfg)
+    if note:
+        click.echo(note, err=True)
 
     def listening(url: str) -> None:
         if as_json:
