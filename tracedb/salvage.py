@@ -381,7 +381,13 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
             (eid, tuple(x for x in range(1, max(s) + 1) if x not in s))
             for eid, s in sorted(seqs.items()) if len(s) != max(s)
         )
-        corrupted = tuple(sorted({*corrupted, *((o, ()) for o in orphans)}))
+        finished = {eid for _l, _p, (op, eid, _s, _d) in prefix + after_cut if op == OP_FINISH}
+        closed = {eid for eid, st in rows.items() if st[0] != STATUS_RUNNING}
+        unfinished = {eid for _l, _p, (op, eid, _s, _d) in prefix + after_cut} - finished - closed
+        unfinished |= {eid for eid, st in rows.items() if st[0] == STATUS_RUNNING}
+        cut = set(_cut_off(prefix + after_cut, unfinished, ranges))
+        have = dict(corrupted)
+        corrupted = tuple(sorted({*corrupted, *((o, ()) for o in (orphans | cut) if o not in have)}))
         relog = len([r for r in need if r[0] > scan.last_lsn or r[0] <= applied])
         return RepairReport(
             True, True, tuple(ranges), applied, last_lsn=max(scan.last_lsn, applied),
@@ -412,13 +418,19 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
         for i in range(0, len(payloads), _APPEND_CHUNK):
             store.wal.append_many(payloads[i : i + _APPEND_CHUNK])
         store.compact()
-        store.recover()  # executions started again above and never finished: incomplete
+        again = store.recover()  # executions started again above and never finished: incomplete
         with store.engine.connect() as conn:
             gaps = _gaps(conn, ids)
         corrupted = dict(gaps)
+        notes_of = {}
         for eid in orphans:
             corrupted.setdefault(eid, ())
-        _mark_corrupted(store.engine, corrupted, store.clock())
+        unfinished = {*store.last_recovery.incomplete_ids, *again.incomplete_ids}
+        for eid, note in _cut_off(records, unfinished, ranges).items():
+            if eid not in corrupted:
+                corrupted[eid] = ()
+                notes_of[eid] = note
+        _mark_corrupted(store.engine, corrupted, store.clock(), notes_of)
         last = store.durable_lsn
     finally:
         store.close()
@@ -429,10 +441,31 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
     )
 
 
-def _mark_corrupted(engine, corrupted: dict, now_ns: int) -> None:
+def _cut_off(records: list, unfinished, ranges: list) -> dict:
+    """{id: note} for the executions that never finished and whose last surviving record comes
+    before a damaged range: the rest of their events may have been in it (no gap shows it)."""
+    last: dict = {}
+    for lsn, _p, (_op, eid, _s, _d) in records:
+        last[eid] = lsn
+    lost = [r for r in ranges if not r.torn_tail and r.first_lsn is not None]
+    out = {}
+    for eid in unfinished:
+        at = last.get(eid, 0)
+        after = [r for r in lost if r.first_lsn > at]
+        if after:
+            r = min(after, key=lambda x: x.first_lsn)
+            span = f"LSN {r.first_lsn}.." + (str(r.last_lsn) if r.last_lsn is not None else "")
+            out[eid] = (
+                f"WAL damage: no record of it after LSN {at} survived; the damaged range "
+                f"{span} may have held the rest of its events"
+            )
+    return out
+
+
+def _mark_corrupted(engine, corrupted: dict, now_ns: int, notes: Optional[dict] = None) -> None:
     """Not replayable, record_corrupted, with what was lost in the status note."""
     for eid, missing in sorted(corrupted.items()):
-        note = (
+        note = (notes or {}).get(eid) or (
             "WAL damage: events lost, seqs " + ", ".join(map(str, missing)) if missing
             else "WAL damage: the start record was lost (intent and envelope unknown)"
         )

@@ -202,3 +202,40 @@ def test_a_damaged_segment_compaction_would_delete_unread_is_kept(tmp_path, cli)
     assert wal.salvage_file(os.path.join(wal_dir, copies[0])).damages
     assert len(run.json("inspect", "--list", "--all", "--json")) == 100
     assert run("verify").exit_code == 0
+
+
+def test_salvage_of_a_zeroed_sector_over_a_middle_segments_header(recorded, cli):
+    """Many sealed segments; the first 512 bytes of one in the middle (its header, and the
+    records under it) are zeros. Salvage finds the segment's salt from its records, keeps every
+    record outside the sector, including all the later segments a plain cut removes, and marks
+    only the executions whose records were under it."""
+    data_dir, durable = recorded("bulk", 150, 5, 16 << 10)
+    wal_dir = os.path.join(data_dir, "wal")
+    segs = wal.list_segments(wal_dir)
+    assert len(segs) >= 5
+    victim = segs[len(segs) // 2]
+    under = [r for r in wal.read_records(wal_dir) if r.segment == victim.name and r.offset < 512]
+    assert under
+    with open(victim.path, "r+b") as f:
+        f.write(bytes(512))
+    lost_ids = {}
+    for r in under:
+        if r.payload[:1] == b"\x01":
+            eid, seq = orjson.loads(r.payload[1 : r.payload.index(b"\n")])[:2]
+            lost_ids.setdefault(eid, []).append(seq)
+        else:
+            doc = orjson.loads(r.payload)
+            lost_ids.setdefault(doc["id"], []).append(doc.get("seq"))
+    run = cli(data_dir)
+    plan = run.json("wal", "repair", "--salvage", "--dry-run", "--json")
+    assert {c["execution_id"] for c in plan["corrupted_executions"]} == set(lost_ids)
+    done = run.json("wal", "repair", "--salvage", "--json")
+    lost = sorted(r.lsn for r in under)
+    ranges = [d for d in done["damaged"] if d["first_lost_lsn"] is not None]
+    assert [(d["first_lost_lsn"], d["last_lost_lsn"]) for d in ranges] == [(lost[0], lost[-1])]
+    assert {c["execution_id"] for c in done["corrupted_executions"]} == set(lost_ids)
+    rows = run.json("inspect", "--list", "--all", "--json")
+    assert len(rows) == 150
+    for row in rows:
+        assert row["replayable"] == (row["execution_id"] not in lost_ids), row
+    assert run("verify").exit_code == 0
