@@ -757,9 +757,14 @@ class Reader:
         return dataclasses.replace(t, record=judged(t.record))
 
     def inspect(self, execution_id: str) -> dict:
-        """The `inspect ID` view: status, the last event, replayability; `missing_seqs` and
-        `problems` when the record is damaged."""
-        return inspect_view(self.get(execution_id))
+        """The `inspect ID` view: status, the last event, replayability; `missing_seqs`,
+        `problems` and `note` (what a salvage recorded as lost) when the record is damaged."""
+        row, steps = self._load_now(self.resolve(execution_id))
+        view = inspect_view(judged(record_from_rows(row, steps)))
+        note = getattr(row, "status_note", None)
+        if view["replayable_reason"] == REASON_RECORD_CORRUPTED and note:
+            view["note"] = note
+        return view
 
     def replay(self, execution_id: str, *, envelope: Optional[dict] = None, force: bool = False) -> ReplayResult:
         """Exact replay of a recorded execution: its final response, no agent called."""

@@ -238,4 +238,7 @@ def test_salvage_of_a_zeroed_sector_over_a_middle_segments_header(recorded, cli)
     assert len(rows) == 150
     for row in rows:
         assert row["replayable"] == (row["execution_id"] not in lost_ids), row
+    for eid in lost_ids:
+        view = run.json("inspect", eid)
+        assert view["replayable_reason"] == "record_corrupted" and "WAL damage" in view["note"], view
     assert run("verify").exit_code == 0
