@@ -8,7 +8,10 @@ import hashlib
 import os
 import re
 import shlex
+import signal
 import sqlite3
+import subprocess
+import sys
 
 import orjson
 import pytest
@@ -155,6 +158,22 @@ def test_a_cut_below_the_applied_lsn_leaves_a_directory_that_opens(recorded, cli
     assert repaired.exit_code == 0, repaired.stderr
     assert run("recover").exit_code == 0  # the help's own example: tracedb wal repair && tracedb recover
     assert run("verify").exit_code == 0
+    # `tracedb serve` opens it too (a real recorder process, stopped with SIGTERM).
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "tracedb", "--data-dir", data_dir, "serve"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        lines = []
+        for line in serve.stdout:
+            lines.append(line)
+            if '"listening"' in line:
+                break
+        assert any('"listening"' in x for x in lines), lines
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(30)
+        serve.stdout.close()
     assert len(run.json("inspect", "--list", "--all", "--json")) == 100
     with tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0}) as store:
         assert store.durable_lsn >= durable
