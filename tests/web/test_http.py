@@ -81,11 +81,13 @@ def test_a_malformed_parameter_is_a_400_page_saying_what_is_wrong(ui, query, wor
 
 def test_unknown_ids_and_paths_are_404_pages(ui):
     url, ids = ui
-    for path in ("e/exec-nope", "e/exec-nope/events/1", f"e/{ids['ok']}/events/999", "nowhere", "diff?a=exec-nope&b=exec-ok"):
+    for path in ("e/exec-nope", "api/event?id=exec-nope&seq=1", f"api/event?id={ids['ok']}&seq=999", "nowhere",
+                 "api/live?id=exec-nope", "diff?a=exec-nope&b=exec-ok"):
         r = _get(url + path)
         assert r.status_code == 404, path
         assert "404" in r.text and "<html" in r.text
-    assert _get(url + f"e/{ids['ok']}/events/zero").status_code == 400
+    assert _get(url + f"api/event?id={ids['ok']}&seq=zero").status_code == 400
+    assert _get(url + "api/rows").status_code == 400  # no id
     assert _get(url + "diff?a=exec-ok-0001").status_code == 400
     # An ambiguous prefix names the candidates.
     r = _get(url + "e/exec-")
@@ -126,7 +128,7 @@ def test_recorded_html_is_text(ui):
     assert XSS_INTENT not in page
     csp = _get(url).headers["content-security-policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp
-    ev = _get(url + f"e/{ids['xss']}/events/1")
+    ev = _get(url + f"api/event?id={ids['xss']}&seq=1")
     assert ev.headers["content-type"] == "application/json"
     assert ev.json()["payload"]["html"] == "<script>window.__pwned=1</script>"
 
@@ -135,7 +137,7 @@ def test_no_request_writes(ui, web_store):
     url, ids = ui
     data_dir, _ = web_store
     before = _db_digest(data_dir)
-    for path in ("", f"e/{ids['ok']}", f"e/{ids['ok']}/events/1", f"e/{ids['ok']}/live", "diff"):
+    for path in ("", f"e/{ids['ok']}", f"api/event?id={ids['ok']}&seq=1", f"api/live?id={ids['ok']}", "counts", "diff"):
         for method in ("POST", "PUT", "DELETE", "PATCH"):
             r = httpx.request(method, url + path, timeout=30, content=b"status=invalidated")
             assert r.status_code == 405, (method, path)
@@ -146,10 +148,10 @@ def test_no_request_writes(ui, web_store):
 def test_live_answers_nothing_new_cheaply_and_a_status_change_as_reload(ui):
     url, ids = ui
     eid = ids["crashed"]
-    assert _get(url + f"e/{eid}/live", params={"after": 4, "status": "incomplete"}).json() == {
+    assert _get(url + "api/live", params={"id": eid, "after": 4, "status": "incomplete"}).json() == {
         "status": "incomplete", "changed": False, "last_seq": 4}
-    assert _get(url + f"e/{eid}/live", params={"after": 4, "status": "running"}).json()["reload"] is True
-    doc = _get(url + f"e/{eid}/live", params={"after": 2, "status": "incomplete"}).json()
+    assert _get(url + "api/live", params={"id": eid, "after": 4, "status": "running"}).json()["reload"] is True
+    doc = _get(url + "api/live", params={"id": eid, "after": 2, "status": "incomplete"}).json()
     assert doc["changed"] and doc["last_seq"] == 4 and 'id="ev-4"' in doc["rows"] and 'id="ev-2"' in doc["rows"]
     assert "<svg" in doc["overview"]
 
@@ -248,3 +250,35 @@ def test_with_no_recorder_running_ui_says_what_the_database_does_not_hold_yet(tm
     note = proc.stderr_text
     assert "note: no recorder is running: 1 WAL record(s)" in note and "1 execution(s) left running" in note
     assert "tracedb recover" in note
+
+
+def test_ids_with_slashes_and_url_characters_have_pages(tmp_path):
+    from urllib.parse import quote
+
+    import tracedb
+
+    data_dir = str(tmp_path / "odd")
+    odd = ["team/a", "q?x#y", "pct%41&b=c", "ends/rows", "ends"]
+    with tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0}) as store:
+        for eid in odd:
+            ex = store.start("Odd", {"intent": "Odd"}, eid)
+            ex.event("tool.requested", {"id": eid})
+            ex.finish({"status": "success"})
+    ui = UiProcess("--data-dir", data_dir)
+    try:
+        listing = _get(ui.url).text
+        for eid in odd:
+            path = "e/" + quote(eid, safe="")
+            assert f'href="/{path}"' in listing
+            page = _get(ui.url + path)
+            assert page.status_code == 200 and f'data-id="{eid.replace("&", "&amp;")}"' in page.text, eid
+            assert _get(ui.url + "api/event", params={"id": eid, "seq": 1}).json()["payload"] == {"id": eid}
+            assert _get(ui.url + "api/rows", params={"id": eid}).json()["last_seq"] == 2
+            # The page's own fragment addresses work for it (they carry the id in the query).
+            src = page.text.split('data-live-src="')[1].split('"')[0].replace("&amp;", "&")
+            assert _get(ui.url + src.lstrip("/") + "&after=0&status=completed").json()["last_seq"] == 2
+        # "ends/rows" is an execution of its own, and "ends" keeps its own page.
+        assert 'data-id="ends/rows"' in _get(ui.url + "e/ends/rows").text
+        assert 'data-id="ends"' in _get(ui.url + "e/ends").text
+    finally:
+        assert ui.stop() == 0

@@ -5,10 +5,10 @@
     /                       executions newest first: filters, keyset pages
     /counts                 executions per status under the same filters (the list loads them)
     /e/{id}                 one execution (a unique prefix redirects to the whole id)
-    /e/{id}/events/{seq}    one event's payload as JSON (the payload viewer loads it on demand)
-    /e/{id}/rows?after=N    more event rows, as HTML in JSON
-    /e/{id}/live?after=N    what a running execution recorded since seq N (the page polls it)
-    /e/{id}/overview        the timeline alone, as SVG
+    /api/event?id=&seq=     one event's payload as JSON (the payload viewer loads it on demand)
+    /api/rows?id=&after=N   more event rows, as HTML in JSON
+    /api/live?id=&after=N   what a running execution recorded since seq N (the page polls it)
+    /api/overview?id=       the timeline alone, as SVG
     /diff?a=ID&b=ID         two executions side by side, the first divergent step highlighted
     /static/...             the stylesheet and the script, shipped in the package
 
@@ -163,20 +163,25 @@ class Views:
         return _json({"counts": counts, "shown": shown, "limit": COUNT_LIMIT, "total": total})
 
     async def _exact(self, request: Request) -> str:
-        return await self.reader.resolve(request.path_params["execution_id"])
+        given = request.query_params.get("id")
+        if not given:
+            raise BadRequest("which execution? the id parameter is missing", hint="?id=EXECUTION_ID")
+        return await self.reader.resolve(given)
 
     async def execution(self, request: Request) -> Response:
-        given = request.path_params["execution_id"]
+        given = request.path_params["rest"]
         eid = await self.reader.resolve(given)
         if eid != given:
-            return RedirectResponse(f"/e/{eid}", status_code=302)
+            return RedirectResponse(pages.exec_path(eid), status_code=302)
         tl = await self.reader.timeline(eid)
         lineage = await self.reader.lineage(eid)
         return _html(pages.execution_page(tl, layout(tl), lineage, replay_command=self.replay_command))
 
     async def event(self, request: Request) -> Response:
         eid = await self._exact(request)
-        seq = _int_value(request.path_params["seq"], "seq", 0, 1, 2**31 - 1)
+        seq = _int_param(request, "seq", 0, 1, 2**31 - 1)
+        if not seq:
+            raise BadRequest("which event? the seq parameter is missing", hint="&seq=N, N from 1")
         ev = await self.reader.event(eid, seq)
         body = orjson.dumps(ev.payload)
         return _json({"execution_id": eid, "seq": ev.seq, "type": ev.type, "recorded": utc_iso(ev.recorded_at_ns),
@@ -329,11 +334,13 @@ def create_app(
         *extra_routes,
         Route("/", v.executions, methods=get),
         Route("/counts", v.counts, methods=get),
-        Route("/e/{execution_id:str}", v.execution, methods=get),
-        Route("/e/{execution_id:str}/events/{seq:str}", v.event, methods=get),
-        Route("/e/{execution_id:str}/rows", v.rows, methods=get),
-        Route("/e/{execution_id:str}/live", v.live, methods=get),
-        Route("/e/{execution_id:str}/overview", v.overview, methods=get),
+        # The whole path after /e/ is the id: an id may hold "/" (percent-encoded in links,
+        # decoded before routing). The fragments take the id as a query parameter.
+        Route("/e/{rest:path}", v.execution, methods=get),
+        Route("/api/event", v.event, methods=get),
+        Route("/api/rows", v.rows, methods=get),
+        Route("/api/live", v.live, methods=get),
+        Route("/api/overview", v.overview, methods=get),
         Route("/diff", v.diff, methods=get),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]

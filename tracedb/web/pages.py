@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 from typing import Iterable, Optional
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import orjson
 
@@ -105,12 +105,24 @@ def copy_button(text: str, label: str = "Copy") -> str:
     return f'<button type="button" class="copy" data-copy="{esc(text)}">{esc(label)}</button>'
 
 
+def exec_path(execution_id: str) -> str:
+    """The path of an execution's page: the id percent-encoded, since an id may hold any
+    printable character, "/", "?" and "#" included."""
+    return "/e/" + quote(execution_id, safe="")
+
+
+def api_path(what: str, execution_id: str, **params) -> str:
+    """The path of one of an execution's fragments (/api/event, rows, live, overview): the id
+    goes in the query string, where no character of it can be mistaken for the path's."""
+    return f"/api/{what}?" + urlencode({"id": execution_id, **params})
+
+
 def _short_id(execution_id: str) -> str:
     return execution_id if len(execution_id) <= 18 else execution_id[:17] + "…"
 
 
 def exec_link(execution_id: str, text: Optional[str] = None) -> str:
-    return f'<a class="mono" href="/e/{esc(execution_id)}">{esc(text or execution_id)}</a>'
+    return f'<a class="mono" href="{esc(exec_path(execution_id))}">{esc(text or execution_id)}</a>'
 
 
 def layout_page(title: str, body: str, *, nav: str = "", live: bool = False) -> str:
@@ -297,7 +309,7 @@ def event_rows(
             call += '<span class="stop-tag" data-testid="stopped-row">stopped here</span>'
         out.append(
             f'<tr id="ev-{e.seq}" class="{" ".join(cls)}" data-seq="{e.seq}" data-size="{size}" '
-            f'data-src="/e/{esc(eid)}/events/{e.seq}">'
+            f'data-src="{esc(api_path("event", eid, seq=e.seq))}">'
             f'<td class="num seq">{e.seq}</td>'
             f'<td class="num off">+{esc(fmt_duration(max(0, at - lay.t0)))}</td>'
             f'<td class="type"><span class="etype {_kind_class(e.type)}">{esc(e.type)}</span></td>'
@@ -458,7 +470,7 @@ def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_comman
     more = ""
     if r.events and last < r.events[-1].seq:
         more = (f'<button type="button" class="more" data-after="{last}" '
-                f'data-src="/e/{esc(eid)}/rows">Show more events</button>')
+                f'data-src="{esc(api_path("rows", eid))}">Show more events</button>')
     final = ""
     if r.finalResponse is not None:
         final = (
@@ -472,7 +484,7 @@ def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_comman
         f'<dl class="meta">{dl}</dl>'
         + replay
         + lineage_html
-        + f'<section class="tl"><h2>Timeline</h2><div class="overview" data-src="/e/{esc(eid)}/overview">'
+        + f'<section class="tl"><h2>Timeline</h2><div class="overview" data-src="{esc(api_path("overview", eid))}">'
         + overview_svg(lay, running=running)
         + "</div></section>"
         + '<section class="events"><h2>Events <span class="sub">click a row for its payload</span></h2>'
@@ -485,7 +497,7 @@ def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_comman
         '<button type="submit">Diff</button></form>'
     )
     attrs = (f'<div id="execution" data-id="{esc(eid)}" data-status="{esc(r.status)}" '
-             f'data-last-seq="{r.events[-1].seq if r.events else 0}" data-live-src="/e/{esc(eid)}/live">')
+             f'data-last-seq="{r.events[-1].seq if r.events else 0}" data-live-src="{esc(api_path("live", eid))}">')
     return layout_page(r.intent or eid, attrs + body + "</div>", live=running)
 
 

@@ -154,7 +154,7 @@
 
   function loadMore(button) {
     button.disabled = true;
-    fetch(`${button.dataset.src}?after=${button.dataset.after}`)
+    fetch(`${button.dataset.src}&after=${button.dataset.after}`)
       .then((r) => r.json())
       .then((doc) => {
         appendRows(doc.html, false);
@@ -173,7 +173,7 @@
     const src = root.dataset.liveSrc;
     const tick = () => {
       const after = root.dataset.lastSeq;
-      fetch(`${src}?after=${after}&status=${encodeURIComponent(root.dataset.status)}`)
+      fetch(`${src}&after=${after}&status=${encodeURIComponent(root.dataset.status)}`)
         .then((r) => (r.ok ? r.json() : Promise.reject(new Error(String(r.status)))))
         .then((doc) => {
           if (doc.reload) { window.location.reload(); return; }
