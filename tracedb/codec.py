@@ -22,6 +22,15 @@ from typing import Any, Optional
 
 import orjson
 
+from .record import (
+    REASON_EXECUTION_INCOMPLETE,
+    REASON_MANUALLY_INVALIDATED,
+    REASON_RECORDING_FAILURE,
+    STATUS_COMPLETED,
+    STATUS_INCOMPLETE,
+    STATUS_INVALIDATED,
+    STATUS_RUNNING,
+)
 from .validation import ENVELOPE_OPTS, dumps, dumps_checked
 
 OP_START = "start"
@@ -87,3 +96,35 @@ def decode_record(raw: bytes) -> dict:
         eid, seq, type_, t = orjson.loads(raw[1:cut])
         return {"op": OP_EVENT, "id": eid, "seq": seq, "type": type_, "payload": orjson.loads(raw[cut + 1 :]), "t": t}
     return orjson.loads(raw)
+
+
+def transition(row: dict, op: str, d: dict) -> None:
+    """Apply a lifecycle record to a row (a new trace's full row, or a delta for an existing one).
+
+    A delta starts from what the database holds, assumed running and unflagged; the guards in
+    the UPDATE statement cover the cases where it is not (invalidated, flagged).
+    """
+    status = row.get("status")
+    if status == STATUS_INVALIDATED:
+        return
+    if op == OP_INVALIDATE:
+        row["status"] = STATUS_INVALIDATED
+        row["replayable"] = False
+        row["replayable_reason"] = REASON_MANUALLY_INVALIDATED
+        row["status_note"] = d.get("reason")
+    elif op == OP_INCOMPLETE:
+        if status not in (None, STATUS_RUNNING):
+            return
+        row["status"] = STATUS_INCOMPLETE
+        row["replayable"] = False
+        row["replayable_reason"] = REASON_EXECUTION_INCOMPLETE
+        row["status_note"] = d.get("why")
+    elif op == OP_RECORDING_FAILURE:
+        row["replayable"] = False
+        row["replayable_reason"] = REASON_RECORDING_FAILURE
+        row["status_note"] = d.get("detail")
+    elif op == OP_FINISH:
+        row["status"] = STATUS_COMPLETED
+        if row.get("replayable_reason") != REASON_RECORDING_FAILURE:
+            row["replayable"] = True
+            row["replayable_reason"] = None

@@ -43,16 +43,13 @@ from sqlalchemy.engine import Engine
 import wal
 
 from . import db
-from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_INVALIDATE, OP_RECORDING_FAILURE, OP_START
+from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_INVALIDATE, OP_RECORDING_FAILURE, OP_START, transition
 from .errors import IntegrityError
 from .models import compaction_checkpoint, trace_steps, traces
 from .record import (
     FINAL_RESPONSE,
-    REASON_EXECUTION_INCOMPLETE,
-    REASON_MANUALLY_INVALIDATED,
     REASON_RECORDING_FAILURE,
     ROUTER_DECISION,
-    STATUS_COMPLETED,
     STATUS_INCOMPLETE,
     STATUS_INVALIDATED,
     STATUS_RUNNING,
@@ -225,38 +222,6 @@ def _same(value):
 
 class _RowsNotOwned(IntegrityError):
     """A guarded UPDATE missed rows: the trace is gone (pruned) or another recorder owns it."""
-
-
-def transition(row: dict, op: str, d: dict) -> None:
-    """Apply a lifecycle record to a row (a new trace's full row, or a delta for an existing one).
-
-    A delta starts from what the database holds, assumed running and unflagged; the guards in
-    the UPDATE statement cover the cases where it is not (invalidated, flagged).
-    """
-    status = row.get("status")
-    if status == STATUS_INVALIDATED:
-        return
-    if op == OP_INVALIDATE:
-        row["status"] = STATUS_INVALIDATED
-        row["replayable"] = False
-        row["replayable_reason"] = REASON_MANUALLY_INVALIDATED
-        row["status_note"] = d.get("reason")
-    elif op == OP_INCOMPLETE:
-        if status not in (None, STATUS_RUNNING):
-            return
-        row["status"] = STATUS_INCOMPLETE
-        row["replayable"] = False
-        row["replayable_reason"] = REASON_EXECUTION_INCOMPLETE
-        row["status_note"] = d.get("why")
-    elif op == OP_RECORDING_FAILURE:
-        row["replayable"] = False
-        row["replayable_reason"] = REASON_RECORDING_FAILURE
-        row["status_note"] = d.get("detail")
-    elif op == OP_FINISH:
-        row["status"] = STATUS_COMPLETED
-        if row.get("replayable_reason") != REASON_RECORDING_FAILURE:
-            row["replayable"] = True
-            row["replayable_reason"] = None
 
 
 class Compactor:

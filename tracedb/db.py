@@ -42,8 +42,7 @@ from sqlalchemy.engine import Engine
 
 from . import models
 from .errors import ConfigError, DatabaseUnavailableError, StoreNotFoundError
-
-HEAD_REVISION = "0003"
+from .schema import HEAD_REVISION
 
 
 def _json_serializer(value) -> str:

@@ -16,20 +16,21 @@ store that is all compacted costs one short read of one segment.
 from __future__ import annotations
 
 import os
+import sqlite3
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Optional, Union
 
 import orjson
-import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 
 import wal
 
-from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_START
-from .compactor import transition
+from . import sqlite_reads
+from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_START, transition
 from .config import Config
-from .models import compaction_checkpoint, trace_steps, traces
 from .record import FINAL_RESPONSE, ROUTER_DECISION, STATUS_RUNNING
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 # What a read says of an execution left running with no recorder (the status note).
 NO_RECORDER_NOTE = "no recorder is running; `tracedb recover` marks it incomplete"
@@ -95,6 +96,10 @@ class Pending:
 
 def _rows_by_id(conn, ids: Iterable[str]) -> dict:
     """The `traces` rows (as dicts) of `ids`, with the time of each one's last event."""
+    import sqlalchemy as sa
+
+    from .models import trace_steps, traces
+
     ids = list(ids)
     out: dict = {}
     last_at = (
@@ -111,21 +116,46 @@ def _rows_by_id(conn, ids: Iterable[str]) -> dict:
     return out
 
 
-def load(config: Config, engine: Engine) -> Pending:
-    """The executions a read must show differently from the database: empty while a recorder
-    runs (it compacts and recovers by itself), or when the data directory has no WAL."""
-    if not os.path.isdir(config.wal_dir) or wal.is_locked(config.wal_dir):
-        return Pending()
-    recorder_id = recorder_id_of(config)
-    if not recorder_id:
-        if engine.dialect.name != "sqlite":
-            return Pending()  # a shared database: nothing of it is this directory's yet
-    cp = compaction_checkpoint
+def _applied_lsn(engine: Engine, recorder_id: str) -> int:
+    import sqlalchemy as sa
+
+    from .models import compaction_checkpoint as cp
+
     with engine.connect() as conn:
         q = sa.select(sa.func.max(cp.c.applied_lsn))
         if recorder_id:
             q = q.where(cp.c.recorder_id == recorder_id)
-        applied = conn.execute(q).scalar() or 0
+        return conn.execute(q).scalar() or 0
+
+
+def _running_with_rows(engine: Engine, recorder_id: str, ids: Iterable[str]) -> tuple[set, dict]:
+    import sqlalchemy as sa
+
+    from .models import traces
+
+    running_q = sa.select(traces.c.execution_id).where(traces.c.status == STATUS_RUNNING)
+    if recorder_id:
+        running_q = running_q.where(traces.c.recorder_id == recorder_id)
+    with engine.connect() as conn, conn.begin():
+        running = set(conn.execute(running_q).scalars())
+        return running, _rows_by_id(conn, {*ids, *running})
+
+
+def load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
+    """The executions a read must show differently from the database: empty while a recorder
+    runs (it compacts and recovers by itself), or when the data directory has no WAL.
+
+    `engine` may also be a sqlite3 connection to the data directory's SQLite file (what
+    `tracedb.sqlite_reads` opens): a store that is all compacted is then checked without
+    SQLAlchemy."""
+    if not os.path.isdir(config.wal_dir) or wal.is_locked(config.wal_dir):
+        return Pending()
+    lite = isinstance(engine, sqlite3.Connection)
+    recorder_id = recorder_id_of(config)
+    if not recorder_id:
+        if not lite and engine.dialect.name != "sqlite":
+            return Pending()  # a shared database: nothing of it is this directory's yet
+    applied = sqlite_reads.applied_lsn(engine, recorder_id) if lite else _applied_lsn(engine, recorder_id)
     reader = wal.WalReader(config.wal_dir, from_lsn=applied + 1, mode="point_in_time")
     records = []
     try:
@@ -148,12 +178,10 @@ def load(config: Config, engine: Engine) -> Pending:
             eid = d["id"]
             decoded.append((lsn, d, None))
         ids.add(eid)
-    running_q = sa.select(traces.c.execution_id).where(traces.c.status == STATUS_RUNNING)
-    if recorder_id:
-        running_q = running_q.where(traces.c.recorder_id == recorder_id)
-    with engine.connect() as conn, conn.begin():
-        running = set(conn.execute(running_q).scalars())
-        rows = _rows_by_id(conn, ids | running)
+    if lite:
+        running, rows = sqlite_reads.running_with_rows(engine, recorder_id, ids)
+    else:
+        running, rows = _running_with_rows(engine, recorder_id, ids)
     for row in rows.values():
         pending.last_event_at_ns[row["execution_id"]] = row.pop("_last_event_at_ns")
     changed: set = set()

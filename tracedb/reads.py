@@ -19,18 +19,17 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, Union
 
 import orjson
-import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from .rows import TraceSummary
+    from .verify import VerifyResult
 
-from . import db
+from . import sqlite_reads
 from .config import Config
 from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError, StoreClosedError
-from .models import trace_steps, traces
 from .paging import DEFAULT_PAGE_SIZE, STREAM_PAGE_SIZE, decode_cursor
 from .record import (
     STATUSES,
@@ -44,28 +43,33 @@ from .pending import load as load_pending
 from .record import REASON_RECORD_CORRUPTED
 from .replay.exact import ReplayEngine, ReplayResult, record_problems
 from .replay.parity import TraceDiff, diff_traces
-from .verify import VerifyResult
-from .verify import verify as verify_traces
 
 TimeArg = Union[None, int, float, datetime]
 
 # How many candidates an ambiguous prefix error names.
 AMBIGUOUS_SHOWN = 5
 
-_SUMMARY_COLS = (
-    traces.c.execution_id,
-    traces.c.created_at_ns,
-    traces.c.updated_at_ns,
-    traces.c.intent,
-    traces.c.status,
-    traces.c.replayable,
-    traces.c.replayable_reason,
-    traces.c.last_seq,
-    traces.c.pinned,
-    traces.c.parent_execution_id,
-)
-# Newest first; the execution id breaks ties between executions created in the same nanosecond.
-_NEWEST_FIRST = (traces.c.created_at_ns.desc(), traces.c.execution_id.desc())
+
+
+def _core():
+    """SQLAlchemy and the tables, loaded on first use: a read of a SQLite file through
+    `tracedb.sqlite_reads` never loads them (their import is most of a read command's start-up)."""
+    import sqlalchemy as sa
+
+    from .models import trace_steps, traces
+
+    return sa, traces, trace_steps
+
+
+def _summary_cols():
+    _, traces, _ = _core()
+    return tuple(traces.c[name] for name in sqlite_reads.SUMMARY_COLUMNS)
+
+
+def _newest_first():
+    # Newest first; the execution id breaks ties between executions created in the same nanosecond.
+    _, traces, _ = _core()
+    return (traces.c.created_at_ns.desc(), traces.c.execution_id.desc())
 
 
 def to_ns(value: TimeArg, name: str) -> Optional[int]:
@@ -106,10 +110,12 @@ def record_from_rows(row, steps) -> ExecutionRecord:
 
 
 def _trace_stmt(execution_id: str):
+    sa, traces, _ = _core()
     return sa.select(traces).where(traces.c.execution_id == execution_id)
 
 
 def _steps_stmt(execution_id: str):
+    sa, _, trace_steps = _core()
     return (
         sa.select(trace_steps.c.seq, trace_steps.c.type, trace_steps.c.payload, trace_steps.c.recorded_at_ns)
         .where(trace_steps.c.execution_id == execution_id)
@@ -127,6 +133,7 @@ class _Step(NamedTuple):
 def _raw_steps_stmt(execution_id: str):
     """`_steps_stmt` with the payload as its JSON text: decoded by `_decoded`, about ten times
     faster than the driver's per-row JSON processing (a 10,000-event timeline for the web view)."""
+    sa, _, trace_steps = _core()
     return (
         sa.select(trace_steps.c.seq, trace_steps.c.type, sa.cast(trace_steps.c.payload, sa.Text),
                   trace_steps.c.recorded_at_ns)
@@ -201,15 +208,15 @@ class RecordReader:
                 executionId=eid, createdUtcIso=utc_iso(created), envelopeHash=ehash,
                 replayable=bool(replayable), replayableReason=reason,
             ),
-            envelope=db.sqlite_json(envelope),
-            routerDecision=db.sqlite_json(decision),
-            events=[ExecutionEvent(seq=seq, type=type_, payload=db.sqlite_json(p)) for seq, type_, p in steps],
-            finalResponse=db.sqlite_json(final),
+            envelope=sqlite_reads.json_value(envelope),
+            routerDecision=sqlite_reads.json_value(decision),
+            events=[ExecutionEvent(seq=seq, type=type_, payload=sqlite_reads.json_value(p)) for seq, type_, p in steps],
+            finalResponse=sqlite_reads.json_value(final),
             status=status,
             intent=intent,
             parentExecutionId=parent,
             forkedAtSeq=fork_seq,
-            meta=db.sqlite_json(meta),
+            meta=sqlite_reads.json_value(meta),
         )
 
     def _connect(self) -> sqlite3.Connection:
@@ -235,6 +242,7 @@ class RecordReader:
 
 def trace_status(engine: Engine, execution_id: str) -> Optional[str]:
     """The stored status of an execution, None if the database has no such execution."""
+    sa, traces, _ = _core()
     with engine.connect() as conn:
         return conn.execute(
             sa.select(traces.c.status).where(traces.c.execution_id == execution_id)
@@ -259,6 +267,7 @@ class Filter:
 
     def apply(self, q):
         """`q`, a select from traces, restricted to the executions that match."""
+        _, traces, _ = _core()
         if self.replayable is not None:
             if not isinstance(self.replayable, bool):
                 raise InvalidInputError(f"replayable must be True or False, not {self.replayable!r}")
@@ -293,8 +302,9 @@ def list_traces(
     limit: Optional[int] = None,
 ) -> list[TraceSummary]:
     """Executions by creation time (oldest first), filtered by status and a creation-time window."""
+    sa, traces, _ = _core()
     q = Filter(status, since, until).apply(
-        sa.select(*_SUMMARY_COLS).order_by(traces.c.created_at_ns, traces.c.execution_id)
+        sa.select(*_summary_cols()).order_by(traces.c.created_at_ns, traces.c.execution_id)
     )
     if limit is not None:
         if limit < 0:
@@ -414,6 +424,7 @@ class Lineage:
 def _prefix_range(prefix: str):
     """Ids that start with `prefix`, as a range of the primary key (exact under SQLite's BINARY
     collation, which compares UTF-8 bytes: the order of code points)."""
+    sa, traces, _ = _core()
     col = traces.c.execution_id
     if not prefix:
         return sa.false()
@@ -424,6 +435,7 @@ def _prefix_range(prefix: str):
 
 def _resolve_stmts(dialect: str, prefix: str):
     """(the exact id, up to AMBIGUOUS_SHOWN + 1 ids that start with `prefix`)."""
+    sa, traces, _ = _core()
     col = traces.c.execution_id
     # SQLite's LIKE ignores case and uses no index, hence the range; PostgreSQL's LIKE is
     # exact, and served by the primary key under the C collation.
@@ -443,24 +455,30 @@ def _resolved(prefix: str, found: list) -> str:
 def _page_stmt(where: Filter, before: Optional[str], limit: int):
     if limit < 0:
         raise InvalidInputError("limit must not be negative")
+    sa, traces, trace_steps = _core()
     last_at = (
         sa.select(trace_steps.c.recorded_at_ns)
         .where(trace_steps.c.execution_id == traces.c.execution_id)
         .where(trace_steps.c.seq == traces.c.last_seq)
         .scalar_subquery()
     )
-    q = where.apply(sa.select(*_SUMMARY_COLS, last_at.label("last_event_at_ns")))
+    q = where.apply(sa.select(*_summary_cols(), last_at.label("last_event_at_ns")))
     if before is not None:
         ns, execution_id = decode_cursor(before)
         q = q.where(sa.tuple_(traces.c.created_at_ns, traces.c.execution_id) < sa.tuple_(ns, execution_id))
     # One row more than asked tells whether another page follows.
-    return q.order_by(*_NEWEST_FIRST).limit(limit + 1)
+    return q.order_by(*_newest_first()).limit(limit + 1)
+
+
+def _mapping(row):
+    # A row of the engine, or a dict from tracedb.sqlite_reads.
+    return row if isinstance(row, dict) else row._mapping
 
 
 def _page_of(rows: list, limit: int) -> Page:
     from .rows import TraceSummary  # pydantic: loaded by the commands that list
 
-    items = tuple(TraceSummary.model_validate(r._mapping) for r in rows[:limit])
+    items = tuple(TraceSummary.model_validate(_mapping(r)) for r in rows[:limit])
     more = len(rows) > limit and items
     return Page(items, items[-1].cursor if more else None)
 
@@ -503,6 +521,7 @@ class Progress:
 def _status_counts_stmt(where: Filter):
     # Counts for every status under the other filters: a listing shows them side by side.
     others = Filter(None, where.since, where.until, where.intent, where.search, where.replayable)
+    sa, traces, _ = _core()
     return others.apply(sa.select(traces.c.status, sa.func.count()).group_by(traces.c.status))
 
 
@@ -512,6 +531,7 @@ def _bounded_count_stmts(where: Filter, at_most: int):
     with the store."""
     if at_most < 0:
         raise InvalidInputError("at_most must not be negative")
+    sa, traces, _ = _core()
     out = []
     for status in STATUSES:
         one = Filter(status, where.since, where.until, where.intent, where.search, where.replayable)
@@ -530,6 +550,7 @@ def _status_counts(rows) -> dict[str, int]:
 def _progress_stmts(execution_id: str, after_seq: int, limit: int):
     if after_seq < 0 or limit < 1:
         raise InvalidInputError("after_seq must not be negative and limit must be positive")
+    sa, traces, trace_steps = _core()
     t = traces.c
     head = sa.select(t.status, t.replayable, t.replayable_reason, t.last_seq).where(t.execution_id == execution_id)
     steps = _steps_stmt(execution_id).where(trace_steps.c.seq > after_seq).limit(limit)
@@ -546,15 +567,18 @@ def _progress(execution_id: str, head, steps) -> Progress:
 
 
 def _event_stmt(execution_id: str, seq: int):
+    _, _, trace_steps = _core()
     return _steps_stmt(execution_id).where(trace_steps.c.seq == seq)
 
 
 def _parent_stmt(execution_id: str):
+    sa, traces, _ = _core()
     t = traces.c
     return sa.select(t.parent_execution_id, t.forked_at_seq).where(t.execution_id == execution_id)
 
 
 def _forks_stmt(execution_id: str):
+    sa, traces, _ = _core()
     t = traces.c
     return (
         sa.select(t.execution_id, t.forked_at_seq)
@@ -565,6 +589,7 @@ def _forks_stmt(execution_id: str):
 
 def _not_pending(pending: Pending) -> list:
     """Conditions that leave out the executions `pending` shows as they are now."""
+    _, traces, _ = _core()
     ids = list(pending.rows)
     return [traces.c.execution_id.not_in(ids[i : i + 500]) for i in range(0, len(ids), 500)]
 
@@ -591,7 +616,7 @@ def _merged_page(rows: list, pending: Pending, where: Filter, before: Optional[s
     matching executions, newest first."""
     from .rows import TraceSummary
 
-    items = [TraceSummary.model_validate(r._mapping) for r in rows]
+    items = [TraceSummary.model_validate(_mapping(r)) for r in rows]
     cut = decode_cursor(before) if before is not None else None
     # Only the newest limit + 1 of the pending rows can be on the page: validate those alone.
     keys = sorted(
@@ -608,24 +633,59 @@ def _merged_page(rows: list, pending: Pending, where: Filter, before: Optional[s
     return Page(shown, shown[-1].cursor if len(items) > limit and shown else None)
 
 
+def _checked_limit(limit: int) -> int:
+    if limit < 0:
+        raise InvalidInputError("limit must not be negative")
+    return limit
+
+
+def _filter_args(where: Filter) -> dict:
+    """`where` as the arguments of `sqlite_reads.page_rows`, checked as `Filter.apply` checks it."""
+    if where.replayable is not None and not isinstance(where.replayable, bool):
+        raise InvalidInputError(f"replayable must be True or False, not {where.replayable!r}")
+    if where.status is not None and where.status not in STATUSES:
+        raise InvalidInputError(f"unknown status {where.status!r}", hint="one of " + ", ".join(STATUSES))
+    return {
+        "status": where.status, "since_ns": to_ns(where.since, "since"), "until_ns": to_ns(where.until, "until"),
+        "intent": where.intent, "search": where.search, "replayable": where.replayable,
+    }
+
+
 class Reader:
     """Reads of one store's database, without the WAL lock: a recorder may run meanwhile.
 
     A context manager; `Reader.open(config)` owns its engine and disposes of it on close.
     Every method that takes an execution id takes a unique prefix of one too.
+
+    Opened on a SQLite file whose schema is current, it finds executions, reads pages, records
+    and the WAL's pending view through the sqlite3 module (`tracedb.sqlite_reads`), and makes
+    its SQLAlchemy engine only when another read needs it.
     """
 
-    def __init__(self, engine: Engine, *, owns_engine: bool = False, config: Optional[Config] = None):
+    def __init__(self, engine: Optional[Engine], *, owns_engine: bool = False, config: Optional[Config] = None,
+                 connection: Optional[sqlite3.Connection] = None):
         """With `config` (what `open` passes), reads also show what the data directory's WAL
-        holds beyond the database when no recorder runs (see `tracedb.pending`)."""
+        holds beyond the database when no recorder runs (see `tracedb.pending`). With
+        `connection` (a `tracedb.sqlite_reads.connect` of the file `config` names), `engine` may
+        be None: it is made from `config` when first needed."""
+        if engine is None and (connection is None or config is None):
+            raise InvalidInputError("a Reader needs an engine, or a connection and a config")
         self._engine = engine
         self._owns_engine = owns_engine
         self._config = config
+        self._lite = connection
+        self._lite_lock = threading.Lock()  # one sqlite3 connection: one read on it at a time
         self._pending: Optional[Pending] = None
 
     @classmethod
     def open(cls, config: Config) -> "Reader":
         """A reader of the store `config` names; StoreNotFoundError (exit 3) if there is none."""
+        if "://" not in config.database and os.path.exists(config.database):  # a SQLite file
+            conn = sqlite_reads.connect(config.database, busy_timeout_ms=config.busy_timeout_ms)
+            if conn is not None:
+                return cls(None, owns_engine=True, config=config, connection=conn)
+        from . import db
+
         engine = db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms)
         return cls(engine, owns_engine=True, config=config)
 
@@ -633,15 +693,28 @@ class Reader:
     def pending(self) -> Pending:
         """What the WAL holds beyond the database, read once (empty while a recorder runs)."""
         if self._pending is None:
-            self._pending = Pending() if self._config is None else load_pending(self._config, self._engine)
+            if self._config is None:
+                self._pending = Pending()
+            elif self._lite is not None:
+                with self._lite_lock:
+                    self._pending = load_pending(self._config, self._lite)
+            else:
+                self._pending = load_pending(self._config, self.engine)
         return self._pending
 
     @property
     def engine(self) -> Engine:
+        if self._engine is None:
+            from . import db
+
+            self._engine = db.open_store_engine(self._config.database, busy_timeout_ms=self._config.busy_timeout_ms)
         return self._engine
 
     def close(self) -> None:
-        if self._owns_engine:
+        if self._lite is not None:
+            with self._lite_lock:
+                self._lite.close()
+        if self._owns_engine and self._engine is not None:
             self._engine.dispose()
 
     def __enter__(self) -> "Reader":
@@ -656,11 +729,17 @@ class Reader:
         An exact id wins even when it is also the prefix of others. ExecutionNotFoundError (exit 3)
         when nothing matches, AmbiguousExecutionIdError (exit 2) when several do.
         """
-        exact, candidates = _resolve_stmts(self._engine.dialect.name, prefix)
-        with self._engine.connect() as conn:
-            if conn.execute(exact).first() is not None:
-                return prefix
-            found = conn.execute(candidates).scalars().all()
+        if self._lite is not None:
+            with self._lite_lock:
+                if sqlite_reads.exists(self._lite, prefix):
+                    return prefix
+                found = sqlite_reads.ids_with_prefix(self._lite, prefix, AMBIGUOUS_SHOWN + 1)
+        else:
+            exact, candidates = _resolve_stmts(self.engine.dialect.name, prefix)
+            with self.engine.connect() as conn:
+                if conn.execute(exact).first() is not None:
+                    return prefix
+                found = conn.execute(candidates).scalars().all()
         if self.pending:
             if prefix in self.pending.rows:
                 return prefix
@@ -674,23 +753,32 @@ class Reader:
         The filters run in SQL. The position is a keyset (created_at_ns, execution_id), served by
         an index ending in those columns, so a page costs the same however deep it is.
         """
-        q = _page_stmt(where, before, limit)
         pending = self.pending
-        if pending:
-            q = q.where(*_not_pending(pending))
-        with self._engine.connect() as conn:
-            rows = conn.execute(q).all()
+        if self._lite is not None:
+            args = _filter_args(where)
+            cut = None if before is None else decode_cursor(before)
+            with self._lite_lock:
+                rows = sqlite_reads.page_rows(
+                    self._lite, **args, before=cut, limit=_checked_limit(limit) + 1, leave_out=tuple(pending.rows)
+                )
+        else:
+            q = _page_stmt(where, before, limit)
+            if pending:
+                q = q.where(*_not_pending(pending))
+            with self.engine.connect() as conn:
+                rows = conn.execute(q).all()
         if not pending:
             return _page_of(rows, limit)
         return _merged_page(rows, pending, where, before, limit)
 
     def count(self, where: Filter = EVERYTHING) -> int:
         """How many executions match `where`."""
+        sa, traces, _ = _core()
         q = where.apply(sa.select(sa.func.count()).select_from(traces))
         pending = self.pending
         if pending:
             q = q.where(*_not_pending(pending))
-        with self._engine.connect() as conn:
+        with self.engine.connect() as conn:
             n = int(conn.execute(q).scalar() or 0)
         return n + sum(1 for row in pending.rows.values() if _pending_matches(row, where))
 
@@ -700,7 +788,7 @@ class Reader:
 
         With `at_most`, counting a status stops past it (a count of `at_most` + 1 means "more"):
         an exact count reads every matching row, which on millions takes seconds."""
-        with self._engine.connect() as conn, conn.begin():
+        with self.engine.connect() as conn, conn.begin():
             if at_most is None:
                 return _status_counts(conn.execute(_status_counts_stmt(where)).all())
             return {s: int(conn.execute(q).scalar() or 0) for s, q in _bounded_count_stmts(where, at_most)}
@@ -709,13 +797,13 @@ class Reader:
         """An execution's status and up to `limit` events recorded after `after_seq` (an exact
         id: a live view asks again and again)."""
         head, steps = _progress_stmts(execution_id, after_seq, limit)
-        with self._engine.connect() as conn, conn.begin():
+        with self.engine.connect() as conn, conn.begin():
             row = conn.execute(head).first()
             return _progress(execution_id, row, conn.execute(steps).all() if row is not None else ())
 
     def event(self, execution_id: str, seq: int) -> TimedEvent:
         """One event of an execution (an exact id); ExecutionNotFoundError if there is none."""
-        with self._engine.connect() as conn:
+        with self.engine.connect() as conn:
             s = conn.execute(_event_stmt(execution_id, seq)).first()
         if s is None:
             raise ExecutionNotFoundError(f"{execution_id} seq {seq}")
@@ -745,10 +833,18 @@ class Reader:
     def _load_now(self, execution_id: str):
         """`_load`, with what the WAL holds beyond the database folded in."""
         row = self.pending.rows.get(execution_id)
-        if row is None:
-            return _load(self._engine, execution_id)
-        with self._engine.connect() as conn:
-            steps = conn.execute(_steps_stmt(execution_id)).all()
+        if self._lite is not None:
+            with self._lite_lock:
+                stored, steps = sqlite_reads.load(self._lite, execution_id, trace=row is None)
+            if row is None:
+                if stored is None:
+                    raise ExecutionNotFoundError(execution_id)
+                return SimpleNamespace(**stored), steps
+        elif row is None:
+            return _load(self.engine, execution_id)
+        else:
+            with self.engine.connect() as conn:
+                steps = conn.execute(_steps_stmt(execution_id)).all()
         return SimpleNamespace(**row), [*steps, *self.pending.steps.get(execution_id, ())]
 
     def timeline(self, execution_id: str) -> Timeline:
@@ -778,7 +874,7 @@ class Reader:
         """The chain of parents an execution was forked from, and the forks made from it."""
         eid = self.resolve(execution_id)
         ancestors: list[tuple[str, int]] = []
-        with self._engine.connect() as conn, conn.begin():
+        with self.engine.connect() as conn, conn.begin():
             current, seen = eid, {eid}
             while True:
                 row = conn.execute(_parent_stmt(current)).first()
@@ -792,7 +888,9 @@ class Reader:
 
     def verify(self, execution_id: Optional[str] = None) -> VerifyResult:
         """Verify one execution, or all of them and the database itself."""
-        return verify_traces(self._engine, None if execution_id is None else self.resolve(execution_id))
+        from .verify import verify as verify_traces
+
+        return verify_traces(self.engine, None if execution_id is None else self.resolve(execution_id))
 
 
 class AsyncReader:
@@ -810,6 +908,8 @@ class AsyncReader:
     async def open(cls, config: Config) -> "AsyncReader":
         """A reader of the store `config` names; StoreNotFoundError (exit 3) if there is none."""
         import asyncio
+
+        from . import db
 
         # Checking the schema is blocking work, done once, off the loop.
         await asyncio.get_running_loop().run_in_executor(
@@ -859,6 +959,7 @@ class AsyncReader:
 
     async def count(self, where: Filter = EVERYTHING) -> int:
         """How many executions match `where`."""
+        sa, traces, _ = _core()
         q = where.apply(sa.select(sa.func.count()).select_from(traces))
         async with self._engine.connect() as conn:
             return int((await conn.execute(q)).scalar() or 0)

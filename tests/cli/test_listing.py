@@ -8,9 +8,10 @@ import json
 import pytest
 
 import tracedb
+from tracedb import db
 from tracedb.cli.main import format_duration
 from tracedb.config import load_config
-from tracedb.reads import Reader
+from tracedb.reads import Filter, Reader
 
 from .conftest import ENVELOPE, Clock, page_queries, settings
 
@@ -245,18 +246,42 @@ def test_trace_lineage_names_parents_and_forks(data_dir, run):
     assert "forked at seq 2 from exec-root" in child and "fork exec-grandchild at seq 1" in child
 
 
+def _assert_keyset_plans(plans: list) -> None:
+    assert len(plans) == 3
+    assert "ix_traces_created_id" in plans[0] and "ix_traces_created_id" in plans[1]
+    assert "ix_traces_status_created_id" in plans[2]
+    assert not any("TEMP B-TREE" in p for p in plans), plans
+
+
 def test_page_queries_use_the_keyset_indexes(many, data_dir):
-    """SQLite walks an index in the listing's order: no sort, however large the store."""
-    with Reader.open(load_config(None, overrides={"data_dir": data_dir})) as reader:
+    """SQLite walks an index in the listing's order: no sort, however large the store. Through
+    SQLAlchemy's engine, and through the sqlite3 module as `Reader.open` reads a SQLite file."""
+    cfg = load_config(None, overrides={"data_dir": data_dir})
+    engine = db.open_store_engine(cfg.database)
+    try:
+        reader = Reader(engine, config=cfg)
         with reader.engine.connect() as conn:
             plans = [
                 " ".join(r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params))
                 for sql, params in page_queries(reader)
             ]
-    assert len(plans) == 3
-    assert "ix_traces_created_id" in plans[0] and "ix_traces_created_id" in plans[1]
-    assert "ix_traces_status_created_id" in plans[2]
-    assert not any("TEMP B-TREE" in p for p in plans), plans
+    finally:
+        engine.dispose()
+    _assert_keyset_plans(plans)
+
+    with Reader.open(cfg) as reader:
+        conn = reader._lite  # the sqlite3 connection: its trace callback shows each statement run
+        assert conn is not None
+        ran: list = []
+        conn.set_trace_callback(lambda sql: ran.append(sql) if "FROM traces" in sql and "ORDER BY" in sql else None)
+        try:
+            cursor = reader.page(limit=5).next_cursor
+            reader.page(limit=5, before=cursor)
+            reader.page(Filter(status="completed"), limit=5, before=cursor)
+        finally:
+            conn.set_trace_callback(None)
+        plans = [" ".join(r[-1] for r in conn.execute("EXPLAIN QUERY PLAN " + sql)) for sql in ran]
+    _assert_keyset_plans(plans)
 
 
 def test_list_formats_carry_the_same_rows(many, data_dir):

@@ -116,13 +116,13 @@ def execution_id_argument(name: str = "execution_id", metavar: str = "ID", **kw)
 def reading(ctx: click.Context) -> Iterator[Reader]:
     """A Reader of the store; when it was read without error, the note that the store is not
     recovered yet (no recorder runs, WAL records not compacted) goes to stderr."""
-    from .. import admin
     from ..reads import Reader
 
     cfg = config_of(ctx)
     with Reader.open(cfg) as reader:
         yield reader
-        note = admin.recovery_note(cfg, reader)
+        # What admin.recovery_note says, without loading the maintenance modules.
+        note = reader.pending.note()
     if note:
         click.echo(note, err=True)
 

@@ -1,0 +1,221 @@
+"""The read API's common reads of a SQLite file, through the sqlite3 module alone.
+
+Finding an execution by id or prefix, a page of executions, one whole record and what the
+pending view of the WAL needs are a few short queries; loading SQLAlchemy to build them cost a
+read command more than all the rest of its work (about 130 ms of start-up, on any size of
+store). `tracedb.reads.Reader` reads a SQLite file whose schema is current through these, and
+through SQLAlchemy's engine for everything else and for PostgreSQL. The SQL is what the
+engine's statements compile to on SQLite (same plans, same indexes); a test holds both paths to
+the same results. Values come back as the engine gives them: JSON columns decoded, booleans as
+bool.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import urllib.parse
+from typing import Iterable, NamedTuple, Optional, Sequence
+
+import orjson
+
+from .schema import HEAD_REVISION
+
+# The columns a listing shows, and the time of each execution's last event.
+SUMMARY_COLUMNS = (
+    "execution_id", "created_at_ns", "updated_at_ns", "intent", "status", "replayable",
+    "replayable_reason", "last_seq", "pinned", "parent_execution_id",
+)
+_LAST_EVENT_AT = (
+    "(SELECT trace_steps.recorded_at_ns FROM trace_steps WHERE trace_steps.execution_id = "
+    "traces.execution_id AND trace_steps.seq = traces.last_seq)"
+)
+_SUMMARY_SQL = ", ".join(f"traces.{c}" for c in SUMMARY_COLUMNS) + f", {_LAST_EVENT_AT} AS last_event_at_ns"
+# Every column of `traces`, in the order of tracedb.models.
+TRACE_COLUMNS = (
+    "execution_id", "recorder_id", "intent", "status", "replayable", "replayable_reason", "status_note",
+    "envelope", "envelope_hash", "router_decision", "final_response", "last_seq", "created_at_ns",
+    "updated_at_ns", "parent_execution_id", "forked_at_seq", "pinned", "meta",
+)
+_JSON_COLUMNS = frozenset({"envelope", "router_decision", "final_response", "meta"})
+_BOOL_COLUMNS = frozenset({"replayable", "pinned"})
+_TRACE_SQL = "SELECT " + ", ".join(TRACE_COLUMNS) + " FROM traces WHERE execution_id = ?"
+_STEPS_SQL = "SELECT seq, type, payload, recorded_at_ns FROM trace_steps WHERE execution_id = ? ORDER BY seq"
+_IN_CHUNK = 500  # ids per IN (...) list
+
+
+class Step(NamedTuple):
+    """One stored event: its payload decoded."""
+
+    seq: int
+    type: str
+    payload: object
+    recorded_at_ns: int
+
+
+def json_value(value):
+    """A JSON column's value as SQLite hands it back, decoded. A column declared JSON has
+    NUMERIC affinity: a document that is a bare number comes back as that number."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    return orjson.loads(value)
+
+
+def connect(path: str, *, busy_timeout_ms: int = 5000) -> Optional[sqlite3.Connection]:
+    """A connection to the existing SQLite file `path` that refuses writes, when its schema is at
+    the current revision; None when it is not (the engine's path migrates it first)."""
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=rw"
+    conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_ms / 1000.0, isolation_level=None,
+                           check_same_thread=False)
+    try:
+        conn.execute("PRAGMA query_only = ON")
+        try:
+            revisions = [r[0] for r in conn.execute("SELECT version_num FROM alembic_version")]
+        except sqlite3.OperationalError as e:
+            if "no such table" not in str(e):
+                raise
+            revisions = []
+    except BaseException:
+        conn.close()
+        raise
+    if revisions != [HEAD_REVISION]:
+        conn.close()
+        return None
+    return conn
+
+
+def exists(conn: sqlite3.Connection, execution_id: str) -> bool:
+    """True when the database has the execution `execution_id`."""
+    return conn.execute("SELECT 1 FROM traces WHERE execution_id = ?", (execution_id,)).fetchone() is not None
+
+
+def ids_with_prefix(conn: sqlite3.Connection, prefix: str, limit: int) -> list[str]:
+    """Up to `limit` execution ids that start with `prefix`, in order: a range of the primary
+    key (exact under SQLite's BINARY collation, which compares UTF-8 bytes: code point order)."""
+    if not prefix:
+        return []
+    if ord(prefix[-1]) == 0x10FFFF:
+        sql = "SELECT execution_id FROM traces WHERE substr(execution_id, 1, ?) = ? ORDER BY execution_id LIMIT ?"
+        args: tuple = (len(prefix), prefix, limit)
+    else:
+        sql = "SELECT execution_id FROM traces WHERE execution_id >= ? AND execution_id < ? ORDER BY execution_id LIMIT ?"
+        args = (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1), limit)
+    return [r[0] for r in conn.execute(sql, args)]
+
+
+def _escaped(text: str) -> str:
+    return text.replace("/", "//").replace("%", "/%").replace("_", "/_")
+
+
+def page_rows(
+    conn: sqlite3.Connection,
+    *,
+    status: Optional[str] = None,
+    since_ns: Optional[int] = None,
+    until_ns: Optional[int] = None,
+    intent: Optional[str] = None,
+    search: Optional[str] = None,
+    replayable: Optional[bool] = None,
+    before: Optional[tuple[int, str]] = None,
+    limit: int,
+    leave_out: Sequence[str] = (),
+) -> list[dict]:
+    """Up to `limit` listed executions (SUMMARY_COLUMNS and last_event_at_ns), newest first, that
+    match every filter given, older than the position `before` (created_at_ns, execution_id),
+    none of `leave_out`. A keyset served by the (status,) created_at_ns, execution_id indexes."""
+    where: list[str] = []
+    args: list = []
+    if replayable is not None:
+        where.append("traces.replayable = ?")
+        args.append(1 if replayable else 0)
+    if status is not None:
+        where.append("traces.status = ?")
+        args.append(status)
+    if since_ns is not None:
+        where.append("traces.created_at_ns >= ?")
+        args.append(since_ns)
+    if until_ns is not None:
+        where.append("traces.created_at_ns < ?")
+        args.append(until_ns)
+    if intent is not None:
+        where.append("traces.intent = ?")
+        args.append(intent)
+    if search:
+        where.append("(lower(traces.intent) LIKE '%' || lower(?) || '%' ESCAPE '/')")
+        args.append(_escaped(search))
+    if before is not None:
+        where.append("(traces.created_at_ns, traces.execution_id) < (?, ?)")
+        args.extend(before)
+    ids = list(leave_out)
+    for i in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[i : i + _IN_CHUNK]
+        where.append(f"(traces.execution_id NOT IN ({', '.join('?' * len(chunk))}))")
+        args.extend(chunk)
+    sql = f"SELECT {_SUMMARY_SQL} FROM traces"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY traces.created_at_ns DESC, traces.execution_id DESC LIMIT ?"
+    args.append(limit)
+    names = (*SUMMARY_COLUMNS, "last_event_at_ns")
+    out = []
+    for r in conn.execute(sql, args):
+        d = dict(zip(names, r))
+        d["replayable"], d["pinned"] = bool(d["replayable"]), bool(d["pinned"])
+        out.append(d)
+    return out
+
+
+def _trace_row(r: tuple, names: Sequence[str] = TRACE_COLUMNS) -> dict:
+    d = dict(zip(names, r))
+    for c in _JSON_COLUMNS:
+        d[c] = json_value(d[c])
+    for c in _BOOL_COLUMNS:
+        d[c] = bool(d[c])
+    return d
+
+
+def load(conn: sqlite3.Connection, execution_id: str, *, trace: bool = True) -> tuple[Optional[dict], list[Step]]:
+    """The `traces` row of an execution (a dict of every column; None if there is none) and its
+    steps in seq order, from one snapshot. Without `trace`, the steps alone (row None)."""
+    conn.execute("BEGIN")
+    try:
+        row = conn.execute(_TRACE_SQL, (execution_id,)).fetchone() if trace else None
+        steps = conn.execute(_STEPS_SQL, (execution_id,)).fetchall() if row is not None or not trace else ()
+    finally:
+        conn.execute("COMMIT")
+    loads = json_value
+    return (None if row is None else _trace_row(row)), [Step(s, t, loads(p), at) for s, t, p, at in steps]
+
+
+def applied_lsn(conn: sqlite3.Connection, recorder_id: str) -> int:
+    """The highest applied LSN in the compaction checkpoints (of `recorder_id` when given)."""
+    sql = "SELECT max(applied_lsn) FROM compaction_checkpoint"
+    args: tuple = ()
+    if recorder_id:
+        sql, args = sql + " WHERE recorder_id = ?", (recorder_id,)
+    return conn.execute(sql, args).fetchone()[0] or 0
+
+
+def running_with_rows(conn: sqlite3.Connection, recorder_id: str, ids: Iterable[str]) -> tuple[set, dict]:
+    """(ids of the executions stored as running (of `recorder_id` when given), and the `traces`
+    rows of those and of `ids`: execution id -> dict of every column with `_last_event_at_ns`),
+    from one snapshot."""
+    conn.execute("BEGIN")
+    try:
+        sql = "SELECT execution_id FROM traces WHERE status = 'running'"
+        args: tuple = ()
+        if recorder_id:
+            sql, args = sql + " AND recorder_id = ?", (recorder_id,)
+        running = {r[0] for r in conn.execute(sql, args)}
+        wanted = list({*ids, *running})
+        rows: dict = {}
+        names = (*TRACE_COLUMNS, "_last_event_at_ns")
+        head = "SELECT " + ", ".join(f"traces.{c}" for c in TRACE_COLUMNS) + f", {_LAST_EVENT_AT} FROM traces"
+        for i in range(0, len(wanted), _IN_CHUNK):
+            chunk = wanted[i : i + _IN_CHUNK]
+            sql = f"{head} WHERE traces.execution_id IN ({', '.join('?' * len(chunk))})"
+            for r in conn.execute(sql, chunk):
+                rows[r[0]] = _trace_row(r, names)
+    finally:
+        conn.execute("COMMIT")
+    return running, rows
