@@ -75,6 +75,30 @@ def test_sigterm_answers_pending_requests_and_exits_cleanly(serve_process, tdir)
         assert [e.payload for e in open_.events[1:]] == [{"i": i} for i in sorted(acked)]
 
 
+def test_sigterm_the_moment_the_socket_appears_is_a_clean_stop(tdir):
+    # A supervisor may stop the recorder as soon as it sees the socket: the signal handlers are
+    # in place before anything listens, so that is a graceful stop, never the default death.
+    import signal
+    import time
+
+    from .helpers import sock_path
+
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("TRACEDB_SIDECAR", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tracedb", "--data-dir", tdir, "serve", "--http-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sock_path(tdir)):
+        assert proc.poll() is None and time.monotonic() < deadline, "serve never created its socket"
+        time.sleep(0.0005)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"Traceback" not in err
+
+
 def test_sigkill_mid_execution_then_restart_recovers(serve_process, tdir):
     srv = serve_process()
     with Client("unix:" + srv.socket) as client:

@@ -133,6 +133,7 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
             http = HttpServer(cfg, metrics, http_host, scfg.metrics_port, scfg.token)
             await http.start()
         listening = "the socket or TCP port"
+        server.install_signal_handlers()
         await server.start()
         if otlp is not None:
             from ..otel.receiver import start_receiver
@@ -152,7 +153,6 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
         if isinstance(e, OSError) and e.errno in _CANNOT_LISTEN:
             raise _cannot_listen(e, listening, scfg) from None
         raise
-    server.install_signal_handlers()
     tune_runtime()
     try:
         await server.serve_until_stopped()

@@ -717,7 +717,8 @@ class SidecarServer:
     async def start(self) -> None:
         """Bind the Unix socket (0600, in a 0700 directory) and the optional TCP listener."""
         loop = asyncio.get_running_loop()
-        self._stopped = asyncio.Event()
+        if self._stopped is None:  # install_signal_handlers may have made it (a stop asked early)
+            self._stopped = asyncio.Event()
         cfg = self.config
         if cfg.socket_path is not None:
             path = cfg.socket_path
@@ -760,8 +761,12 @@ class SidecarServer:
         )
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM and SIGINT start a graceful shutdown."""
+        """SIGTERM and SIGINT start a graceful shutdown. Called before `start`, so that no signal
+        finds the default action (death) once the listening line is logged: a stop asked before
+        the server listens is kept, and it shuts down as soon as it has started."""
         loop = asyncio.get_running_loop()
+        if self._stopped is None:
+            self._stopped = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)
 
