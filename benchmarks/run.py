@@ -92,7 +92,8 @@ def bench_wal_async(
     False: the flusher thread does. The first `warmup` seconds are not counted: the log's
     first segment is a plain file until the first zero-filled spare is ready."""
     d = tempfile.mkdtemp(dir=workdir)
-    payloads = [orjson.dumps(event_payload(i)) for i in range(256)]
+    if payloads is None:
+        payloads = [orjson.dumps(event_payload(i)) for i in range(256)]
 
     async def main():
         aw = await wal.open_async(d, preallocate=True, attach_loop=attach_loop)
