@@ -25,9 +25,13 @@ def store(tmp_path_factory):
     s.close()
 
 
+# A bare whole float (1.0) is refused as a payload: a JSON column would give it back as 1.
+payload_values = json_values.filter(lambda v: not (isinstance(v, float) and v.is_integer()))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(payloads=st.lists(json_values, max_size=5), response=st.dictionaries(st.text(max_size=8), json_values, max_size=3),
-       finish=st.booleans(), decision=st.one_of(st.none(), json_values))
+@given(payloads=st.lists(payload_values, max_size=5), response=st.dictionaries(st.text(max_size=8), json_values, max_size=3),
+       finish=st.booleans(), decision=st.one_of(st.none(), payload_values))
 def test_fast_reads_equal_the_engine_reads(store, payloads, response, finish, decision):
     ex = store.start("Intent", {"intent": "Intent", "payload": payloads[:1]})
     for p in payloads:
