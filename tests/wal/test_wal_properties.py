@@ -103,7 +103,10 @@ def test_truncating_the_last_segment_at_every_offset_leaves_exactly_a_prefix(
         reader = wal.WalReader(d)
         got = [r.payload for r in reader.records()]
         assert got == expected, f"cut at {cut}"
-        at_boundary = cut == (whole[-1].end if whole else fmt.SEGMENT_HEADER_SIZE)
+        tail = original[(whole[-1].end if whole else fmt.SEGMENT_HEADER_SIZE) : cut]
+        # Fewer zero bytes than a record header at the end of the file are the end of the data
+        # (no record fits there): a cut whose partial header happens to be all zeros reads so.
+        at_boundary = not tail or (len(tail) < fmt.RECORD_HEADER_SIZE and not any(tail))
         assert (not reader.damages) == at_boundary
         assert all(dmg.torn_tail for dmg in reader.damages)
         with pytest.raises(wal.WalCorruptionError) if not at_boundary else nullcontext():
