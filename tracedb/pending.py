@@ -9,8 +9,8 @@ make permanent: the records above the applied LSN folded in exactly as the compa
 and every execution of this data directory still running read as incomplete (not replayable,
 `execution_incomplete`). Nothing is written and no lock is taken: `tracedb recover` makes it so.
 
-Only the WAL above the database's applied LSN is read (from the segment that holds it), so a
-store that is all compacted costs one short read of one segment.
+Only the WAL above the database's applied LSN is read (from the segment that holds it); a store
+that is all compacted costs one read of the end of its last segment (`wal.last_record_lsn`).
 """
 
 from __future__ import annotations
@@ -156,14 +156,23 @@ def load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
         if not lite and engine.dialect.name != "sqlite":
             return Pending()  # a shared database: nothing of it is this directory's yet
     applied = sqlite_reads.applied_lsn(engine, recorder_id) if lite else _applied_lsn(engine, recorder_id)
-    reader = wal.WalReader(config.wal_dir, from_lsn=applied + 1, mode="point_in_time")
     records = []
     try:
-        for rec in reader.records():
-            records.append((rec.lsn, rec.payload))
-    except (OSError, wal.WalError):
-        records = []  # `tracedb verify` and `wal scan` report a WAL that cannot be read
-    pending = Pending(applied_lsn=applied, last_lsn=max(applied, reader.last_lsn), damages=tuple(reader.damages))
+        last = wal.last_record_lsn(config.wal_dir)
+    except OSError:
+        last = None
+    if last is not None and last <= applied:
+        # The log ends at or below the applied LSN (one read of its end): nothing to fold in, and
+        # no need to check the segment's records from its start up to the applied one.
+        pending = Pending(applied_lsn=applied, last_lsn=applied)
+    else:
+        reader = wal.WalReader(config.wal_dir, from_lsn=applied + 1, mode="point_in_time")
+        try:
+            for rec in reader.records():
+                records.append((rec.lsn, rec.payload))
+        except (OSError, wal.WalError):
+            records = []  # `tracedb verify` and `wal scan` report a WAL that cannot be read
+        pending = Pending(applied_lsn=applied, last_lsn=max(applied, reader.last_lsn), damages=tuple(reader.damages))
     pending.uncompacted_records = len(records)
     decoded = []
     ids: set = set()

@@ -930,3 +930,60 @@ def salvage_file(path: str, *, next_first_lsn: Optional[int] = None, last: bool 
                 f"records up to LSN {next_first_lsn - 1} and a SEAL record", "zeros to the end of the file",
             ))
     return FileSalvage(path, seg.number, seg.first_lsn, records, tuple(ranges), sealed, size)
+
+
+def last_record_lsn(directory: str, *, window_bytes: int = 1 << 20) -> Optional[int]:
+    """The LSN of the last record of the log, read back from the end of its last segment
+    without reading the segment from its start; None when it cannot be told that way (no
+    segment, a damaged header, a torn or damaged end, a last record longer than `window_bytes`):
+    read the log forward then.
+
+    Read-only, and no judge of damage: it answers "does the log hold anything past LSN x?" in
+    one short read where a forward read checks every record of the segment. The record found
+    must pass every check a forward read makes (framing, salted CRC, padding) and end where the
+    segment's data ends, so a partly written group is never taken for it. For a SEAL record
+    the answer is the LSN it seals (the last DATA record's)."""
+    segs = list_segments(directory)
+    if not segs:
+        return None
+    seg = segs[-1]
+    with open(seg.path, "rb", buffering=0) as f:
+        got = fmt.decode_segment_header(f.read(fmt.SEGMENT_HEADER_SIZE))
+        if isinstance(got, str) or got.segment_number != seg.number or got.first_lsn != seg.first_lsn:
+            return None
+        # Where the data ends: past it, a preallocated segment is zeros.
+        pos = os.fstat(f.fileno()).st_size
+        data_end = None
+        buf = bytearray(len(_ZERO_BLOCK))
+        while pos > fmt.SEGMENT_HEADER_SIZE:
+            start = max(fmt.SEGMENT_HEADER_SIZE, pos - len(buf))
+            f.seek(start)
+            n = f.readinto(memoryview(buf)[: pos - start])
+            if n != pos - start:
+                return None  # the file changed under us
+            block = bytes(buf[:n]).rstrip(b"\x00")
+            if block:
+                data_end = start + len(block)
+                break
+            pos = start
+        if data_end is None:
+            return None  # an empty segment: the log's last record is in another one, or none
+        lo = max(fmt.SEGMENT_HEADER_SIZE, data_end - window_bytes)
+        # Whole aligned words up to where the last record may end (its padding, and a payload
+        # ending in zero bytes, lie beyond the last non-zero byte).
+        hi = min(os.fstat(f.fileno()).st_size, data_end + fmt.RECORD_HEADER_SIZE + fmt.ALIGN + 16)
+        f.seek(lo)
+        tail = f.read(hi - lo)
+    seed = fmt.salt_seed(got.salt)
+    first = lo + (-(lo - fmt.SEGMENT_HEADER_SIZE) % fmt.ALIGN)
+    off = data_end - fmt.RECORD_HEADER_SIZE
+    off -= (off - fmt.SEGMENT_HEADER_SIZE) % fmt.ALIGN
+    while off >= first:
+        got_rec = _check_record(tail, off - lo, len(tail), seed, None)
+        if not isinstance(got_rec, str):
+            lsn, rtype, _n, rec_end = got_rec
+            if rec_end + lo >= data_end:
+                return lsn
+            return None  # a valid record that ends before the data does: a torn or damaged end
+        off -= fmt.ALIGN
+    return None
