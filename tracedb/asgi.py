@@ -9,6 +9,7 @@ reports the bound port (0 picks a free one) and shuts it down with the recorder.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 from typing import Optional
 
@@ -53,7 +54,9 @@ class HttpEndpoint:
             timeout_graceful_shutdown=2,
         )
         self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # the sidecar owns SIGTERM/SIGINT
+        # The recorder owns SIGTERM and SIGINT (a graceful stop of everything, in order): uvicorn
+        # must not take them over while it serves, nor raise them again when it stops.
+        self._server.capture_signals = contextlib.nullcontext
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
             if self._task.done():

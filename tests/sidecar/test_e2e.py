@@ -97,6 +97,20 @@ def test_sigterm_the_moment_the_socket_appears_is_a_clean_stop(tdir):
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert b"Traceback" not in err
+    # The recorder alone handles the signal (its HTTP server does not take it over, nor raise
+    # it again when it stops): one stop, logged once.
+    assert err.count(b"signal received") == 1, err.decode()[-2000:]
+
+
+def test_sigterm_with_every_http_endpoint_is_one_graceful_stop(serve_process):
+    # The web view and the OTLP receiver run on uvicorn, which would take SIGTERM over while it
+    # serves and raise it again when it stops: the recorder keeps the signal to itself.
+    pytest.importorskip("opentelemetry.proto")
+    rec = serve_process("--http-port", "0", "--otlp-port", "0")
+    code, err = rec.terminate()
+    assert code == 0, err[-2000:]
+    assert err.count("signal received") == 1, err[-3000:]
+    assert "Traceback" not in err
 
 
 def test_sigkill_mid_execution_then_restart_recovers(serve_process, tdir):

@@ -30,6 +30,8 @@ def test_a_busy_port_is_one_error_and_one_hint(tmp_path, flag):
     assert len(lines) == 2 and lines[0].startswith("error: cannot listen") and f"{named} " in lines[0]
     assert lines[1].startswith("hint: ")
     assert "Traceback" not in r.stderr
+    # Nothing is left listening, or pretending to: no socket file stays behind.
+    assert not (data_dir / "tracedb.sock").exists()
     # The store it opened was closed again: the next recorder takes the data directory at once.
     import tracedb
 

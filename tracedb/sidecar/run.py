@@ -149,7 +149,10 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
             await otlp_http.close()
         if http is not None:
             await http.close()
-        await backend.close()
+        if server.listening:
+            await server.shutdown()  # it listened: its socket goes too, then the backend closes
+        else:
+            await backend.close()
         if isinstance(e, OSError) and e.errno in _CANNOT_LISTEN:
             raise _cannot_listen(e, listening, scfg) from None
         raise

@@ -713,6 +713,11 @@ class SidecarServer:
         self._stopped: Optional[asyncio.Event] = None
         self.tcp_address: Optional[tuple[str, int]] = None
 
+    @property
+    def listening(self) -> bool:
+        """Whether `start` opened a listener (the socket, the TCP port)."""
+        return bool(self._servers)
+
     # -- starting --------------------------------------------------------------------------
     async def start(self) -> None:
         """Bind the Unix socket (0600, in a 0700 directory) and the optional TCP listener."""
