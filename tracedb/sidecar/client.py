@@ -201,6 +201,18 @@ def resolve_sidecar(sidecar: Optional[str], data_dir: Optional[str]) -> Optional
     return None
 
 
+def _address_for(policy: str, sidecar: Optional[str], data_dir: Optional[str], embedded: Optional[bool]) -> Optional[str]:
+    """Where a client records: `resolve_sidecar`, except that a client that fails open never falls
+    back to recording in-process (it would hold the data directory, and a recorder could not
+    start there): with no recorder answering, it waits for one on the data directory's socket."""
+    if embedded:
+        return None
+    address = resolve_sidecar(sidecar, data_dir)
+    if address is None and policy == CONTINUE and embedded is None:
+        address = "unix:" + os.path.join(default_data_dir(data_dir), P.DEFAULT_SOCKET_NAME)
+    return address
+
+
 def _request_start(rid, intent, envelope, execution_id, parent_execution_id, forked_at_seq) -> dict:
     req = {"id": rid, "op": "start", "intent": intent, "envelope": envelope, "execution_id": execution_id}
     if parent_execution_id is not None:
@@ -359,7 +371,11 @@ class _SyncSidecar:
                     if self.conn is None:
                         self._connect(deadline or time.monotonic() + self.reconnect_timeout_s)
                         self.reconnects += 1
+                    if deadline is not None:  # a resend waits no longer than the reconnect deadline
+                        self.conn.sock.settimeout(max(0.01, min(self.timeout_s, deadline - time.monotonic())))
                     resp = self.conn.roundtrip(rid, frame)
+                    if deadline is not None:
+                        self.conn.sock.settimeout(self.timeout_s)
                 except (OSError, ValueError) as e:  # reset, EOF, timeout, garbage: reconnect, resend
                     # Not sent: connecting failed, or the frame never wholly left.
                     sent = self.conn is not None and not getattr(e, "not_sent", False)
@@ -454,7 +470,7 @@ class Client:
         outage_timeout_s: float = DEFAULT_OUTAGE_TIMEOUT_S,
     ):
         policy = outage_policy(on_outage)
-        self.address = None if embedded else resolve_sidecar(sidecar, data_dir)
+        self.address = _address_for(policy, sidecar, data_dir, embedded)
         self._store = None
         self._remote: Optional[_SyncSidecar] = None
         self._outage: Optional[Outage] = None
@@ -465,8 +481,9 @@ class Client:
             return
         if policy == CONTINUE:
             self._outage = Outage(self.address)
-            timeout_s = min(timeout_s, outage_timeout_s)
-            reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s)
+            # Waiting for an answer, then reconnecting and waiting again: outage_timeout_s in all.
+            timeout_s = min(timeout_s, outage_timeout_s / 2)
+            reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s / 2)
         kwargs = dict(token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s,
                       connect_timeout_s=connect_timeout_s)
         try:
@@ -1000,7 +1017,7 @@ class AsyncClient:
         """Connect (or open the embedded store). `on_outage` as for `Client`."""
         self = cls()
         policy = outage_policy(on_outage)
-        self.address = None if embedded else resolve_sidecar(sidecar, data_dir)
+        self.address = _address_for(policy, sidecar, data_dir, embedded)
         if self.address is None:
             import tracedb
 
@@ -1008,8 +1025,8 @@ class AsyncClient:
             return self
         if policy == CONTINUE:
             self._outage = Outage(self.address)
-            timeout_s = min(timeout_s, outage_timeout_s)
-            reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s)
+            timeout_s = min(timeout_s, outage_timeout_s / 2)
+            reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s / 2)
         self._remote = _AsyncSidecar(
             self.address, token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s,
             connect_timeout_s=connect_timeout_s,
