@@ -85,13 +85,22 @@ class Pending:
 
     def note(self) -> Optional[str]:
         """What a person reading should know, or None when the database is the whole truth."""
-        if not self.uncompacted_records and not self.left_running:
-            return None
-        return (
-            f"note: no recorder is running: {self.uncompacted_records} WAL record(s) not compacted "
-            f"yet are shown from the WAL, and {len(self.left_running)} execution(s) left running read as "
-            "incomplete; `tracedb recover` makes this permanent"
-        )
+        lines = []
+        if self.uncompacted_records or self.left_running:
+            lines.append(
+                f"note: no recorder is running: {self.uncompacted_records} WAL record(s) not compacted "
+                f"yet are shown from the WAL, and {len(self.left_running)} execution(s) left running read as "
+                "incomplete; `tracedb recover` makes this permanent"
+            )
+        damaged = [d for d in self.damages if not getattr(d, "torn_tail", False)]
+        if damaged:
+            d = damaged[0]
+            lines.append(
+                f"warning: the WAL is damaged in {os.path.basename(d.path)} at offset {d.offset}: the "
+                "records after it are not shown; `tracedb verify` reports the damage, `tracedb wal "
+                "repair --dry-run` says what a repair would keep, and `--salvage` keeps every intact record"
+            )
+        return "\n".join(lines) or None
 
 
 def _rows_by_id(conn, ids: Iterable[str]) -> dict:
@@ -116,7 +125,7 @@ def _rows_by_id(conn, ids: Iterable[str]) -> dict:
     return out
 
 
-def _applied_lsn(engine: Engine, recorder_id: str) -> int:
+def _applied_lsn(engine: Engine, recorder_id: str) -> Optional[int]:
     import sqlalchemy as sa
 
     from .models import compaction_checkpoint as cp
@@ -125,7 +134,7 @@ def _applied_lsn(engine: Engine, recorder_id: str) -> int:
         q = sa.select(sa.func.max(cp.c.applied_lsn))
         if recorder_id:
             q = q.where(cp.c.recorder_id == recorder_id)
-        return conn.execute(q).scalar() or 0
+        return conn.execute(q).scalar()
 
 
 def _running_with_rows(engine: Engine, recorder_id: str, ids: Iterable[str]) -> tuple[set, dict]:
@@ -156,6 +165,12 @@ def load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
         if not lite and engine.dialect.name != "sqlite":
             return Pending()  # a shared database: nothing of it is this directory's yet
     applied = sqlite_reads.applied_lsn(engine, recorder_id) if lite else _applied_lsn(engine, recorder_id)
+    if applied is None:
+        if recorder_id:
+            # This directory's recorder never opened that database (`--db` names another store):
+            # its WAL is not that store's to fold in.
+            return Pending()
+        applied = 0
     records = []
     try:
         last = wal.last_record_lsn(config.wal_dir)

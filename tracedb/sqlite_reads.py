@@ -187,13 +187,14 @@ def load(conn: sqlite3.Connection, execution_id: str, *, trace: bool = True) -> 
     return (None if row is None else _trace_row(row)), [Step(s, t, loads(p), at) for s, t, p, at in steps]
 
 
-def applied_lsn(conn: sqlite3.Connection, recorder_id: str) -> int:
-    """The highest applied LSN in the compaction checkpoints (of `recorder_id` when given)."""
+def applied_lsn(conn: sqlite3.Connection, recorder_id: str) -> Optional[int]:
+    """The highest applied LSN in the compaction checkpoints (of `recorder_id` when given); None
+    when there is no checkpoint (of that recorder) in this database."""
     sql = "SELECT max(applied_lsn) FROM compaction_checkpoint"
     args: tuple = ()
     if recorder_id:
         sql, args = sql + " WHERE recorder_id = ?", (recorder_id,)
-    return conn.execute(sql, args).fetchone()[0] or 0
+    return conn.execute(sql, args).fetchone()[0]
 
 
 def running_with_rows(conn: sqlite3.Connection, recorder_id: str, ids: Iterable[str]) -> tuple[set, dict]:

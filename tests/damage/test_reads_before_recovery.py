@@ -59,6 +59,20 @@ def test_a_crashed_unrecovered_recorder_reads_as_recovery_will_make_it(recorded,
     assert "recover" not in run("inspect", "--list").stderr
 
 
+def test_another_database_named_with_db_is_not_mixed_with_this_directory_s_wal(recorded, cli, tmp_path):
+    # `--db` reads another store: this data directory's WAL is not that store's to fold in.
+    data_dir, _ = recorded("crash")
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    run = cli(data_dir)
+    assert run("--db", other, "migrate").exit_code == 0
+    r = run("--db", other, "inspect", "--list", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert orjson.loads(r.stdout) == []
+    assert "not compacted" not in r.stderr
+    assert run("--db", other, "replay", "exec-done").exit_code == 3  # not in that store
+    assert {row["execution_id"] for row in run.json("inspect", "--list", "--json")} == {"exec-done", "exec-cut"}
+
+
 def test_pages_merge_the_wal_with_the_database(recorded, cli):
     """Half compacted, half only in the WAL: pages, cursors, counts and filters see both."""
     data_dir, lsn = recorded("compacted", 30, 3, 1 << 20)

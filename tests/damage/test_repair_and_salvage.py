@@ -72,6 +72,10 @@ def test_one_flipped_bit_costs_one_record(recorded, cli):
     assert scanned.exit_code == 4 and f"{seg} at {off}" in scanned.stdout
     assert "tracedb wal repair --salvage" in hinted_commands(scanned.stderr)
     assert run("verify").exit_code == 4
+    # A read shows what comes before the damage, and says that the rest is not shown.
+    listed = run("inspect", "--list", "--all")
+    assert listed.exit_code == 0
+    assert f"the WAL is damaged in {seg} at offset {off}" in listed.stderr, listed.stderr
 
     before = digest(data_dir)
     plan = run.json("wal", "repair", "--salvage", "--dry-run", "--json")
