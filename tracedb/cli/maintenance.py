@@ -317,7 +317,7 @@ def wal_repair(ctx, dry_run, salvage, as_json):
             f"{would}append {r.relogged_records} the database lacks, and compact them"
         )
         for eid, missing in r.corrupted[:SHOWN]:
-            lost = ("seqs " + ", ".join(map(str, missing))) if missing else "its start record"
+            lost = ("seqs " + ", ".join(map(str, missing))) if missing else "a record it cannot name: its start, or what came after its last event"
             click.echo(f"{'would mark' if r.dry_run else 'marked'} record_corrupted: {eid} (lost {lost})")
         if len(r.corrupted) > SHOWN:
             click.echo(f"... and {len(r.corrupted) - SHOWN} more (--json lists every one)")
