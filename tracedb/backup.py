@@ -58,6 +58,12 @@ def backup(config: Config, dest: str) -> BackupResult:
         )
     if not os.path.isfile(config.sqlite_path):
         raise StoreNotFoundError(config.sqlite_path)
+    inside = os.path.realpath(config.data_dir)
+    if os.path.commonpath([inside, os.path.realpath(dest)]) == inside:
+        raise BackupError(
+            f"{dest} is inside the data directory it would copy",
+            hint="back up to a directory outside the data directory, ideally on another disk",
+        )
     _prepare(dest)
     recorder_id = _recorder_id(config)
     fs = OsFileSystem()

@@ -68,7 +68,7 @@ def replay_command(ctx, execution_id, force, envelope_path, as_json):
 
 @main.command("fork")
 @execution_id_argument()
-@click.option("--at", "at_seq", required=True, type=int, help="The last seq the fork shares with its parent.")
+@click.option("--at", "at_seq", required=True, type=click.IntRange(min=0), help="The last seq the fork shares with its parent.")
 @click.option("--id", "new_id", help="Execution id for the fork (default: a new one).")
 @json_option()
 @click.pass_context
