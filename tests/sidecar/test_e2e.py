@@ -113,6 +113,23 @@ def test_sigterm_with_every_http_endpoint_is_one_graceful_stop(serve_process):
     assert "Traceback" not in err
 
 
+def test_replay_of_a_running_execution_says_it_is_still_running(serve_process, tdir):
+    rec = serve_process()
+    with Client(rec.socket) as client:
+        ex = client.start("ProcessIntent", ENV)
+        ex.event("tool.requested", {"name": "search"})
+        out = {}
+
+        def refused_as_running() -> bool:
+            r = _cli("--data-dir", tdir, "replay", ex.execution_id)
+            out["r"] = r
+            return r.returncode == 6 and "still running" in r.stderr
+
+        wait_for(refused_as_running, 60)
+        assert "trace get --follow" in out["r"].stderr
+        ex.finish({"status": "success", "payload": {"n": 1}})
+
+
 def test_sigkill_mid_execution_then_restart_recovers(serve_process, tdir):
     srv = serve_process()
     with Client("unix:" + srv.socket) as client:

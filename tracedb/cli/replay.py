@@ -58,9 +58,21 @@ def replay_command(ctx, execution_id, force, envelope_path, as_json):
     Example:
       tracedb replay exec-a1b2c3d4 --envelope envelope.json --json | jq .payload
     """
+    from ..errors import NotReplayableError
+
     envelope = _load_envelope(envelope_path) if envelope_path else None
     with reading(ctx) as reader:
-        result = reader.replay(execution_id, envelope=envelope, force=force)
+        try:
+            result = reader.replay(execution_id, envelope=envelope, force=force)
+        except NotReplayableError as e:
+            if e.reason == "execution_incomplete" and e.execution_id and reader.get(e.execution_id).status == "running":
+                # No final response *yet*: say so, rather than name the state of one that stopped.
+                e.message = f"execution {e.execution_id!r} is not replayable yet: it is still running"
+                e.hint = (
+                    "replay it once it has finished; `tracedb trace get --follow ID` shows its events "
+                    "as they come"
+                )
+            raise
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     emit_json(result.to_dict(), as_json)
