@@ -130,6 +130,16 @@ def test_replay_of_a_running_execution_says_it_is_still_running(serve_process, t
         ex.finish({"status": "success", "payload": {"n": 1}})
 
 
+def test_verify_next_to_a_recorder_reports_no_made_up_applied_lsn(serve_process, tdir):
+    rec = serve_process()
+    with Client(rec.socket) as client:
+        client.start("ProcessIntent", ENV).finish({"status": "success", "payload": {}})
+    r = _cli("--data-dir", tdir, "verify", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["wal"]["live"] is True and report["wal"]["applied_lsn"] is None, report
+
+
 def test_sigkill_mid_execution_then_restart_recovers(serve_process, tdir):
     srv = serve_process()
     with Client("unix:" + srv.socket) as client:
