@@ -11,7 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 from typing import Optional
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listening address stays on this machine (localhost, 127.0.0.0/8, ::1): the one
+    rule the socket's TCP listener, the web view and the OTLP receiver apply before listening."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class HttpEndpoint:

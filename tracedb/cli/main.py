@@ -168,6 +168,22 @@ class TimeParam(click.ParamType):
         return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
+def read_token(token_file: Optional[str]) -> Optional[str]:
+    """The bearer token from `token_file`, else TRACEDB_TOKEN, else None (serve, ui)."""
+    if not token_file:
+        return os.environ.get("TRACEDB_TOKEN") or None
+    from ..errors import ConfigError
+
+    try:
+        with open(token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read the token file {token_file}: {e.strerror}") from None
+    if not token:
+        raise ConfigError(f"the token file {token_file} is empty")
+    return token
+
+
 class DurationParam(click.ParamType):
     """An age: 30d, 12h, 90m, 45s, 2w, or a bare number of days."""
 

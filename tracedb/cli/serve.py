@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
 
 import click
 
 from ..errors import ConfigError
 from ..sidecar import protocol as P
-from .main import config_of, json_option, main
+from .main import config_of, json_option, main, read_token
 
 # [sidecar] keys of the configuration file (config/tracedb.toml), with their types.
 _FILE_KEYS = {
@@ -57,19 +56,6 @@ def parse_tcp(text: str) -> tuple[str, int]:
         raise click.BadParameter(f"{text!r}: write HOST:PORT, e.g. 127.0.0.1:{P.DEFAULT_TCP_PORT}")
     host = host.strip("[]") or "127.0.0.1"
     return host, int(port)
-
-
-def _read_token(token_file: Optional[str]) -> Optional[str]:
-    if token_file:
-        try:
-            with open(token_file, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as e:
-            raise ConfigError(f"cannot read the token file {token_file}: {e.strerror}") from None
-        if not token:
-            raise ConfigError(f"the token file {token_file} is empty")
-        return token
-    return os.environ.get("TRACEDB_TOKEN") or None
 
 
 @main.command()
@@ -135,7 +121,7 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, http_port, http_host,
         tcp_host=host,
         tcp_port=port,
         allow_remote=bool(allow_remote if allow_remote is not None else file.get("allow_remote", False)),
-        token=_read_token(token_file or file.get("token_file")),
+        token=read_token(token_file or file.get("token_file")),
         metrics_port=next((p for p in (http_port, metrics_port, file.get("http_port"), file.get("metrics_port"))
                            if p is not None), None),
         max_frame_bytes=max_frame_bytes or file.get("max_frame_bytes", P.DEFAULT_MAX_FRAME_BYTES),

@@ -3,28 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
 
 import click
 
-from ..errors import ConfigError
-from .main import config_of, emit_json, json_option, main
+from .main import config_of, emit_json, json_option, main, read_token
 
 DEFAULT_UI_PORT = 8470
-
-
-def _token(token_file):
-    """The bearer token from the file, else TRACEDB_TOKEN, else None (as `tracedb serve` reads it)."""
-    if not token_file:
-        return os.environ.get("TRACEDB_TOKEN") or None
-    try:
-        with open(token_file, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as e:
-        raise ConfigError(f"cannot read the token file {token_file}: {e.strerror}") from None
-    if not token:
-        raise ConfigError(f"the token file {token_file} is empty")
-    return token
 
 
 def _recovery_note(cfg) -> str | None:
@@ -77,7 +61,7 @@ def ui(ctx, host, port, allow_remote, token_file, data_dir, db_url, as_json):
         cfg = cfg.replace(data_dir=data_dir, db_path="")
     if db_url is not None:
         cfg = cfg.replace(db_url=db_url)
-    token = _token(token_file) if allow_remote or token_file else None
+    token = read_token(token_file) if allow_remote or token_file else None
     check_listen(host, allow_remote=allow_remote, token=token)
     note = _recovery_note(cfg)
     if note:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import logging
 import zlib
 from typing import Callable, Optional
 
 import orjson
 
+from ..asgi import is_loopback
 from ..errors import ConfigError, RecordingFailedError, StoreClosedError, TraceDBError
 from . import mapping as M
 from .ingest import SpanIngest
@@ -57,16 +57,6 @@ def require_otel() -> None:
             f"the OTLP receiver needs the OpenTelemetry protocol package ({e.name or e})",
             hint=INSTALL_HINT,
         ) from None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is a loopback address (or localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_listen(host: str, allow_remote: bool, token: Optional[str]) -> None:

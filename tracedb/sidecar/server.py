@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import hmac
-import ipaddress
 import logging
 import os
 import signal
@@ -31,6 +30,7 @@ import orjson
 
 import wal
 
+from ..asgi import is_loopback
 from ..errors import TraceDBError
 from . import protocol as P
 from .backend import IN_BATCH, Backend, Deferred, Staged
@@ -70,15 +70,6 @@ class ServerConfigError(TraceDBError):
     code = "config"
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_config(config: ServerConfig) -> None:
     """Refuse unsafe or impossible listening setups before anything is opened."""
     if config.socket_path is None and config.tcp_port is None:
@@ -90,7 +81,7 @@ def check_config(config: ServerConfig) -> None:
         )
     if config.tcp_port is not None:
         host = config.tcp_host or "127.0.0.1"
-        if not _is_loopback(host):
+        if not is_loopback(host):
             if not config.allow_remote:
                 raise ServerConfigError(
                     f"refusing to listen on non-loopback address {host}",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import ipaddress
 import os
 import shlex
 import signal
@@ -17,23 +16,13 @@ from typing import Callable, Optional
 from urllib.parse import quote
 
 from .. import db
-from ..asgi import HttpEndpoint
+from ..asgi import HttpEndpoint, is_loopback
 from ..config import DEFAULT_DATA_DIR, Config
 from ..errors import ConfigError
 from ..reads import AsyncReader
 from .app import create_app
 
 _CANNOT_LISTEN = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_listen(host: str, *, allow_remote: bool, token: Optional[str], flag: str = "--host") -> None:
