@@ -192,6 +192,7 @@ def test_compact_prune_pin_migrate_wal_scan(seeded, run, data_dir):
     assert "deleted 1 trace(s)" in run("prune", "--older-than", "1s").stdout
     assert run("migrate").stdout.startswith("schema at 0003")
     assert run("prune", "--older-than", "soon").exit_code == 2  # a bad option value is a usage error
+    assert run("inspect", "--list", "--limit", "0").exit_code == 2  # a page of nothing is no page
 
 
 def test_the_command_runs_as_a_real_process(seeded, data_dir):

@@ -116,7 +116,7 @@ PRINTERS = {"table": _print_table, "json": _print_json, "ndjson": _print_ndjson,
 @click.option("--until", type=TimeParam(), help="Created before: ISO time or an age.")
 @click.option("--intent", help="Only executions with exactly this intent.")
 @click.option("--search", metavar="TEXT", help="Only executions whose intent contains TEXT (any case).")
-@click.option("--limit", type=click.IntRange(min=0), help=f"Executions per page (default {DEFAULT_PAGE_SIZE}).")
+@click.option("--limit", type=click.IntRange(min=1), help=f"Executions per page (default {DEFAULT_PAGE_SIZE}).")
 @click.option("--before", type=CursorParam(), help="The next page: the cursor printed after the previous one.")
 @click.option("--all", "all_", is_flag=True, help="Every matching execution, not one page.")
 @click.option(
