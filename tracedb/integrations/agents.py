@@ -54,7 +54,7 @@ from .. import handles
 from ..errors import InvalidInputError, UsageError
 from ..record import LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED
 from ..replay.eventlog import ReplaySession, args_hash
-from .recorded import content_key, is_async_recorder, linked_execution_factory, load_record
+from .recorded import ReplayCounts, content_key, is_async_recorder, linked_execution_factory, load_record
 
 log = logging.getLogger(__name__)
 
@@ -414,7 +414,7 @@ def _check_replayable_model_calls(record: Any) -> None:
             )
 
 
-class ReplayModelProvider(ModelProvider):
+class ReplayModelProvider(ReplayCounts, ModelProvider):
     """Replays a recorded run's model answers; `RunConfig(model_provider=...)`.
 
     `source` is a `tracedb.reads.Reader`, a store, a client, or the ExecutionRecord of the run
@@ -462,26 +462,6 @@ class ReplayModelProvider(ModelProvider):
         if model is None:
             model = self._models[model_name] = ReplayModel(self, model_name)
         return model
-
-    @property
-    def execution_id(self) -> str:
-        """The replayed execution's id."""
-        return self.record.execution_id
-
-    @property
-    def new_execution_id(self) -> Optional[str]:
-        """Permissive mode: the execution the run's model calls are recorded into, once made."""
-        return getattr(self.session.execution, "execution_id", None)
-
-    @property
-    def served(self) -> int:
-        """Model calls answered from the recording."""
-        return self.session.served
-
-    @property
-    def consumed(self) -> bool:
-        """Strict mode: True once every recorded model call was asked again."""
-        return self.session.consumed
 
     async def answer(self, request: dict, key: str, live: Callable[[], Any]) -> Any:
         """The recorded (or, permissive, live) response to one model call."""

@@ -39,7 +39,7 @@ from .. import handles
 from ..errors import RecordedCallError, UsageError
 from ..record import LLM_REQUESTED, LLM_RESPONDED
 from ..replay.eventlog import ReplaySession
-from .recorded import content_key, is_async_recorder, linked_execution_factory, load_record
+from .recorded import ReplayCounts, content_key, is_async_recorder, linked_execution_factory, load_record
 
 # Response headers not kept: the body is stored decoded and whole, and cookies are secrets.
 _DROPPED_RESPONSE_HEADERS = frozenset(
@@ -368,7 +368,7 @@ class AsyncReplayTransport(httpx.AsyncBaseTransport):
             await self._transport.aclose()
 
 
-class Replay:
+class Replay(ReplayCounts):
     """A replay of one recorded execution's OpenAI calls; `wrap(client)` answers from it.
 
     `source` is a `tracedb.reads.Reader`, a store, a recording client, or the ExecutionRecord.
@@ -413,29 +413,9 @@ class Replay:
         self._loop = loop
 
     @property
-    def execution_id(self) -> str:
-        """The replayed execution's id."""
-        return self.record.execution_id
-
-    @property
-    def new_execution_id(self) -> Optional[str]:
-        """Permissive mode: the execution the run is recorded into, once a live call made it."""
-        return getattr(self.session.execution, "execution_id", None)
-
-    @property
-    def served(self) -> int:
-        """How many requests were answered from the recording."""
-        return self.session.served
-
-    @property
     def live(self) -> int:
         """How many requests went to the server (permissive mode)."""
         return self.session.live
-
-    @property
-    def consumed(self) -> bool:
-        """Strict mode: True once every recorded request was asked again."""
-        return self.session.consumed
 
     def http_client(self, transport: Optional[httpx.BaseTransport] = None, **kwargs: Any) -> httpx.Client:
         """An `httpx.Client` that answers from this replay (for `openai.OpenAI(http_client=...)`)."""

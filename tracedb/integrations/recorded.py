@@ -14,7 +14,7 @@ import orjson
 from .. import handles
 from ..errors import NotReplayableError, UsageError
 from ..record import ExecutionRecord
-from ..replay.eventlog import intent_of
+from ..replay.eventlog import ReplaySession, intent_of
 
 
 def content_key(value: Any) -> str:
@@ -124,6 +124,33 @@ def linked_execution_factory(
         return recorder.start(intent, envelope, parent_execution_id=parent)
 
     return make
+
+
+class ReplayCounts:
+    """What a replay over a `ReplaySession` reports, for a class holding `record` and `session`."""
+
+    record: Any
+    session: ReplaySession
+
+    @property
+    def execution_id(self) -> str:
+        """The replayed execution's id."""
+        return self.record.execution_id
+
+    @property
+    def new_execution_id(self) -> Optional[str]:
+        """Permissive mode: the execution the rerun is recorded into, once a live call made it."""
+        return getattr(self.session.execution, "execution_id", None)
+
+    @property
+    def served(self) -> int:
+        """Calls answered from the recording."""
+        return self.session.served
+
+    @property
+    def consumed(self) -> bool:
+        """Strict mode: True once every recorded call was asked again."""
+        return self.session.consumed
 
 
 def _discard(pending: Any) -> None:
