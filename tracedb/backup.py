@@ -24,7 +24,7 @@ from wal.fs import OsFileSystem, write_file_atomic
 from wal.reader import APPLIED_FILE
 
 from .config import Config
-from .errors import ConfigError, IntegrityError, StoreNotFoundError, TraceDBError
+from .errors import EXIT_USAGE, ConfigError, IntegrityError, StoreNotFoundError, TraceDBError
 
 RECORDER_ID_FILE = "RECORDER_ID"
 _ATTEMPTS = 5
@@ -47,6 +47,12 @@ class BackupError(TraceDBError):
     code = "backup"
 
 
+class BackupDestinationError(BackupError):
+    """A destination the command refuses before writing anything: a usage error (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
 def backup(config: Config, dest: str) -> BackupResult:
     """Copy the data directory `config` names into `dest` (a new or empty directory)."""
     if config.db_url:
@@ -60,7 +66,7 @@ def backup(config: Config, dest: str) -> BackupResult:
         raise StoreNotFoundError(config.sqlite_path)
     inside = os.path.realpath(config.data_dir)
     if os.path.commonpath([inside, os.path.realpath(dest)]) == inside:
-        raise BackupError(
+        raise BackupDestinationError(
             f"{dest} is inside the data directory it would copy",
             hint="back up to a directory outside the data directory, ideally on another disk",
         )
@@ -112,7 +118,7 @@ def restore(backup_dir: str, data_dir: str) -> str:
 
 def _prepare(dest: str) -> None:
     if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
-        raise BackupError(f"{dest} exists and is not an empty directory", hint="give a new directory")
+        raise BackupDestinationError(f"{dest} exists and is not an empty directory", hint="give a new directory")
     os.makedirs(dest, exist_ok=True)
     OsFileSystem().fsync_dir(os.path.dirname(os.path.abspath(dest)))
 

@@ -90,14 +90,14 @@ def test_backup_refuses_a_destination_in_use_and_restore_a_directory_in_use(tmp_
     busy.mkdir()
     (busy / "something").write_text("x")
     r = _tracedb("--data-dir", data_dir, "backup", str(busy))
-    assert r.returncode == 1 and r.stderr.startswith("error: ") and "not an empty directory" in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "not an empty directory" in r.stderr
     for inside in (os.path.join(data_dir, "bk"), os.path.join(data_dir, "wal", "bk")):
         r = _tracedb("--data-dir", data_dir, "backup", inside)
-        assert r.returncode == 1 and "inside the data directory" in r.stderr, r.stderr
+        assert r.returncode == 2 and "inside the data directory" in r.stderr, r.stderr
         assert not os.path.exists(inside)
     r = _tracedb("--data-dir", data_dir, "restore", str(tmp_path / "nothing-here"))
     assert r.returncode == 2  # no such backup: a usage error
     assert _tracedb("--data-dir", data_dir, "backup", str(tmp_path / "ok")).returncode == 0
     r = _tracedb("--data-dir", data_dir, "restore", str(tmp_path / "ok"))
-    assert r.returncode == 1 and "not an empty directory" in r.stderr
+    assert r.returncode == 2 and "not an empty directory" in r.stderr
     assert os.listdir(tmp_path / "ok")
