@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import orjson
 import pytest
 
 from tests.waiting import wait_until
@@ -177,3 +178,55 @@ def test_the_asyncio_client_fails_open_alike(tdir, serve_process):
     record = asyncio.run(run())
     assert [e.type for e in record.events] == ["myapp.c", "myapp.d", "FINAL_RESPONSE"]
     assert record.header.replayableReason == "recording_failure"
+
+
+
+async def _swallowing_proxy(path: str, upstream: str, swallow: str, connections: list):
+    """A unix-socket proxy to the recorder at `upstream` that never forwards a request whose op
+    is `swallow`: a recorder that answers hello and start, and then hangs (stuck on its disk).
+    Each connection accepted is appended to `connections`."""
+    async def handle(reader, writer):
+        connections.append(writer)
+        up_r, up_w = await asyncio.open_unix_connection(upstream.removeprefix("unix:"))
+
+        async def back():
+            while line := await up_r.readline():
+                writer.write(line)
+            writer.close()
+
+        task = asyncio.get_running_loop().create_task(back())
+        try:
+            while line := await reader.readline():
+                if orjson.loads(line).get("op") != swallow:
+                    up_w.write(line)
+        finally:
+            up_w.close()
+            task.cancel()
+
+    return await asyncio.start_unix_server(handle, path)
+
+
+def test_the_asyncio_client_gives_up_on_a_hung_recorder_within_its_two_timeouts(tdir, serve_process):
+    """Raise mode: a request unanswered for timeout_s is resent on a new connection, and fails
+    reconnect_timeout_s later, however recently the resend went out (it used to wait a whole
+    timeout_s after the resend: 2 x timeout_s in all)."""
+    rec = serve_process()
+    proxy_path = os.path.join(tdir, "proxy.sock")
+    connections: list = []
+
+    async def run():
+        proxy = await _swallowing_proxy(proxy_path, rec.socket, "event", connections)
+        client = await connect_async("unix:" + proxy_path, timeout_s=2.0, reconnect_timeout_s=0.5)
+        try:
+            ex = await client.start("hung.async", {"intent": "hung.async"})
+            t0 = time.monotonic()
+            with pytest.raises(RecorderUnavailableError, match="nor after reconnecting"):
+                await ex.event("myapp.step", {"i": 1})
+            return time.monotonic() - t0
+        finally:
+            await client.close()
+            proxy.close()
+
+    waited = asyncio.run(run())
+    assert len(connections) >= 2  # the request was resent on a new connection
+    assert 2.0 <= waited < 2.0 + 0.5 + 1.0, f"gave up after {waited:.2f} s (timeout_s 2 + reconnect_timeout_s 0.5)"

@@ -810,41 +810,41 @@ class _AsyncSidecar:
             p.sent_at = time.monotonic()
             self._writer.write(p.frame)
 
-    def _arm_watchdog(self) -> None:
+    def _arm_watchdog(self, delay: Optional[float] = None) -> None:
         if self._watchdog is None and not self._closed:
-            self._watchdog = asyncio.get_running_loop().call_later(self.timeout_s / 4, self._watch)
+            tick = self.timeout_s / 4 if delay is None else max(0.01, min(delay, self.timeout_s / 4))
+            self._watchdog = asyncio.get_running_loop().call_later(tick, self._watch)
 
     def _watch(self) -> None:
         """A connection on which a request went unanswered for `timeout_s` is taken for dead,
         as the sync client's socket timeout does: closed, reconnected, everything resent. A
         request still unanswered `reconnect_timeout_s` after that fails with
-        RecorderUnavailableError."""
+        RecorderUnavailableError, resent or not: a request never waits much past
+        `timeout_s + reconnect_timeout_s`."""
         self._watchdog = None
         if self._closed or not self.pending:
             return
         now = time.monotonic()
-        stale = [p for p in self.pending.values() if now - p.sent_at >= self.timeout_s]
-        if stale:
-            given_up = 0
-            for p in stale:
+        reconnect = False
+        for p in list(self.pending.values()):
+            if p.deadline is not None and now >= p.deadline:
+                self._fail_one(p, RecorderUnavailableError(
+                    f"no answer from the recorder at {self.address} within "
+                    f"{self.timeout_s:g} s, nor after reconnecting for {self.reconnect_timeout_s:g} s",
+                    hint="the recorder may be stuck on its disk: check `tracedb serve`'s log and /health",
+                ))
+            elif now - p.sent_at >= self.timeout_s:
+                reconnect = True
                 if p.deadline is None:
                     p.deadline = now + self.reconnect_timeout_s
-                elif now >= p.deadline:
-                    given_up += 1
-                    del self.pending[p.rid]
-                    if not p.future.done():
-                        p.future.set_exception(RecorderUnavailableError(
-                            f"no answer from the recorder at {self.address} within "
-                            f"{self.timeout_s:g} s, nor after reconnecting for {self.reconnect_timeout_s:g} s",
-                            hint="the recorder may be stuck on its disk: check `tracedb serve`'s log and /health",
-                        ))
-            if given_up < len(stale) and self._writer is not None:
-                log.warning(
-                    "tracedb: no answer from the recorder at %s for %g s; reconnecting",
-                    self.address, self.timeout_s,
-                )
-                self._writer.transport.abort()  # the reader sees the end and reconnects
-        self._arm_watchdog()
+        if reconnect and self._writer is not None:
+            log.warning(
+                "tracedb: no answer from the recorder at %s for %g s; reconnecting",
+                self.address, self.timeout_s,
+            )
+            self._writer.transport.abort()  # the reader sees the end and reconnects
+        deadlines = [p.deadline for p in self.pending.values() if p.deadline is not None]
+        self._arm_watchdog(min(deadlines) - now if deadlines else None)
 
     def _start_reconnect(self) -> None:
         if self._connecting is None or self._connecting.done():
