@@ -8,19 +8,10 @@ recorder crash is recovered from the WAL.
         ex = rec.start("ProcessIntent", envelope)
         ex.event("tool.requested", {...})
         ex.finish({"status": "success"})
-"""
 
-from .client import (
-    AsyncClient,
-    AsyncExecution,
-    Client,
-    Execution,
-    RecorderUnavailableError,
-    SeqConflictError,
-    SidecarError,
-    connect,
-    connect_async,
-)
+The client's names below are loaded on first use: importing `tracedb.sidecar.protocol` (what
+`tracedb serve`'s command line needs) does not load the client and asyncio with it.
+"""
 
 __all__ = [
     "AsyncClient",
@@ -33,3 +24,11 @@ __all__ = [
     "connect",
     "connect_async",
 ]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from . import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'tracedb.sidecar' has no attribute {name!r}")
