@@ -16,9 +16,9 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Iterator, Optional, Union
 
-import orjson
+import wal
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -48,6 +48,9 @@ TimeArg = Union[None, int, float, datetime]
 
 # How many candidates an ambiguous prefix error names.
 AMBIGUOUS_SHOWN = 5
+# How many reads a page of replayable executions makes to replace the rows whose records failed
+# verification; past them, the page is short and its cursor continues after the rows read.
+REFILLS = 8
 
 
 
@@ -121,30 +124,6 @@ def _steps_stmt(execution_id: str):
         .where(trace_steps.c.execution_id == execution_id)
         .order_by(trace_steps.c.seq)
     )
-
-
-class _Step(NamedTuple):
-    seq: int
-    type: str
-    payload: object
-    recorded_at_ns: int
-
-
-def _raw_steps_stmt(execution_id: str):
-    """`_steps_stmt` with the payload as its JSON text: decoded by `_decoded`, about ten times
-    faster than the driver's per-row JSON processing (a 10,000-event timeline for the web view)."""
-    sa, _, trace_steps = _core()
-    return (
-        sa.select(trace_steps.c.seq, trace_steps.c.type, sa.cast(trace_steps.c.payload, sa.Text),
-                  trace_steps.c.recorded_at_ns)
-        .where(trace_steps.c.execution_id == execution_id)
-        .order_by(trace_steps.c.seq)
-    )
-
-
-def _decoded(rows) -> list:
-    loads = orjson.loads
-    return [_Step(seq, type_, None if text is None else loads(text), at) for seq, type_, text, at in rows]
 
 
 def _load(engine: Engine, execution_id: str):
@@ -314,7 +293,7 @@ def list_traces(
         rows = conn.execute(q).all()
     from .rows import TraceSummary
 
-    return [TraceSummary.model_validate(r._mapping) for r in rows]
+    return [TraceSummary.from_row(r._mapping) for r in rows]
 
 
 def missing_seqs(record: ExecutionRecord) -> list[int]:
@@ -444,7 +423,13 @@ def _resolve_stmts(dialect: str, prefix: str):
     return exact, sa.select(col).where(match).order_by(col).limit(AMBIGUOUS_SHOWN + 1)
 
 
-def _resolved(prefix: str, found: list) -> str:
+def _resolved(prefix: str, found: list, pending: Optional[Pending] = None) -> str:
+    """The one id of the database's `found` (ids that start with `prefix`, the exact one not
+    among them) and `pending`'s executions."""
+    if pending:
+        if prefix in pending.rows:
+            return prefix
+        found = sorted({*found, *(e for e in pending.rows if prefix and e.startswith(prefix))})
     if not found:
         raise ExecutionNotFoundError(prefix)
     if len(found) > 1:
@@ -452,9 +437,8 @@ def _resolved(prefix: str, found: list) -> str:
     return found[0]
 
 
-def _page_stmt(where: Filter, before: Optional[str], limit: int):
-    if limit < 0:
-        raise InvalidInputError("limit must not be negative")
+def _page_stmt(where: Filter, before: Optional[str], n: int):
+    """Up to `n` listed rows of the database that match `where`, newest first, after `before`."""
     sa, traces, trace_steps = _core()
     last_at = (
         sa.select(trace_steps.c.recorded_at_ns)
@@ -466,8 +450,7 @@ def _page_stmt(where: Filter, before: Optional[str], limit: int):
     if before is not None:
         ns, execution_id = decode_cursor(before)
         q = q.where(sa.tuple_(traces.c.created_at_ns, traces.c.execution_id) < sa.tuple_(ns, execution_id))
-    # One row more than asked tells whether another page follows.
-    return q.order_by(*_newest_first()).limit(limit + 1)
+    return q.order_by(*_newest_first()).limit(n)
 
 
 def _mapping(row):
@@ -475,12 +458,25 @@ def _mapping(row):
     return row if isinstance(row, dict) else row._mapping
 
 
-def _page_of(rows: list, limit: int) -> Page:
-    from .rows import TraceSummary  # pydantic: loaded by the commands that list
+def _page_from(items: list, limit: int) -> Page:
+    """The page of the first `limit` of `items`; one more than `limit` says another page follows."""
+    shown = tuple(items[:limit])
+    return Page(shown, shown[-1].cursor if len(items) > limit and shown else None)
 
-    items = tuple(TraceSummary.model_validate(_mapping(r)) for r in rows[:limit])
-    more = len(rows) > limit and items
-    return Page(items, items[-1].cursor if more else None)
+
+def _as_judged(item: TraceSummary, record: ExecutionRecord) -> TraceSummary:
+    """`item` as its `judged` record reads: not replayable, `record_corrupted`, when the record
+    fails verification; otherwise as stored (its record, read a moment later, may be newer)."""
+    header = record.header
+    if header.replayableReason != REASON_RECORD_CORRUPTED or item.replayable_reason == REASON_RECORD_CORRUPTED:
+        return item
+    return dataclasses.replace(item, replayable=False, replayable_reason=REASON_RECORD_CORRUPTED)
+
+
+def _kept(items: list, where: Filter) -> list:
+    """`items`, judged, without those `where.replayable` rules out: the database filters on the
+    stored flag, and a record that fails verification is no longer replayable."""
+    return [i for i in items if i.replayable] if where.replayable else items
 
 
 def _timeline(row, steps) -> Timeline:
@@ -518,14 +514,34 @@ class Progress:
     events: tuple[TimedEvent, ...]
 
 
-def _status_counts_stmt(where: Filter):
-    # Counts for every status under the other filters: a listing shows them side by side.
-    others = Filter(None, where.since, where.until, where.intent, where.search, where.replayable)
+def _count_stmt(where: Filter, pending: Pending):
+    """How many executions of the database match `where`, leaving out `pending`'s."""
     sa, traces, _ = _core()
-    return others.apply(sa.select(traces.c.status, sa.func.count()).group_by(traces.c.status))
+    return _without(where.apply(sa.select(sa.func.count()).select_from(traces)), pending)
 
 
-def _bounded_count_stmts(where: Filter, at_most: int):
+def _pending_count(pending: Pending, where: Filter) -> int:
+    return sum(1 for row in pending.rows.values() if _pending_matches(row, where))
+
+
+def _status_counts_stmt(where: Filter, pending: Pending):
+    # Counts for every status under the other filters: a listing shows them side by side.
+    others = dataclasses.replace(where, status=None)
+    sa, traces, _ = _core()
+    return _without(others.apply(sa.select(traces.c.status, sa.func.count()).group_by(traces.c.status)), pending)
+
+
+def _plus_pending(counts: dict, pending: Pending, where: Filter, at_most: Optional[int]) -> dict:
+    """`counts` per status (of the database, `pending`'s left out) with `pending`'s executions
+    that match `where`'s other filters; each at most `at_most` + 1 when given."""
+    others = dataclasses.replace(where, status=None)
+    for row in pending.rows.values():
+        if _pending_matches(row, others):
+            counts[row["status"]] += 1
+    return counts if at_most is None else {s: min(n, at_most + 1) for s, n in counts.items()}
+
+
+def _bounded_count_stmts(where: Filter, at_most: int, pending: Pending):
     """(status, a count of its matches that stops at `at_most` + 1), one per status: each walks
     the (status, created_at_ns, execution_id) index and stops early, so its cost does not grow
     with the store."""
@@ -535,7 +551,7 @@ def _bounded_count_stmts(where: Filter, at_most: int):
     out = []
     for status in STATUSES:
         one = Filter(status, where.since, where.until, where.intent, where.search, where.replayable)
-        inner = one.apply(sa.select(sa.literal(1)).select_from(traces)).limit(at_most + 1).subquery()
+        inner = _without(one.apply(sa.select(sa.literal(1)).select_from(traces)), pending).limit(at_most + 1).subquery()
         out.append((status, sa.select(sa.func.count()).select_from(inner)))
     return out
 
@@ -557,13 +573,26 @@ def _progress_stmts(execution_id: str, after_seq: int, limit: int):
     return head, steps
 
 
-def _progress(execution_id: str, head, steps) -> Progress:
+def _progress(execution_id: str, head, steps, pending: Pending, after_seq: int, limit: int) -> Progress:
+    """The Progress of the database's `head` row and `steps`, or of `pending`'s row and steps."""
+    row = pending.rows.get(execution_id)
+    if row is not None:
+        head = SimpleNamespace(**row)
+        steps = [*steps, *(s for s in pending.steps.get(execution_id, ()) if s.seq > after_seq)][:limit]
     if head is None:
         raise ExecutionNotFoundError(execution_id)
     return Progress(
         execution_id, head.status, bool(head.replayable), head.replayable_reason, head.last_seq,
         tuple(TimedEvent(s.seq, s.type, s.payload, s.recorded_at_ns) for s in steps),
     )
+
+
+def _event(execution_id: str, seq: int, stored, pending: Pending) -> TimedEvent:
+    """The database's `stored` step, or the one `pending` read from the WAL."""
+    s = stored or next((p for p in pending.steps.get(execution_id, ()) if p.seq == seq), None)
+    if s is None:
+        raise ExecutionNotFoundError(f"{execution_id} seq {seq}")
+    return TimedEvent(s.seq, s.type, s.payload, s.recorded_at_ns)
 
 
 def _event_stmt(execution_id: str, seq: int):
@@ -587,11 +616,13 @@ def _forks_stmt(execution_id: str):
     )
 
 
-def _not_pending(pending: Pending) -> list:
-    """Conditions that leave out the executions `pending` shows as they are now."""
+def _without(q, pending: Pending):
+    """`q`, a select from traces, without the executions `pending` shows as they are now."""
+    if not pending:
+        return q
     _, traces, _ = _core()
     ids = list(pending.rows)
-    return [traces.c.execution_id.not_in(ids[i : i + 500]) for i in range(0, len(ids), 500)]
+    return q.where(*(traces.c.execution_id.not_in(ids[i : i + 500]) for i in range(0, len(ids), 500)))
 
 
 def _pending_matches(row: dict, where: Filter) -> bool:
@@ -611,26 +642,25 @@ def _pending_matches(row: dict, where: Filter) -> bool:
     return not where.search or where.search.lower() in (row["intent"] or "").lower()
 
 
-def _merged_page(rows: list, pending: Pending, where: Filter, before: Optional[str], limit: int) -> Page:
-    """A page of the database's `rows` (limit + 1 of them, none of `pending`'s) and `pending`'s
-    matching executions, newest first."""
+def _merged(rows: list, pending: Pending, where: Filter, before: Optional[str], n: int) -> list:
+    """The newest `n` of the database's `rows` (up to `n` of them, none of `pending`'s) and
+    `pending`'s matching executions, as summaries."""
     from .rows import TraceSummary
 
-    items = [TraceSummary.model_validate(_mapping(r)) for r in rows]
+    items = [TraceSummary.from_row(_mapping(r)) for r in rows]
+    if not pending:
+        return items
     cut = decode_cursor(before) if before is not None else None
-    # Only the newest limit + 1 of the pending rows can be on the page: validate those alone.
+    # Only the newest n of the pending rows can be on the page: make those alone.
     keys = sorted(
         ((row["created_at_ns"], eid) for eid, row in pending.rows.items()
          if _pending_matches(row, where) and (cut is None or (row["created_at_ns"], eid) < cut)),
         reverse=True,
-    )[: limit + 1]
+    )[:n]
     for _created, eid in keys:
-        items.append(TraceSummary.model_validate(
-            {**pending.rows[eid], "last_event_at_ns": pending.last_event_at_ns.get(eid)}
-        ))
+        items.append(TraceSummary.from_row({**pending.rows[eid], "last_event_at_ns": pending.last_event_at_ns.get(eid)}))
     items.sort(key=lambda s: (s.created_at_ns, s.execution_id), reverse=True)
-    shown = tuple(items[:limit])
-    return Page(shown, shown[-1].cursor if len(items) > limit and shown else None)
+    return items[:n]
 
 
 def _checked_limit(limit: int) -> int:
@@ -693,14 +723,17 @@ class Reader:
     def pending(self) -> Pending:
         """What the WAL holds beyond the database, read once (empty while a recorder runs)."""
         if self._pending is None:
-            if self._config is None:
-                self._pending = Pending()
-            elif self._lite is not None:
-                with self._lite_lock:
-                    self._pending = load_pending(self._config, self._lite)
-            else:
-                self._pending = load_pending(self._config, self.engine)
+            self._pending = self._pending_now()
         return self._pending
+
+    def _pending_now(self) -> Pending:
+        """What the WAL holds beyond the database now."""
+        if self._config is None:
+            return Pending()
+        if self._lite is not None:
+            with self._lite_lock:
+                return load_pending(self._config, self._lite)
+        return load_pending(self._config, self.engine)
 
     @property
     def engine(self) -> Engine:
@@ -740,47 +773,66 @@ class Reader:
                 if conn.execute(exact).first() is not None:
                     return prefix
                 found = conn.execute(candidates).scalars().all()
-        if self.pending:
-            if prefix in self.pending.rows:
-                return prefix
-            found = sorted({*found, *(e for e in self.pending.rows if prefix and e.startswith(prefix))})
-        return _resolved(prefix, found)
+        return _resolved(prefix, found, self.pending)
 
-    def page(self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE) -> Page:
+    def page(
+        self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE,
+        judge: bool = True,
+    ) -> Page:
         """Up to `limit` executions that match `where`, newest first, older than the cursor
         `before` if given.
 
         The filters run in SQL. The position is a keyset (created_at_ns, execution_id), served by
         an index ending in those columns, so a page costs the same however deep it is.
+
+        Each row is judged as `get` judges its record (`judged`, one record read per row): one
+        that fails verification reads not replayable, `record_corrupted`, and
+        `Filter(replayable=True)` leaves it out, and reads on to fill the page (up to REFILLS
+        reads: past that, the page is short and `next_cursor` continues after the rows read).
+        `judge=False` gives the stored flags without reading the records (for a caller that
+        reads each record anyway).
         """
+        _checked_limit(limit)
+        kept, cut = [], before
+        for _ in range(REFILLS):
+            n = limit + 1 - len(kept)  # one more than the page tells whether another follows
+            rows = self._rows(where, cut, n)
+            kept += _kept(self._judged_rows(rows), where) if judge else rows
+            if len(kept) > limit or len(rows) < n:
+                return _page_from(kept, limit)
+            cut = rows[-1].cursor
+        return Page(tuple(kept), cut)
+
+    def _rows(self, where: Filter, before: Optional[str], n: int) -> list:
+        """Up to `n` summaries that match `where`, newest first, after `before`, as stored (or
+        as the WAL shows them)."""
         pending = self.pending
         if self._lite is not None:
             args = _filter_args(where)
             cut = None if before is None else decode_cursor(before)
             with self._lite_lock:
-                rows = sqlite_reads.page_rows(
-                    self._lite, **args, before=cut, limit=_checked_limit(limit) + 1, leave_out=tuple(pending.rows)
-                )
+                rows = sqlite_reads.page_rows(self._lite, **args, before=cut, limit=n, leave_out=tuple(pending.rows))
         else:
-            q = _page_stmt(where, before, limit)
-            if pending:
-                q = q.where(*_not_pending(pending))
             with self.engine.connect() as conn:
-                rows = conn.execute(q).all()
-        if not pending:
-            return _page_of(rows, limit)
-        return _merged_page(rows, pending, where, before, limit)
+                rows = conn.execute(_without(_page_stmt(where, before, n), pending)).all()
+        return _merged(rows, pending, where, before, n)
+
+    def _judged_rows(self, items: list, pending: Optional[Pending] = None) -> list:
+        """`items` as `get` judges their records (`_as_judged`)."""
+        out = []
+        for item in items:
+            try:
+                out.append(_as_judged(item, self._record_now(item.execution_id, pending)))
+            except ExecutionNotFoundError:
+                out.append(item)  # pruned since the page was read
+        return out
 
     def count(self, where: Filter = EVERYTHING) -> int:
         """How many executions match `where`."""
-        sa, traces, _ = _core()
-        q = where.apply(sa.select(sa.func.count()).select_from(traces))
         pending = self.pending
-        if pending:
-            q = q.where(*_not_pending(pending))
         with self.engine.connect() as conn:
-            n = int(conn.execute(q).scalar() or 0)
-        return n + sum(1 for row in pending.rows.values() if _pending_matches(row, where))
+            n = int(conn.execute(_count_stmt(where, pending)).scalar() or 0)
+        return n + _pending_count(pending, where)
 
     def status_counts(self, where: Filter = EVERYTHING, *, at_most: Optional[int] = None) -> dict[str, int]:
         """How many executions of each status match `where`'s other filters (its status is
@@ -788,10 +840,13 @@ class Reader:
 
         With `at_most`, counting a status stops past it (a count of `at_most` + 1 means "more"):
         an exact count reads every matching row, which on millions takes seconds."""
+        pending = self.pending
         with self.engine.connect() as conn, conn.begin():
             if at_most is None:
-                return _status_counts(conn.execute(_status_counts_stmt(where)).all())
-            return {s: int(conn.execute(q).scalar() or 0) for s, q in _bounded_count_stmts(where, at_most)}
+                counts = _status_counts(conn.execute(_status_counts_stmt(where, pending)).all())
+            else:
+                counts = {s: int(conn.execute(q).scalar() or 0) for s, q in _bounded_count_stmts(where, at_most, pending)}
+        return _plus_pending(counts, pending, where, at_most)
 
     def progress(self, execution_id: str, after_seq: int = 0, *, limit: int = 1000) -> Progress:
         """An execution's status and up to `limit` events recorded after `after_seq` (an exact
@@ -799,18 +854,18 @@ class Reader:
         head, steps = _progress_stmts(execution_id, after_seq, limit)
         with self.engine.connect() as conn, conn.begin():
             row = conn.execute(head).first()
-            return _progress(execution_id, row, conn.execute(steps).all() if row is not None else ())
+            stored = conn.execute(steps).all()
+        return _progress(execution_id, row, stored, self.pending, after_seq, limit)
 
     def event(self, execution_id: str, seq: int) -> TimedEvent:
         """One event of an execution (an exact id); ExecutionNotFoundError if there is none."""
         with self.engine.connect() as conn:
             s = conn.execute(_event_stmt(execution_id, seq)).first()
-        if s is None:
-            raise ExecutionNotFoundError(f"{execution_id} seq {seq}")
-        return TimedEvent(s.seq, s.type, s.payload, s.recorded_at_ns)
+        return _event(execution_id, seq, s, self.pending)
 
     def each(
-        self, where: Filter = EVERYTHING, *, before: Optional[str] = None, page_size: int = STREAM_PAGE_SIZE
+        self, where: Filter = EVERYTHING, *, before: Optional[str] = None, page_size: int = STREAM_PAGE_SIZE,
+        judge: bool = True,
     ) -> Iterator[TraceSummary]:
         """Every execution that matches `where` (older than `before` if given), newest first.
 
@@ -818,7 +873,7 @@ class Reader:
         neither grows with the store nor holds a snapshot that keeps SQLite's WAL from shrinking.
         """
         while True:
-            page = self.page(where, before=before, limit=page_size)
+            page = self.page(where, before=before, limit=page_size, judge=judge)
             yield from page.items
             if page.next_cursor is None:
                 return
@@ -828,11 +883,17 @@ class Reader:
         """The whole record of one execution, judged as `verify` judges it: a record whose
         envelope no longer hashes to its envelope hash, or whose events have gaps, reads as not
         replayable, `record_corrupted`."""
-        return judged(record_from_rows(*self._load_now(self.resolve(execution_id))))
+        return self._record_now(self.resolve(execution_id))
 
-    def _load_now(self, execution_id: str):
-        """`_load`, with what the WAL holds beyond the database folded in."""
-        row = self.pending.rows.get(execution_id)
+    def _record_now(self, execution_id: str, pending: Optional[Pending] = None) -> ExecutionRecord:
+        """The judged record of an exact id, with what the WAL holds beyond the database."""
+        return judged(record_from_rows(*self._load_now(execution_id, pending)))
+
+    def _load_now(self, execution_id: str, pending: Optional[Pending] = None):
+        """`_load`, with what the WAL holds beyond the database folded in (`pending`, else
+        `self.pending`)."""
+        pending = self.pending if pending is None else pending
+        row = pending.rows.get(execution_id)
         if self._lite is not None:
             with self._lite_lock:
                 stored, steps = sqlite_reads.load(self._lite, execution_id, trace=row is None)
@@ -845,11 +906,14 @@ class Reader:
         else:
             with self.engine.connect() as conn:
                 steps = conn.execute(_steps_stmt(execution_id)).all()
-        return SimpleNamespace(**row), [*steps, *self.pending.steps.get(execution_id, ())]
+        return SimpleNamespace(**row), [*steps, *pending.steps.get(execution_id, ())]
 
     def timeline(self, execution_id: str) -> Timeline:
         """The record and each event's recorded time, read from one snapshot."""
-        t = _timeline(*self._load_now(self.resolve(execution_id)))
+        return self._timeline_now(self.resolve(execution_id))
+
+    def _timeline_now(self, execution_id: str, pending: Optional[Pending] = None) -> Timeline:
+        t = _timeline(*self._load_now(execution_id, pending))
         return dataclasses.replace(t, record=judged(t.record))
 
     def inspect(self, execution_id: str) -> dict:
@@ -897,12 +961,19 @@ class AsyncReader:
     """`Reader` for an event loop: the same queries, awaited, on an asyncio engine (aiosqlite for
     SQLite, psycopg's async mode for PostgreSQL), so the loop never blocks on the database.
 
+    Opened from a `Config`, it shows what `Reader` shows: when no recorder runs, what the WAL
+    holds beyond the database (`tracedb.pending`), looked at again for each read (in a worker
+    thread: reading the WAL blocks), and records judged as `verify` judges them.
+
     `reader = await AsyncReader.open(config)`, then `await reader.page(...)`; `await
     reader.close()` (or `async with`).
     """
 
-    def __init__(self, engine: "AsyncEngine"):
+    def __init__(self, engine: "AsyncEngine", config: Config):
         self._engine = engine
+        self._config = config
+        self._sync: Optional[Reader] = None  # whole records and the pending view, in worker threads
+        self._sync_lock = threading.Lock()
 
     @classmethod
     async def open(cls, config: Config) -> "AsyncReader":
@@ -915,9 +986,13 @@ class AsyncReader:
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms).dispose()
         )
-        return cls(db.create_async_read_engine(config.database, busy_timeout_ms=config.busy_timeout_ms))
+        return cls(db.create_async_read_engine(config.database, busy_timeout_ms=config.busy_timeout_ms), config)
 
     async def close(self) -> None:
+        with self._sync_lock:
+            sync, self._sync = self._sync, None
+        if sync is not None:
+            sync.close()
         await self._engine.dispose()
 
     async def __aenter__(self) -> "AsyncReader":
@@ -926,65 +1001,102 @@ class AsyncReader:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def resolve(self, prefix: str) -> str:
+    def _reader(self) -> Reader:
+        """The blocking `Reader` of the same store (made on first use, in a worker thread)."""
+        with self._sync_lock:
+            if self._sync is None:
+                self._sync = Reader.open(self._config)
+            return self._sync
+
+    async def _in_thread(self, call):
+        """`call(reader)` on the blocking `Reader`, in a worker thread: the loop does not wait."""
+        import asyncio
+
+        return await asyncio.to_thread(lambda: call(self._reader()))
+
+    async def pending(self) -> Pending:
+        """What the WAL holds beyond the database now (see `Reader.pending`): empty while a
+        recorder runs. Looked at again on each call, in a worker thread."""
+        cfg = self._config
+        if not os.path.isdir(cfg.wal_dir) or wal.is_locked(cfg.wal_dir):
+            return Pending()  # no WAL, or a recorder runs: it compacts and recovers by itself
+        return await self._in_thread(lambda r: r._pending_now())
+
+    async def resolve(self, prefix: str, pending: Optional[Pending] = None) -> str:
         """The execution id that is `prefix` or starts with it (see `Reader.resolve`)."""
         exact, candidates = _resolve_stmts(self._engine.dialect.name, prefix)
         async with self._engine.connect() as conn:
             if (await conn.execute(exact)).first() is not None:
                 return prefix
-            return _resolved(prefix, (await conn.execute(candidates)).scalars().all())
+            found = (await conn.execute(candidates)).scalars().all()
+        return _resolved(prefix, found, await self.pending() if pending is None else pending)
 
-    async def page(self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE) -> Page:
+    async def page(
+        self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE,
+        judge: bool = True,
+    ) -> Page:
         """Up to `limit` executions that match `where`, newest first (see `Reader.page`)."""
-        q = _page_stmt(where, before, limit)
-        async with self._engine.connect() as conn:
-            return _page_of((await conn.execute(q)).all(), limit)
-
-    async def _load(self, execution_id: str):
-        eid = await self.resolve(execution_id)
-        async with self._engine.connect() as conn, conn.begin():
-            row = (await conn.execute(_trace_stmt(eid))).first()
-            if row is None:
-                raise ExecutionNotFoundError(eid)
-            steps = _decoded((await conn.execute(_raw_steps_stmt(eid))).all())
-        return row, steps
+        _checked_limit(limit)
+        pending = await self.pending()
+        kept, cut = [], before
+        for _ in range(REFILLS):
+            n = limit + 1 - len(kept)
+            async with self._engine.connect() as conn:
+                rows = (await conn.execute(_without(_page_stmt(where, cut, n), pending))).all()
+            rows = _merged(rows, pending, where, cut, n)
+            if judge:
+                kept += _kept(await self._in_thread(lambda r: r._judged_rows(rows, pending)), where)
+            else:
+                kept += rows
+            if len(kept) > limit or len(rows) < n:
+                return _page_from(kept, limit)
+            cut = rows[-1].cursor
+        return Page(tuple(kept), cut)
 
     async def get(self, execution_id: str) -> ExecutionRecord:
-        """The whole record of one execution."""
-        return record_from_rows(*await self._load(execution_id))
+        """The whole record of one execution, judged (see `Reader.get`)."""
+        pending = await self.pending()
+        eid = await self.resolve(execution_id, pending)
+        return await self._in_thread(lambda r: r._record_now(eid, pending))
 
     async def timeline(self, execution_id: str) -> Timeline:
-        """The record and each event's recorded time, read from one snapshot."""
-        return _timeline(*await self._load(execution_id))
+        """The record and each event's recorded time, read from one snapshot (see `Reader.timeline`)."""
+        pending = await self.pending()
+        eid = await self.resolve(execution_id, pending)
+        return await self._in_thread(lambda r: r._timeline_now(eid, pending))
 
     async def count(self, where: Filter = EVERYTHING) -> int:
         """How many executions match `where`."""
-        sa, traces, _ = _core()
-        q = where.apply(sa.select(sa.func.count()).select_from(traces))
+        pending = await self.pending()
         async with self._engine.connect() as conn:
-            return int((await conn.execute(q)).scalar() or 0)
+            n = int((await conn.execute(_count_stmt(where, pending))).scalar() or 0)
+        return n + _pending_count(pending, where)
 
     async def status_counts(self, where: Filter = EVERYTHING, *, at_most: Optional[int] = None) -> dict[str, int]:
         """How many executions of each status match `where`'s other filters (see `Reader.status_counts`)."""
+        pending = await self.pending()
         async with self._engine.connect() as conn, conn.begin():
             if at_most is None:
-                return _status_counts((await conn.execute(_status_counts_stmt(where))).all())
-            return {s: int((await conn.execute(q)).scalar() or 0) for s, q in _bounded_count_stmts(where, at_most)}
+                counts = _status_counts((await conn.execute(_status_counts_stmt(where, pending))).all())
+            else:
+                counts = {s: int((await conn.execute(q)).scalar() or 0)
+                          for s, q in _bounded_count_stmts(where, at_most, pending)}
+        return _plus_pending(counts, pending, where, at_most)
 
     async def progress(self, execution_id: str, after_seq: int = 0, *, limit: int = 1000) -> Progress:
         """An execution's status and the events recorded after `after_seq` (see `Reader.progress`)."""
         head, steps = _progress_stmts(execution_id, after_seq, limit)
+        pending = await self.pending()
         async with self._engine.connect() as conn, conn.begin():
             row = (await conn.execute(head)).first()
-            return _progress(execution_id, row, (await conn.execute(steps)).all() if row is not None else ())
+            stored = (await conn.execute(steps)).all()
+        return _progress(execution_id, row, stored, pending, after_seq, limit)
 
     async def event(self, execution_id: str, seq: int) -> TimedEvent:
         """One event of an execution (an exact id); ExecutionNotFoundError if there is none."""
         async with self._engine.connect() as conn:
             s = (await conn.execute(_event_stmt(execution_id, seq))).first()
-        if s is None:
-            raise ExecutionNotFoundError(f"{execution_id} seq {seq}")
-        return TimedEvent(s.seq, s.type, s.payload, s.recorded_at_ns)
+        return _event(execution_id, seq, s, await self.pending() if s is None else Pending())
 
     async def diff(self, a: str, b: str) -> TraceDiff:
         """Two executions side by side up to their first divergent step (see `Reader.diff`)."""

@@ -1,37 +1,43 @@
-"""The read API's typed rows: a listed execution as a SQLModel, validated from its `traces` row.
+"""The read API's typed rows: a listed execution as a frozen dataclass, made from its `traces` row.
 
-Imported when a listing is read, not by every command: pydantic's import is the largest part of
-a command's start-up.
+Plain Python on purpose: a listing builds its rows without importing pydantic or SQLAlchemy,
+whose imports cost a read command more than the rest of its work.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
-from pydantic import ConfigDict
-from sqlmodel import SQLModel
+from dataclasses import dataclass
+from typing import Mapping, Optional
 
 from .paging import encode_cursor
 from .record import STATUS_RUNNING, utc_iso
 
 
-class TraceSummary(SQLModel):
-    """One execution without its events, as the read API lists it: a `traces` row validated into
-    typed fields (SQLite's 0/1 become booleans), with the time of its last event."""
-
-    model_config = ConfigDict(frozen=True)
+@dataclass(frozen=True)
+class TraceSummary:
+    """One execution without its events, as the read API lists it: a `traces` row with typed
+    fields (SQLite's 0/1 become booleans), with the time of its last event."""
 
     execution_id: str
     created_at_ns: int
     updated_at_ns: int
-    intent: Optional[str] = None
+    intent: Optional[str]
     status: str
     replayable: bool
-    replayable_reason: Optional[str] = None
+    replayable_reason: Optional[str]
     last_seq: int
     pinned: bool
     parent_execution_id: Optional[str] = None
     last_event_at_ns: Optional[int] = None
+
+    @classmethod
+    def from_row(cls, row: Mapping) -> "TraceSummary":
+        """The summary of a `traces` row (a mapping of its columns; others are ignored)."""
+        return cls(
+            row["execution_id"], row["created_at_ns"], row["updated_at_ns"], row["intent"], row["status"],
+            bool(row["replayable"]), row["replayable_reason"], row["last_seq"], bool(row["pinned"]),
+            row["parent_execution_id"], row.get("last_event_at_ns"),
+        )
 
     @property
     def created_utc_iso(self) -> str:

@@ -27,16 +27,13 @@ from .reader import (
     last_record_lsn,
     list_segments,
     read_applied_lsn,
-    read_gaps,
     read_records,
     recover_salt,
     salvage_file,
-    salvage_tail,
     scan,
     segment_of,
-    tail_of,
 )
-from .repair import KeptTail, RepairResult, repair
+from .repair import RepairResult, repair
 from .writer import DEFAULT_SEGMENT_SIZE_BYTES, AsyncWal, OpenResult, Wal, WalStats, open_async, open_wal
 
 __all__ = [
@@ -46,7 +43,6 @@ __all__ = [
     "Damage",
     "DamagedRange",
     "FileSalvage",
-    "KeptTail",
     "DEFAULT_SEGMENT_SIZE_BYTES",
     "MAX_PAYLOAD_BYTES",
     "OpenResult",
@@ -70,13 +66,10 @@ __all__ = [
     "open_async",
     "open_wal",
     "read_applied_lsn",
-    "read_gaps",
     "read_records",
     "recover_salt",
     "repair",
     "salvage_file",
-    "salvage_tail",
     "scan",
     "segment_of",
-    "tail_of",
 ]

@@ -5,6 +5,7 @@ And a read command on such a file does not load SQLAlchemy or pydantic at all.""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def all_pages(reader, where, limit):
     pages, before = [], None
     while True:
         page = reader.page(where, before=before, limit=limit)
-        pages.append(([i.model_dump() for i in page.items], page.next_cursor))
+        pages.append(([dataclasses.asdict(i) for i in page.items], page.next_cursor))
         if page.next_cursor is None:
             return pages
         before = page.next_cursor
@@ -129,9 +130,9 @@ def test_ids_records_and_timelines_are_the_same_through_both_paths(store_dir):
 
 
 def test_a_read_command_loads_neither_sqlalchemy_nor_pydantic(store_dir):
-    """Finding and reading one execution on a SQLite store loads no SQLAlchemy, Alembic or
-    pydantic, even with WAL records to fold in. (A listing validates its rows into
-    TraceSummary, a SQLModel: it loads pydantic and SQLAlchemy with it.)"""
+    """Finding and reading one execution, or listing a page of them (each row judged, its
+    record read), on a SQLite store loads no SQLAlchemy, Alembic or pydantic, even with WAL
+    records to fold in."""
     script = (
         "import sys\n"
         "from tracedb.cli import main\n"
@@ -142,7 +143,8 @@ def test_a_read_command_loads_neither_sqlalchemy_nor_pydantic(store_dir):
         " file=sys.stderr)\n"
     )
     for args, heavy in ((["inspect", "exec-003"], []), (["trace", "get", "exec-007"], []),
-                        (["replay", "exec-003-b", "--json"], []), (["inspect", "exec-cut"], [])):
+                        (["replay", "exec-003-b", "--json"], []), (["inspect", "exec-cut"], []),
+                        (["inspect", "--list"], []), (["inspect", "--list", "--all", "--format", "csv"], [])):
         r = subprocess.run([sys.executable, "-c", script, "--data-dir", store_dir, *args], capture_output=True,
                            text=True, cwd=os.getcwd(), timeout=60)
         loaded = [line for line in r.stderr.splitlines() if line.startswith("LOADED")]

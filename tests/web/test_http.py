@@ -227,31 +227,6 @@ def test_serve_refuses_a_remote_http_host_without_allow_remote_and_a_token(tmp_p
     assert not (tmp_path / "d").exists()  # refused before the store was opened
 
 
-def test_with_no_recorder_running_ui_says_what_the_database_does_not_hold_yet(tmp_path):
-    data_dir = str(tmp_path / "crashed")
-    # A recorder SIGKILLed mid-execution: one execution left running, one event not compacted.
-    code = (
-        "import os, signal, tracedb\n"
-        f"s = tracedb.open({data_dir!r}, config={{'compact_interval_ms': 0, 'idle_timeout_s': 0}})\n"
-        "ex = s.start('Crashy', {'intent': 'Crashy'}, 'exec-left-running')\n"
-        "ex.event('tool.requested', {'name': 'x'})\n"
-        "s.compact()\n"
-        "ex.event('tool.responded', {'name': 'x'})\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n"
-    )
-    killed = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=60)
-    assert killed.returncode == -9, killed.stderr
-    proc = UiProcess("--data-dir", data_dir)
-    try:
-        page = _get(proc.url + "e/exec-left-running").text
-        assert "running" in page
-    finally:
-        assert proc.stop() == 0
-    note = proc.stderr_text
-    assert "note: no recorder is running: 1 WAL record(s)" in note and "1 execution(s) left running" in note
-    assert "tracedb recover" in note
-
-
 def test_ids_with_slashes_and_url_characters_have_pages(tmp_path):
     from urllib.parse import quote
 

@@ -118,7 +118,7 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
     n = 0
     with reading(ctx) as reader, progress_bar("exporting") as progress:
         # With --all the ids come a page at a time: memory holds a page of ids and one record.
-        ids = (i.execution_id for i in reader.each()) if all_ else map(reader.resolve, execution_ids)
+        ids = (i.execution_id for i in reader.each(judge=False)) if all_ else map(reader.resolve, execution_ids)
         total = reader.count() if all_ and progress is not None else len(execution_ids)
         if to_dir is not None:
             os.makedirs(to_dir, exist_ok=True)

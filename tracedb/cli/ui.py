@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import click
 
 from .main import config_of, emit_json, json_option, main, read_token
@@ -12,19 +10,12 @@ DEFAULT_UI_PORT = 8470
 
 
 def _recovery_note(cfg) -> str | None:
-    """What the view cannot show while no recorder runs: WAL records not compacted, executions
-    nobody will finish (the read commands fold these in; the view reads the database alone)."""
+    """What the view shows beyond the database while no recorder runs: WAL records not
+    compacted, executions nobody will finish (read as incomplete, as the read commands do)."""
     from ..reads import Reader
 
     with Reader.open(cfg) as reader:  # a missing store: exit 3 here, before anything listens
-        pending = reader.pending
-        if not pending.uncompacted_records and not pending.left_running:
-            return None
-        return (
-            f"note: no recorder is running: {pending.uncompacted_records} WAL record(s) are not in the "
-            f"database yet and {len(pending.left_running)} execution(s) left running show as running; "
-            "`tracedb recover` (or starting `tracedb serve`) folds them in and marks those incomplete"
-        )
+        return reader.pending.note()
 
 
 @main.command()
@@ -73,5 +64,7 @@ def ui(ctx, host, port, allow_remote, token_file, data_dir, db_url, as_json):
         else:
             click.echo(f"tracedb ui: {url}  (read-only; Ctrl-C stops it)")
         click.get_text_stream("stdout").flush()
+
+    import asyncio
 
     asyncio.run(serve_ui(cfg, host=host, port=port, token=token, on_listening=listening))
