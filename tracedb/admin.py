@@ -138,9 +138,11 @@ def verify_store(config: Config, execution_id: Optional[str] = None) -> damage.C
             notes.append(f"WAL damage in {d.segment} at offset {d.offset}: `tracedb wal repair --dry-run` "
                          "says what a repair would keep and drop")
             break
+    tails = salvaging.kept_tails(config)
+    notes += [damage.kept_tail_note(t) for t in tails if not t.not_in_database]
     return damage.Checkup(
         traces_result, db_problems, db_hint, w.records, w.first_lsn, w.last_lsn, applied, w.damages, w.live,
-        uncompacted, left, tuple(notes), path,
+        uncompacted, left, tuple(notes), path, tails,
     )
 
 

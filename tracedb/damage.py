@@ -65,6 +65,16 @@ def wal_coverage(config: Config) -> WalCoverage:
     return WalCoverage(first, r.last_lsn, complete)
 
 
+def kept_tail_note(tail) -> str:
+    """The note `verify` gives a kept torn tail whose records are all in the database (or that
+    holds none): evidence, not a loss."""
+    held = f"its {tail.records} record(s) with a valid CRC are in the database" if tail.records else "no record in it has a valid CRC"
+    return (
+        f"WAL tail kept in {tail.file}: bytes cut as a torn tail when the log opened; {held} "
+        "(the file is evidence: it is never deleted by tracedb)"
+    )
+
+
 def damaged_database_error(config: Config, error: BaseException) -> DatabaseDamagedError:
     """The error for a damaged database file, with what to do: rebuild it from the WAL where the
     WAL holds every record, else restore it, naming what only the file held."""
@@ -205,15 +215,22 @@ class Checkup:
     left_running: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
     database_path: Optional[str] = None
+    kept_tails: tuple = ()  # salvage.KeptTailReport: torn tails the writer cut and kept
 
     @property
     def problems(self) -> tuple[str, ...]:
-        """Every problem: of the traces, of the database file, and WAL corruption."""
+        """Every problem: of the traces, of the database file, WAL corruption, and kept torn
+        tails holding records the database lacks."""
         out = list(self.traces.problems if self.traces is not None else ())
         out.extend(self.database_problems)
         out.extend(
             f"WAL {d.segment} at offset {d.offset}: expected {d.expected}, found {d.found}"
             for d in self.wal_damages if d.corruption
+        )
+        out.extend(
+            f"WAL tail kept in {t.file} holds {t.not_in_database} record(s) with a valid CRC that the "
+            "database lacks: `tracedb wal repair --salvage` applies them"
+            for t in self.kept_tails if t.not_in_database
         )
         return tuple(out)
 
@@ -241,6 +258,7 @@ class Checkup:
                      "torn_tail": d.torn_tail, "live_tail": d.live_tail, "corruption": d.corruption}
                     for d in self.wal_damages
                 ],
+                "kept_tails": [t.to_dict() for t in self.kept_tails],
             },
             "left_running": list(self.left_running),
             "notes": list(self.notes),

@@ -54,6 +54,13 @@ class LostRange:
     first_lsn: Optional[int]
     last_lsn: Optional[int]  # None: unknown (damage running to the end of the log)
     torn_tail: bool
+    # Its LSNs lie in a gap a cut left (the log went on above the records it removed): they
+    # were never applied, whatever the applied LSN.
+    cut_off: bool = False
+
+    def held(self, applied_lsn: int) -> bool:
+        """True when the database holds what the range held (it lies below the applied LSN)."""
+        return not self.cut_off and self.last_lsn is not None and 0 < self.last_lsn <= applied_lsn
 
     def to_dict(self) -> dict:
         return {"file": self.file, "offset": self.offset, "length": self.length,
@@ -70,7 +77,7 @@ class LostRange:
         else:
             lost = f"LSN {self.first_lsn}..{self.last_lsn} lost ({self.last_lsn - self.first_lsn + 1} records)"
         kind = "torn tail (never acknowledged)" if self.torn_tail else "damage"
-        held = " (in the database already)" if self.last_lsn is not None and 0 < self.last_lsn <= applied_lsn else ""
+        held = " (in the database already)" if self.held(applied_lsn) else ""
         return f"{kind}: {self.file} at offset {self.offset}, {self.length} byte(s): {lost}{held}"
 
 
@@ -103,7 +110,7 @@ class RepairReport:
         """LSNs the damaged bytes held (None when a range's end is unknown)."""
         total = 0
         for r in self.damaged:
-            if r.torn_tail or r.first_lsn is None or (r.last_lsn is not None and r.last_lsn <= self.applied_lsn):
+            if r.torn_tail or r.first_lsn is None or r.held(self.applied_lsn):
                 continue
             if r.last_lsn is None:
                 return None
@@ -159,11 +166,22 @@ def _check_free(config: Config) -> None:
         )
 
 
-def _ranges(damages) -> list[LostRange]:
+def _ranges(damages, gaps: dict, *, torn: bool = False) -> list[LostRange]:
+    """The damaged ranges as reported; `torn`: they are of a kept torn tail (the writer judged
+    them the end of an unacknowledged group when it cut them)."""
     return [
-        LostRange(os.path.basename(d.path), d.offset, d.length, d.first_lost_lsn, d.last_lost_lsn, d.torn_tail)
+        LostRange(
+            os.path.basename(d.path), d.offset, d.length, d.first_lost_lsn, d.last_lost_lsn, torn or d.torn_tail,
+            d.first_lost_lsn is not None and any(a < d.first_lost_lsn < b for a, b in gaps.items()),
+        )
         for d in damages
     ]
+
+
+def _tail_files(wal_dir: str) -> list:
+    """Salvage reads of the torn tails the writer kept when it cut them (`<segment>.tail-<offset>`)."""
+    names = sorted(n for n in os.listdir(wal_dir) if wal.tail_of(os.path.join(wal_dir, n)) is not None)
+    return [wal.salvage_tail(os.path.join(wal_dir, n)) for n in names]
 
 
 def _live_files(wal_dir: str) -> list:
@@ -204,7 +222,7 @@ def repair(config: Config, *, dry_run: bool = False) -> RepairReport:
         if f.path < first.path:
             continue
         dropped += [r for r in f.records if f.path > first.path or r.offset >= first.offset]
-        ranges += _ranges(d for d in f.damages if f.path > first.path or d.offset + d.length > first.offset)
+        ranges += _ranges((d for d in f.damages if f.path > first.path or d.offset + d.length > first.offset), {})
     if not ranges:
         ranges = [LostRange(os.path.basename(first.path), first.offset, 0, None, None, first.torn_tail)]
     below = scan.last_lsn < applied
@@ -229,12 +247,68 @@ def repair(config: Config, *, dry_run: bool = False) -> RepairReport:
             max(scan.last_lsn, applied), len(dropped), tuple(executions), below, notes=tuple(notes),
         )
     r = wal.repair(config.wal_dir, applied_lsn=applied + 1)
+    if r.continues_at is not None:
+        notes.append(
+            f"new records continue at LSN {r.continues_at}: the records cut held LSNs up to "
+            f"{r.continues_at - 1}, and no LSN is given twice"
+        )
     return RepairReport(
         False, False, tuple(ranges), applied,
         os.path.basename(r.truncated_segment) if r.truncated_segment else os.path.basename(first.path),
         r.truncated_at, r.last_lsn, len(dropped), tuple(executions), below,
         broken_copies=tuple(os.path.basename(c) for c in r.broken_copies), notes=tuple(notes),
     )
+
+
+@dataclass(frozen=True)
+class KeptTailReport:
+    """A torn tail the writer kept when it cut it: how many records with a valid CRC it holds,
+    and how many of those the database does not reflect (`wal repair --salvage` applies them)."""
+
+    file: str
+    records: int
+    not_in_database: int
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "records": self.records, "not_in_database": self.not_in_database}
+
+
+def kept_tails(config: Config) -> tuple[KeptTailReport, ...]:
+    """Every kept torn tail of the data directory's WAL (read-only, no lock)."""
+    if not os.path.isdir(config.wal_dir):
+        return ()
+    tails = _tail_files(config.wal_dir)
+    if not tails:
+        return ()
+    engine = None
+    if db.is_url(config.database) or os.path.exists(config.database):
+        engine = db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms)
+    try:
+        out = []
+        for f in tails:
+            records = _decoded(f.records)
+            ids = sorted({r[2][1] for r in records if r[2][1] is not None})
+            rows, steps = ({}, set())
+            if engine is not None and ids:
+                with engine.connect() as conn:
+                    rows, steps = _db_state(conn, ids)
+            need, _orphans = _needed(records, rows, steps)
+            out.append(KeptTailReport(os.path.basename(f.path), len(f.records), len(need)))
+        return tuple(out)
+    finally:
+        if engine is not None:
+            engine.dispose()
+
+
+def _decoded(recs) -> list:
+    """(lsn, payload, decoded) of each tracedb record of `recs` (others are skipped)."""
+    out = []
+    for r in recs:
+        try:
+            out.append((r.lsn, r.payload, _decode(r.payload)))
+        except (ValueError, KeyError, TypeError):
+            continue  # not a tracedb record: nothing to apply it to
+    return out
 
 
 def _decode(payload: bytes) -> tuple:
@@ -323,11 +397,15 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
     store that recovers and re-appends (the caller's; it takes the lock)."""
     _check_free(config)
     applied, _rid = _applied_lsn(config)
+    gaps = wal.read_gaps(config.wal_dir)
     live = _live_files(config.wal_dir)
     broken = _broken_files(config.wal_dir)
+    tails = _tail_files(config.wal_dir)
     ranges: list[LostRange] = []
     for f in live + broken:
-        ranges += _ranges(f.damages)
+        ranges += _ranges(f.damages, gaps)
+    for f in tails:
+        ranges += _ranges(f.damages, gaps, torn=True)
     # Every record found, once (a live segment and its copy hold the same ones), in LSN order.
     # Records of the live log at or below the applied LSN are the database's (or were pruned
     # from it on purpose); the copies' records are applied by content, whatever their LSN.
@@ -336,15 +414,10 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
         for r in f.records:
             if r.lsn > applied:
                 found.setdefault((r.lsn, r.payload), r)
-    for f in broken:
+    for f in broken + tails:
         for r in f.records:
             found.setdefault((r.lsn, r.payload), r)
-    records = []
-    for (lsn, payload) in sorted(found, key=lambda k: k[0]):
-        try:
-            records.append((lsn, payload, _decode(payload)))
-        except (ValueError, KeyError, TypeError):
-            continue  # not a tracedb record: nothing to apply it to
+    records = _decoded(found[k] for k in sorted(found, key=lambda k: k[0]))
     scan = wal.scan(config.wal_dir, mode="point_in_time")
     live_damaged = bool(scan.damages)
     below = live_damaged and scan.last_lsn < applied
@@ -353,7 +426,14 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
         notes.append(
             f"the damage is below the applied LSN {applied}: those records are in the database already"
         )
-    after_cut = [r for r in records if r[0] > scan.last_lsn]
+    # What the live log keeps (up to its first damage); the rest was found after damage, in
+    # copies a repair kept, or in torn tails the writer kept.
+    kept_live = {(r.lsn, r.payload) for f in live for r in f.records if r.lsn <= scan.last_lsn}
+    lost_from = min((r.first_lsn for r in ranges if not r.torn_tail and r.first_lsn is not None), default=None)
+    after_cut = [r for r in records if (r[0], r[1]) not in kept_live and (lost_from is None or r[0] > lost_from)]
+    # Executions a recovery closed after an earlier cut (above its gap): the cut bytes may hold
+    # the rest of their events, as for one still running now.
+    closed_after_cut = _closed_after_cut(live, gaps)
     if dry_run:
         ids = sorted({r[2][1] for r in records if r[2][1] is not None})
         engine = None
@@ -369,7 +449,7 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
             if engine is not None:
                 engine.dispose()
         # What the database would hold: its steps, the live log's records before the cut, the rest.
-        prefix = [r for r in records if r[0] <= scan.last_lsn and r[0] > applied]
+        prefix = [r for r in records if (r[0], r[1]) in kept_live and r[0] > applied]
         need, orphans = _needed(prefix + after_cut, rows, set(steps))
         seqs: dict = {}
         for eid, seq in steps:
@@ -385,10 +465,11 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
         closed = {eid for eid, st in rows.items() if st[0] != STATUS_RUNNING}
         unfinished = {eid for _l, _p, (op, eid, _s, _d) in prefix + after_cut} - finished - closed
         unfinished |= {eid for eid, st in rows.items() if st[0] == STATUS_RUNNING}
-        cut = set(_cut_off(prefix + after_cut, unfinished, ranges))
+        windows = {**closed_after_cut, **{eid: _ANY_LSN for eid in unfinished}}
+        cut = set(_cut_off(prefix + after_cut, windows, ranges))
         have = dict(corrupted)
         corrupted = tuple(sorted({*corrupted, *((o, ()) for o in (orphans | cut) if o not in have)}))
-        relog = len([r for r in need if r[0] > scan.last_lsn or r[0] <= applied])
+        relog = len([r for r in need if (r[0], r[1]) not in kept_live or r[0] <= applied])
         return RepairReport(
             True, True, tuple(ranges), applied, last_lsn=max(scan.last_lsn, applied),
             below_applied=below, kept_records=len(after_cut), relogged_records=relog,
@@ -426,7 +507,8 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
         for eid in orphans:
             corrupted.setdefault(eid, ())
         unfinished = {*store.last_recovery.incomplete_ids, *again.incomplete_ids}
-        for eid, note in _cut_off(records, unfinished, ranges).items():
+        windows = {**closed_after_cut, **{eid: _ANY_LSN for eid in unfinished}}
+        for eid, note in _cut_off(records, windows, ranges).items():
             if eid not in corrupted:
                 corrupted[eid] = ()
                 notes_of[eid] = note
@@ -441,17 +523,43 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
     )
 
 
-def _cut_off(records: list, unfinished, ranges: list) -> dict:
-    """{id: note} for the executions that never finished and whose last surviving record comes
-    before a damaged range: the rest of their events may have been in it (no gap shows it)."""
+_ANY_LSN = (0, float("inf"))
+
+
+def _closed_after_cut(live: list, gaps: dict) -> dict:
+    """{id: (a, b)} for the executions marked incomplete by a record above a gap a cut left
+    (a: the last LSN kept, b: where the log went on): a `recover` run after a plain repair
+    closed them, while the LSNs between may hold more of their events."""
+    out: dict = {}
+    if not gaps:
+        return out
+    for f in live:
+        for r in f.records:
+            gap = max(((a, b) for a, b in gaps.items() if b <= r.lsn), default=None)
+            if gap is None or r.payload[:1] == bytes((EVENT_TAG,)):
+                continue
+            try:
+                op, eid, _seq, _d = _decode(r.payload)
+            except (ValueError, KeyError, TypeError):
+                continue
+            if op == OP_INCOMPLETE:
+                out.setdefault(eid, gap)
+    return out
+
+
+def _cut_off(records: list, windows: dict, ranges: list) -> dict:
+    """{id: note} for the executions that never finished (`windows`: id -> the LSNs, as
+    (above, below), where a damaged range may have cut them off) and whose last surviving record
+    comes before a damaged range there: the rest of their events may have been in it (no gap
+    shows it)."""
     last: dict = {}
     for lsn, _p, (_op, eid, _s, _d) in records:
         last[eid] = lsn
     lost = [r for r in ranges if not r.torn_tail and r.first_lsn is not None]
     out = {}
-    for eid in unfinished:
+    for eid, (lo, hi) in windows.items():
         at = last.get(eid, 0)
-        after = [r for r in lost if r.first_lsn > at]
+        after = [r for r in lost if r.first_lsn > at and lo < r.first_lsn < hi]
         if after:
             r = min(after, key=lambda x: x.first_lsn)
             span = f"LSN {r.first_lsn}.." + (str(r.last_lsn) if r.last_lsn is not None else "")

@@ -27,13 +27,16 @@ from .reader import (
     last_record_lsn,
     list_segments,
     read_applied_lsn,
+    read_gaps,
     read_records,
     recover_salt,
     salvage_file,
+    salvage_tail,
     scan,
     segment_of,
+    tail_of,
 )
-from .repair import RepairResult, repair
+from .repair import KeptTail, RepairResult, repair
 from .writer import DEFAULT_SEGMENT_SIZE_BYTES, AsyncWal, OpenResult, Wal, WalStats, open_async, open_wal
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "Damage",
     "DamagedRange",
     "FileSalvage",
+    "KeptTail",
     "DEFAULT_SEGMENT_SIZE_BYTES",
     "MAX_PAYLOAD_BYTES",
     "OpenResult",
@@ -66,10 +70,13 @@ __all__ = [
     "open_async",
     "open_wal",
     "read_applied_lsn",
+    "read_gaps",
     "read_records",
     "recover_salt",
     "repair",
     "salvage_file",
+    "salvage_tail",
     "scan",
     "segment_of",
+    "tail_of",
 ]

@@ -6,6 +6,7 @@ See wal/FORMAT.md, "Reading and recovery", for the rules this module implements.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import enum
 import os
 import re
@@ -18,6 +19,8 @@ from . import format as fmt
 from .errors import WalCorruptionError, WalUsageError
 
 APPLIED_FILE = "APPLIED"
+GAPS_FILE = "LSN_GAPS"  # gaps in the LSN sequence a cut left legal (see FORMAT.md)
+TAIL_MARK = ".tail-"  # `<segment>.tail-<offset>`: the bytes of a torn tail the writer cut
 
 _U64 = struct.Struct("<Q")
 _MAX = fmt.MAX_PAYLOAD_BYTES
@@ -119,6 +122,33 @@ def read_applied_lsn(directory: str) -> int:
         ) from None
 
 
+def read_gaps(directory: str) -> dict[int, int]:
+    """{last LSN before a gap: the LSN the log continues at} for every gap a cut left (the
+    records a cut removed, kept in copies, had the LSNs in between: they are never reused)."""
+    path = os.path.join(directory, GAPS_FILE)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return {}
+    gaps = {}
+    for line in raw.decode("ascii", errors="replace").splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            before, after = int(parts[0]), int(parts[1])
+        except (ValueError, IndexError):
+            raise WalCorruptionError(path, 0, "lines of two decimal LSNs", repr(line[:40])) from None
+        gaps[before] = after
+    return gaps
+
+
+def _gap_allows(directory: str, expected: int, found: int) -> bool:
+    """True if a recorded gap lets the log continue at `found` where `expected` was due."""
+    return found > expected and read_gaps(directory).get(expected - 1) == found
+
+
 def _check_record(buf, off: int, end: int, seed: int, expected_lsn: int):
     """Validate the record at `off`. Returns (lsn, type, n, record_end) or a string of what's wrong.
 
@@ -168,6 +198,42 @@ def _looks_lost(buf, off: int, end: int, base: int) -> bool:
             return True
         pos += _SECTOR
     return False
+
+
+def _zeros_in(buf, start: int, end: int) -> bool:
+    """True if buf[start:end] holds only zeros (compared a block at a time: a memcmp)."""
+    step = len(_ZERO_BLOCK)
+    for pos in range(start, end, step):
+        stop = min(end, pos + step)
+        if buf[pos:stop] != _ZERO_BLOCK[: stop - pos]:
+            return False
+    return True
+
+
+def _looks_flipped(buf, off: int, end: int, base: int) -> bool:
+    """True if the damaged record at `off`, the last thing in its file, reads like durable bytes
+    that changed (a flipped bit) rather than a write that never landed: it is whole (a header
+    of its shape, its full length present), its payload's last byte is not zero, only zeros
+    follow it, and each 512-byte sector it overlaps holds a non-zero byte of it. A write that
+    never landed leaves a shorter file, or zeros where its sectors (or, torn within a sector,
+    its last bytes) should be; a torn write never leaves a whole record of other bytes."""
+    if end - off < fmt.RECORD_HEADER_SIZE:
+        return False
+    _crc, n, _lsn, rtype, pad, reserved = fmt.REC_HEAD.unpack_from(buf, off)
+    rec_end = off + fmt.RECORD_HEADER_SIZE + n + pad
+    if rtype not in fmt.RECORD_TYPES or reserved or n > _MAX or pad != fmt.padding_for(n) or rec_end > end:
+        return False
+    if n == 0 or buf[rec_end - pad - 1] == 0:
+        return False
+    if not _zeros_in(buf, rec_end, end):
+        return False
+    pos = off
+    while pos < rec_end:
+        stop = min(rec_end, pos + _SECTOR - (base + pos) % _SECTOR)
+        if _zeros_in(buf, pos, stop):
+            return False
+        pos = stop
+    return True
 
 
 def _seal_from(buf, pos: Optional[int], end: int, seed: int) -> bool:
@@ -265,7 +331,9 @@ class WalReader:
                 segs = segs[i:]
                 break
         first = segs[0]
-        if first.first_lsn > 1 and first.first_lsn > applied:
+        if first.first_lsn > 1 and first.first_lsn > applied and not any(
+            before < applied and after == first.first_lsn for before, after in read_gaps(self.directory).items()
+        ):
             self._missing(
                 first.path,
                 f"segments covering LSN {applied}..{first.first_lsn - 1} (not declared applied)",
@@ -297,7 +365,10 @@ class WalReader:
                 f"segment {got.segment_number} first LSN {got.first_lsn}",
                 False,
             )
-        if expected_first is not None and got.first_lsn != expected_first:
+        if (
+            expected_first is not None and got.first_lsn != expected_first
+            and not _gap_allows(self.directory, expected_first, got.first_lsn)
+        ):
             return self._damage(
                 seg.path, 0, f"first LSN {expected_first}", f"{got.first_lsn}", False
             )
@@ -604,8 +675,9 @@ class WalReader:
             raise
 
     def _successor_starting_at(self, lsn: int) -> Optional[SegmentInfo]:
+        after_gap = read_gaps(self.directory).get(lsn - 1)
         for s in self._segments():
-            if s.first_lsn == lsn and (self._seg is None or s.number > self._seg.number):
+            if s.first_lsn in (lsn, after_gap) and (self._seg is None or s.number > self._seg.number):
                 return s
         return None
 
@@ -632,8 +704,13 @@ class WalReader:
             and _looks_lost(buf, off, end, base)
             and not _seal_from(buf, after, end, seed)
         )
-        torn = (after is None or lost_write) and not whole and self._is_last(seg)
+        # A whole last record that fails its check with no zeros in it was durable and changed
+        # (a flipped bit): corruption, not the end of an unacknowledged group.
+        flipped = after is None and _looks_flipped(buf, off, end, base)
+        torn = (after is None or lost_write) and not whole and not flipped and self._is_last(seg)
         found = "a damaged record" if after is None else f"a valid record at offset {base + after}"
+        if flipped:
+            found = "a whole record that fails its check, no sector of it zeros (a changed byte, not a torn write)"
         if off >= end:
             found = "the end of the file"
         self._damage(seg.path, base + off, what, found, torn, (after or end) - off)
@@ -885,6 +962,42 @@ def salvage_file(path: str, *, next_first_lsn: Optional[int] = None, last: bool 
     seg = segment_of(path)
     if seg is None:
         raise WalUsageError(f"{path} is not named as a segment or a copy of one")
+    return _salvage(path, seg, next_first_lsn, last)
+
+
+def tail_of(path: str) -> Optional[tuple[SegmentInfo, int]]:
+    """The segment a kept torn tail (`<segment>.tail-<offset>[.N]`) was cut from, and the
+    offset it was cut at; None for any other name."""
+    name = os.path.basename(path)
+    base, mark, rest = name.partition(TAIL_MARK)
+    seg = segment_of(os.path.join(os.path.dirname(path), base)) if mark and base.endswith(".wal") else None
+    parts = rest.split(".")
+    if seg is None or len(parts) > 2 or not all(p.isdigit() for p in parts):
+        return None  # a `.tmp` being written is not one yet
+    return SegmentInfo(path, name, seg.number, seg.first_lsn), int(parts[0])
+
+
+def salvage_tail(path: str) -> FileSalvage:
+    """Read a kept torn tail in salvage mode: every record with a valid CRC in it, and each
+    damaged range (offsets are the segment's, where the bytes were before the cut).
+
+    The file is the bytes cut, after a segment header naming the LSN the tail began at (see
+    FORMAT.md), so it reads as a segment of its own."""
+    found = tail_of(path)
+    if found is None:
+        raise WalUsageError(f"{path} is not named as a kept torn tail (<segment>.tail-<offset>)")
+    seg, cut_at = found
+    with open(path, "rb") as f:
+        head = fmt.decode_segment_header(f.read(fmt.SEGMENT_HEADER_SIZE))
+    if isinstance(head, str):
+        raise WalCorruptionError(path, 0, "the header a kept tail starts with", head)
+    got = _salvage(path, SegmentInfo(path, seg.name, head.segment_number, head.first_lsn), None, True)
+    shift = cut_at - fmt.SEGMENT_HEADER_SIZE
+    ranges = tuple(dataclasses.replace(d, offset=d.offset + shift) for d in got.damages)
+    return dataclasses.replace(got, damages=ranges)
+
+
+def _salvage(path: str, seg: SegmentInfo, next_first_lsn: Optional[int], last: bool) -> FileSalvage:
     reader = _SalvageReader(os.path.dirname(path) or ".", seg, RecoveryMode.SALVAGE)
     records = tuple(reader.records())
     sealed = reader.sealed_last
@@ -923,7 +1036,8 @@ def salvage_file(path: str, *, next_first_lsn: Optional[int] = None, last: bool 
         # where its last records and SEAL were read as the end of written data) lost the rest.
         top = max([lsns[-1] if lsns else seg.first_lsn - 1]
                   + [r.last_lost_lsn for r in ranges if r.last_lost_lsn is not None])
-        if top + 1 < next_first_lsn and not any(r.last_lost_lsn is None for r in ranges):
+        gap_after = read_gaps(os.path.dirname(path) or ".").get(top)
+        if top + 1 < next_first_lsn and gap_after != next_first_lsn and not any(r.last_lost_lsn is None for r in ranges):
             end_of_data = reader._offset if reader._seg is not None else fmt.SEGMENT_HEADER_SIZE
             ranges.append(DamagedRange(
                 path, end_of_data, size - end_of_data, top + 1, next_first_lsn - 1, False,

@@ -1,19 +1,40 @@
 """Repair a damaged log: keep a `.broken` copy, truncate at the last good record.
 
-Never run on a log that a writer holds open: it takes the directory's lock first.
+Never run on a log that a writer holds open: it takes the directory's lock first. Also the
+two steps of a cut that the writer shares when it cuts a torn tail: keeping the cut bytes
+(`keep_torn_tail`), and continuing the log above the LSNs they held (`continue_at`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import shutil
 from dataclasses import dataclass
 from typing import Optional
 
+from . import format as fmt
 from .dir_lock import acquire_dir_lock
 from .errors import WalCorruptionError
-from .fs import OsFileSystem, write_file_atomic
-from .reader import APPLIED_FILE, Damage, RecoveryMode, WalReader, list_segments, read_applied_lsn
+from .fs import OsFileSystem, write_all, write_file_atomic
+from .reader import (
+    APPLIED_FILE,
+    GAPS_FILE,
+    TAIL_MARK,
+    Damage,
+    RecoveryMode,
+    WalReader,
+    list_segments,
+    read_applied_lsn,
+    read_gaps,
+    salvage_file,
+    salvage_tail,
+    scan_last_segment,
+)
+
+log = logging.getLogger(__name__)
+_READ_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -26,6 +47,123 @@ class RepairResult:
     truncated_at: Optional[int]
     removed_segments: tuple[str, ...]
     broken_copies: tuple[str, ...]
+    # The LSN the log continues at when the records cut held LSNs above `last_lsn` (never
+    # reused: salvage reads them back from the copies); None when it continues at last_lsn + 1.
+    continues_at: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class KeptTail:
+    """The non-zero bytes of a torn tail, copied before the writer cut them."""
+
+    path: str
+    offset: int  # where they were in the segment
+    length: int
+    records: int  # records with a valid CRC in them (a torn group's pages land in any order)
+
+
+def _nonzero_end(path: str, start: int) -> int:
+    """The offset just past the last non-zero byte of the file at or after `start` (or `start`)."""
+    end = start
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        pos = start
+        while True:
+            block = f.read(_READ_BYTES)
+            if not block:
+                return end
+            stripped = len(block.rstrip(b"\x00"))
+            if stripped:
+                end = pos + stripped
+            pos += len(block)
+
+
+def _free_name(path: str) -> str:
+    """`path`, or `path.N` for the first N not taken: a kept file is never overwritten."""
+    dst, n = path, 0
+    while os.path.exists(dst):
+        n += 1
+        dst = f"{path}.{n}"
+    return dst
+
+
+def keep_torn_tail(fs, segment_path: str, offset: int, next_lsn: int) -> Optional[KeptTail]:
+    """Copy the bytes of a torn tail at `offset` (up to its last non-zero byte) to
+    `<segment>.tail-<offset>` next to the segment, after a segment header naming `next_lsn` (the
+    LSN the tail began at), written and fsynced, the directory fsynced: the cut may remove
+    bytes of an acknowledged record a flipped bit made unreadable, and those must not vanish.
+    None when the tail is only zeros (nothing to keep)."""
+    stop = _nonzero_end(segment_path, offset)
+    if stop <= offset:
+        return None
+    with open(segment_path, "rb") as f:
+        head = fmt.decode_segment_header(f.read(fmt.SEGMENT_HEADER_SIZE))
+        f.seek(offset)
+        data = f.read(stop - offset)
+    stop = offset + len(data)
+    data += bytes(-len(data) % fmt.ALIGN)  # whole 8-byte words, as records are laid out
+    header = fmt.encode_segment_header(head.salt, head.segment_number, next_lsn)
+    directory = os.path.dirname(segment_path)
+    dst = _free_name(f"{segment_path}{TAIL_MARK}{offset}")
+    write_file_atomic(fs, directory, os.path.basename(dst), header + data)
+    valid = len(salvage_tail(dst).records)
+    log.warning(
+        "WAL %s: the torn tail at offset %d (%d bytes, never acknowledged unless a flipped bit "
+        "damaged its record) is cut; its bytes are kept in %s (`tracedb wal repair --salvage` reads them)",
+        os.path.basename(segment_path), offset, stop - offset, os.path.basename(dst),
+    )
+    return KeptTail(dst, offset, stop - offset, valid)
+
+
+def _record_gap(fs, directory: str, before: int, after: int) -> None:
+    gaps = read_gaps(directory)
+    if gaps.get(before) == after:
+        return
+    gaps[before] = after
+    text = "".join(f"{b} {a}\n" for b, a in sorted(gaps.items()))
+    write_file_atomic(fs, directory, GAPS_FILE, text.encode())
+
+
+def continue_at(fs, directory: str, next_lsn: int) -> bool:
+    """Make the next record appended to the log carry `next_lsn`, above the LSNs of records a
+    cut removed (kept in copies), so that no LSN is ever given to two records. Needs the
+    directory's lock, and a log whose last segment ends cleanly (after the cut).
+
+    The gap is recorded in LSN_GAPS first (so a crash part way is finished by the next open);
+    then the last segment is sealed and a new one starts at `next_lsn`. False when the log
+    continues at or above `next_lsn` already."""
+    segs = list_segments(directory)
+    tail = scan_last_segment(directory, segs) if segs else None
+    at = tail.next_lsn if tail is not None else read_applied_lsn(directory)
+    if next_lsn <= at:
+        return False
+    _record_gap(fs, directory, at - 1, next_lsn)
+    number = 1
+    if tail is not None:
+        number = tail.segment.number + 1
+        fd = fs.open(tail.segment.path, os.O_WRONLY)
+        try:
+            fs.ftruncate(fd, tail.end_offset)  # zeros after the end: only the last segment has them
+            if not tail.sealed:
+                os.lseek(fd, tail.end_offset, os.SEEK_SET)
+                write_all(fs, fd, fmt.encode_seal(tail.seed, at - 1, at - tail.segment.first_lsn))
+            fs.fdatasync(fd)
+        finally:
+            fs.close(fd)
+    header = fmt.encode_segment_header(secrets.randbits(32), number, next_lsn)
+    write_file_atomic(fs, directory, fmt.segment_name(number, next_lsn), header)
+    return True
+
+
+def _top_lsn_cut(copies: list[str], cut_at: Optional[int]) -> Optional[int]:
+    """The highest LSN of a record with a valid CRC in the bytes a cut removes: in the first
+    copy from `cut_at` on (all of it when None), in the others all of them."""
+    top = None
+    for i, path in enumerate(copies):
+        for r in salvage_file(path).records:
+            if (i > 0 or cut_at is None or r.offset >= cut_at) and (top is None or r.lsn > top):
+                top = r.lsn
+    return top
 
 
 def _keep_copy(fs, path: str) -> str:
@@ -102,6 +240,8 @@ def repair(directory: str, *, fs=None, applied_lsn: Optional[int] = None) -> Rep
                 removed.append(s.path)
             write_file_atomic(fs, directory, APPLIED_FILE, f"{max(applied_lsn, read_applied_lsn(directory))}\n".encode())
             last_lsn = applied_lsn - 1
+        top = _top_lsn_cut(copies, cut_at)
+        skip = top + 1 if top is not None and continue_at(fs, directory, top + 1) else None
         return RepairResult(
             damage,
             last_lsn,
@@ -109,6 +249,7 @@ def repair(directory: str, *, fs=None, applied_lsn: Optional[int] = None) -> Rep
             cut_at,
             tuple(removed),
             tuple(copies),
+            skip,
         )
     finally:
         os.close(lock_fd)

@@ -30,7 +30,8 @@ from .errors import PayloadTooLargeError, WalClosedError, WalFailedError, WalUsa
 from .fs import OsFileSystem, write_all, write_file_atomic
 from .futures import acknowledge, running_loop
 from .loop_flusher import LoopFlusher
-from .reader import APPLIED_FILE, list_segments, read_applied_lsn, scan_last_segment
+from .reader import APPLIED_FILE, list_segments, read_applied_lsn, read_gaps, scan_last_segment
+from .repair import continue_at, keep_torn_tail
 from .retained_records import RetainedRecords
 from .spares import SpareSegments
 
@@ -180,9 +181,10 @@ class Wal(LoopFlusher):
         segs = list_segments(self.directory)
         if not segs:
             applied = read_applied_lsn(self.directory)
-            self._next_lsn = applied
-            self._create_segment(1, applied)
-            return OpenResult(applied - 1, 1, 0, None)
+            first = read_gaps(self.directory).get(applied - 1, applied)  # a repair's gap, if any
+            self._next_lsn = first
+            self._create_segment(1, first)
+            return OpenResult(first - 1, 1, 0, None)
         tail = scan_last_segment(self.directory, segs)
         last = tail.segment
         end = tail.end_offset
@@ -192,6 +194,12 @@ class Wal(LoopFlusher):
         # Past `end` there is a torn tail (cut it), or only the zeros of a preallocated segment
         # (the reader checked): those are kept and written over, unless the segment is sealed.
         truncated = size - end if (torn is not None or tail.sealed) else 0
+        if torn is not None:
+            # Cut bytes may hold an acknowledged record a flipped bit made unreadable: kept.
+            keep_torn_tail(self.fs, last.path, end, next_lsn)
+        # After a gap a repair recorded, the log continues at its end (a crash may have come
+        # before the repair made the segment that starts there).
+        floor = read_gaps(self.directory).get(next_lsn - 1, next_lsn)
         fd = self.fs.open(last.path, os.O_WRONLY)
         try:
             if truncated:
@@ -202,6 +210,11 @@ class Wal(LoopFlusher):
         except BaseException:
             self.fs.close(fd)
             raise
+        if floor > next_lsn:
+            self.fs.close(fd)
+            continue_at(self.fs, self.directory, floor)
+            opened = self._recover()
+            return OpenResult(opened.last_lsn, opened.segments, truncated, torn)
         kept = size - truncated  # past `end`: zeros, preallocated
         self._set_segment(fd, last.number, last.first_lsn, tail.seed, end, kept if kept > end else 0)
         if self._prealloc:

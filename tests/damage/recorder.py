@@ -5,6 +5,9 @@ usage: recorder.py DATA_DIR SCENARIO [ARGS]
   bulk N E SEG [FIRST]  N executions of E events each (exec-FIRST on), all finished,
                   compaction held off, WAL segments of SEG bytes; then `READY <durable LSN>`
   compacted N E SEG  the same, then everything compacted; then `READY <durable LSN>`
+  interleaved N E SEG  exec-early (one event, left running), then N executions started, E
+                  events each in turns, every other one finished (the rest left running);
+                  then `READY <durable LSN>`
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ def main() -> None:
     settings = {"compact_interval_ms": 0, "idle_timeout_s": 0}
     if os.environ.get("RECORDER_DB_URL"):  # compact into this (PostgreSQL) database
         settings["db_url"] = os.environ["RECORDER_DB_URL"]
-    if scenario in ("bulk", "compacted"):
+    if scenario in ("bulk", "compacted", "interleaved"):
         settings["wal_segment_size_bytes"] = int(sys.argv[5])
         settings["wal_preallocate"] = False
     store = tracedb.open(data_dir, config=settings)
@@ -32,6 +35,16 @@ def main() -> None:
         ex = store.start("Cut", {"intent": "Cut"}, "exec-cut")
         ex.event("INTENT_RECEIVED", {"intent": "Cut"})
         ex.event("AGENT_ATTEMPT_START", {"agent": "processor-a"})
+    elif scenario == "interleaved":
+        n, e = int(sys.argv[3]), int(sys.argv[4])
+        early = store.start("Early", {"early": True}, "exec-early")  # one event, then nothing
+        early.event("tool.step", {"early": True})
+        handles = [store.start("Mixed", {"i": i}, f"exec-{i:05d}") for i in range(n)]
+        for j in range(e):
+            for i, ex in enumerate(handles):
+                ex.event("tool.step", {"i": i, "j": j, "pad": "p" * 40})
+        for ex in handles[::2]:
+            ex.finish({"status": "success"})
     else:
         n, e = int(sys.argv[3]), int(sys.argv[4])
         first = int(sys.argv[6]) if len(sys.argv) > 6 else 0

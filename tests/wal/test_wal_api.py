@@ -287,8 +287,12 @@ def test_a_non_last_segment_without_a_seal_is_corruption(wal_dir):
     assert got == list(range(1, seal.lsn + 1)) and not reader.damages[0].torn_tail
     result = wal.repair(wal_dir)
     assert result.truncated_segment == paths[1] and set(result.removed_segments) == set(paths[2:])
+    # The segments removed held LSNs up to 30 (kept in their .broken copies): the log goes on
+    # above them, never giving one of their LSNs to another record.
+    assert result.continues_at == 31
     with wal.Wal(wal_dir, segment_size_bytes=160) as w:
-        assert w.append(b"after") == seal.lsn + 1
+        assert w.append(b"after") == 31
+    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == [*range(1, seal.lsn + 1), 31]
 
 
 # -- mark_applied --------------------------------------------------------------------------
@@ -419,9 +423,11 @@ def test_a_missing_middle_segment_is_corruption(wal_dir):
     assert result.last_lsn == segs[2].first_lsn - 1
     assert set(result.removed_segments) == {s.path for s in segs[3:]}
     assert all(read_bytes(s.path + ".broken") for s in segs[3:])
+    # The segments removed (kept as .broken copies) held LSNs up to 40: the log goes on above.
+    assert result.continues_at == 41
     with wal.Wal(wal_dir, segment_size_bytes=160) as w:
-        assert w.append(b"after") == segs[2].first_lsn
-    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == list(range(1, segs[2].first_lsn + 1))
+        assert w.append(b"after") == 41
+    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == [*range(1, segs[2].first_lsn), 41]
 
 
 def test_a_missing_first_segment_not_declared_applied_is_corruption(wal_dir):
@@ -555,20 +561,24 @@ def test_repair_keeps_a_broken_copy_then_truncates_and_the_log_appends_again(wal
     assert set(result.broken_copies) == {s.path + ".broken" for s in segs[2:]}
     for s in segs[2:]:
         assert read_bytes(s.path + ".broken") == originals[s.path]
-    assert read_bytes(segs[2].path) == originals[segs[2].path][: victim.offset]
+    cut = read_bytes(segs[2].path)
+    # Cut at the damage, then sealed: the log continues in a new segment (below).
+    assert cut[: victim.offset] == originals[segs[2].path][: victim.offset]
+    assert [sp.rtype for sp in record_spans(segs[2].path) if sp.offset >= victim.offset] == [fmt.TYPE_SEAL]
     for s in segs[:2]:
         assert read_bytes(s.path) == originals[s.path]
     # The copies are durable (data and directory entry) before anything is cut.
     kinds = [k for k, _ in fs.ops]
     first_cut = min(i for i, k in enumerate(kinds) if k in ("ftruncate", "unlink"))
-    assert kinds.count("fsync") == len(result.broken_copies)
-    assert max(i for i, k in enumerate(kinds) if k == "fsync") < first_cut
+    assert kinds[:first_cut].count("fsync") == len(result.broken_copies)
     assert "fsync_dir" in kinds[:first_cut]
     assert kinds[-1] == "fsync_dir"
+    # The records cut held LSNs up to 40 (in the copies): the log goes on above them.
+    assert result.continues_at == 41 and wal.reader.read_gaps(wal_dir) == {victim.lsn - 1: 41}
     with wal.Wal(wal_dir, segment_size_bytes=160) as w:
-        assert w.append(b"after repair") == victim.lsn
+        assert w.append(b"after repair") == 41
     recs = read_all(wal_dir, mode="absolute")
-    assert [r.lsn for r in recs] == list(range(1, victim.lsn + 1))
+    assert [r.lsn for r in recs] == [*range(1, victim.lsn), 41]
     assert wal.repair(wal_dir).damage is None, "a clean log is left alone"
 
 
@@ -579,9 +589,10 @@ def test_repair_of_a_damaged_segment_header_removes_that_segment(wal_dir):
     result = wal.repair(wal_dir)
     assert result.damage.offset == 0 and result.truncated_segment is None
     assert segs[1].path in result.removed_segments and not os.path.exists(segs[1].path)
+    assert result.continues_at == 31  # above the LSNs of the records removed with it
     with wal.Wal(wal_dir, segment_size_bytes=160) as w:
-        assert w.append(b"x") == segs[1].first_lsn
-    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == list(range(1, segs[1].first_lsn + 1))
+        assert w.append(b"x") == 31
+    assert [r.lsn for r in read_all(wal_dir, mode="absolute")] == [*range(1, segs[1].first_lsn), 31]
 
 
 def test_repair_of_a_torn_tail_truncates_it(wal_dir):

@@ -259,7 +259,7 @@ def trace_lineage(ctx, execution_id, as_json):
 @main.command()
 @execution_id_argument(required=False)
 @json_option("A JSON report to alert on: ok, problems, database{ok, problems, hint}, wal{records, "
-             "first_lsn, last_lsn, applied_lsn, uncompacted_records, damages}, left_running, notes.")
+             "first_lsn, last_lsn, applied_lsn, uncompacted_records, damages, kept_tails}, left_running, notes.")
 @click.pass_context
 def verify(ctx, execution_id, as_json):
     """Check everything; exit 4 on any damage.
@@ -268,7 +268,9 @@ def verify(ctx, execution_id, as_json):
     integrity check (a file SQLite cannot read is reported with how to rebuild it from the WAL).
     The WAL, without its lock: damage (a recorder's write in progress is not judged), records
     not compacted yet, executions left running with no recorder (those two are notes: `tracedb
-    recover` settles them). With an ID, that execution alone.
+    recover` settles them), torn tails the recorder kept when it cut them (a note, or a problem
+    when one holds a record the database lacks: `tracedb wal repair --salvage` applies it).
+    With an ID, that execution alone.
 
     \b
     Example:
