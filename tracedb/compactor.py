@@ -7,7 +7,9 @@ is applied exactly once. Only after the commit is durable (synchronous=FULL) may
 the applied LSN be deleted.
 
 The records are written by `tracedb.store` in the format `tracedb.codec` defines. An event's payload
-goes into `trace_steps` as the JSON text the recorder serialised, never decoded and encoded again.
+goes into `trace_steps` as the JSON text the recorder serialised, never decoded and encoded again,
+with the CRC32C of those bytes beside it; the checked columns of `traces` get theirs likewise
+(`tracedb.checksums`).
 
 An operator may invalidate a trace directly in the database while a recorder runs (`tracedb
 invalidate`); every status change below is therefore guarded so that it never overwrites
@@ -38,11 +40,13 @@ from typing import Callable, Optional
 
 import orjson
 import sqlalchemy as sa
+from crc32c import crc32c
 from sqlalchemy.engine import Engine
 
 import wal
 
 from . import db
+from .checksums import TRACE_VALUE_COLUMNS, crc_column
 from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_INVALIDATE, OP_RECORDING_FAILURE, OP_START, transition
 from .errors import IntegrityError
 from .models import compaction_checkpoint, trace_steps, traces
@@ -63,11 +67,12 @@ log = logging.getLogger(__name__)
 # SIGKILL a real process at a known place.
 FAULT_ENV = "TRACEDB_TEST_COMPACT_PAUSE"
 
-_STEP_COLS = ("execution_id", "seq", "type", "payload", "recorded_at_ns", "lsn")
+_STEP_COLS = ("execution_id", "seq", "type", "payload", "recorded_at_ns", "lsn", "payload_crc")
 _TRACE_COLS = (
     "execution_id", "recorder_id", "intent", "status", "replayable", "replayable_reason",
     "status_note", "envelope", "envelope_hash", "router_decision", "final_response", "last_seq",
     "created_at_ns", "updated_at_ns", "parent_execution_id", "forked_at_seq", "pinned", "meta",
+    "router_decision_crc", "final_response_crc", "meta_crc",
 )
 
 
@@ -116,6 +121,14 @@ def _dumps(value) -> str:
 
 def _dumps_or_none(value) -> Optional[str]:
     return None if value is None else orjson.dumps(value).decode()
+
+
+def _checked_json(value) -> tuple[Optional[str], int]:
+    """A checked value column's JSON text (None for SQL NULL) and its checksum (tracedb.checksums)."""
+    if value is None:
+        return None, 0
+    data = orjson.dumps(value)
+    return data.decode(), crc32c(data)
 
 
 class _Raw:
@@ -482,7 +495,7 @@ class Compactor:
             hint = rec[2] if hinted else None
             if hint is not None:
                 eid, seq, type_, at, t = hint
-                text = rec[1][at:].decode()
+                body = rec[1][at:]
             else:
                 raw = rec[1]
                 if raw[0] != EVENT_TAG:
@@ -491,8 +504,10 @@ class Compactor:
                     continue
                 cut = raw.index(b"\n")
                 eid, seq, type_, t = loads(raw[1:cut])
-                text = raw[cut + 1 :].decode()
-            steps += (eid, seq, type_, text, t, lsn)
+                body = raw[cut + 1 :]
+            # The payload's checksum is over the very bytes written (tracedb.checksums).
+            text = body.decode()
+            steps += (eid, seq, type_, text, t, lsn, crc32c(body))
             if eid != row_eid:
                 row = _row_of(eid, new, upd)
                 row_eid = eid
@@ -554,7 +569,8 @@ class Compactor:
             if op == OP_FINISH:
                 seq = d["seq"]
                 response = d.get("response")
-                steps += (eid, seq, FINAL_RESPONSE, _dumps(response), t, lsn)
+                data = orjson.dumps(response)
+                steps += (eid, seq, FINAL_RESPONSE, data.decode(), t, lsn, crc32c(data))
                 row["last_seq"] = seq
                 row["final_response"] = response
             elif op not in (OP_INVALIDATE, OP_INCOMPLETE, OP_RECORDING_FAILURE):
@@ -644,20 +660,38 @@ class Compactor:
 
     def _trace_tuple(self, r: dict) -> tuple:
         text = self._text
+        decision, decision_crc = _checked_json(r["router_decision"])
+        final, final_crc = _checked_json(r["final_response"])
+        meta, meta_crc = _checked_json(r["meta"])
         return (
             r["execution_id"], r["recorder_id"], text(r["intent"]), r["status"], r["replayable"],
             r["replayable_reason"], text(r["status_note"]), _dumps(r["envelope"]), r["envelope_hash"],
-            _dumps_or_none(r["router_decision"]), _dumps_or_none(r["final_response"]),
-            r["last_seq"], r["created_at_ns"], r["updated_at_ns"], r["parent_execution_id"],
-            r["forked_at_seq"], r["pinned"], _dumps_or_none(r["meta"]),
+            decision, final, r["last_seq"], r["created_at_ns"], r["updated_at_ns"],
+            r["parent_execution_id"], r["forked_at_seq"], r["pinned"], meta,
+            decision_crc, final_crc, meta_crc,
         )
+
+    def _update_values(self, delta: dict) -> dict:
+        """The columns an UPDATE sets for a pending change: JSON serialised, a checked value
+        column with its checksum beside it."""
+        out = {}
+        for k, v in delta.items():
+            if k in _CHECKED_COLS:
+                out[k], out[crc_column(k)] = _checked_json(v)
+            elif k in _JSON_COLS:
+                out[k] = _dumps_or_none(v)
+            elif k == "status_note":
+                out[k] = self._text(v)
+            else:
+                out[k] = v
+        return out
 
     def _run_updates(self, conn, upd: dict) -> None:
         groups: dict[tuple, list] = {}
         # In execution-id order: every writer locks trace rows in the same order, so two
         # compactors (or a compactor and prune) cannot deadlock on them.
         for eid in sorted(upd):
-            delta = upd[eid]
+            delta = self._update_values(upd[eid])
             keys = tuple(sorted(delta))
             row = [delta[k] for k in keys]
             row.append(eid)
@@ -670,13 +704,6 @@ class Compactor:
             if raw is None:
                 names = tuple("b_" + k for k in keys) + ("b_id",) + (("b_recorder",) if owned else ())
                 raw = self._updates[(keys, owned)] = _Raw(self.engine, _update_statement(keys, owned), names)
-            for i, k in enumerate(keys):
-                if k in _JSON_COLS:
-                    for r in rows:
-                        r[i] = _dumps_or_none(r[i])
-                elif k == "status_note":
-                    for r in rows:
-                        r[i] = self._text(r[i])
             n = raw.execute(conn, [tuple(r) for r in rows])
             if owned and n != len(rows):
                 raise _RowsNotOwned(
@@ -685,6 +712,7 @@ class Compactor:
 
 
 _JSON_COLS = frozenset({"router_decision", "final_response", "envelope"})
+_CHECKED_COLS = frozenset(TRACE_VALUE_COLUMNS)
 
 
 def _owner_only(delta: dict) -> bool:

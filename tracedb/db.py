@@ -195,6 +195,15 @@ def _sqlite_json_loads(value):
     return orjson.loads(value)
 
 
+def undecoded(column, dialect: str):
+    """A JSON `column` selected as the database stores it, not decoded (for its checksum,
+    `tracedb.checksums`): PostgreSQL's json as its verbatim text, SQLite's value as it is (a
+    cast would spell a REAL its own way). Labelled with the column's name."""
+    if dialect == "postgresql":
+        return sa.cast(column, sa.Text).label(column.name)
+    return sa.type_coerce(column, sa.Text).label(column.name)
+
+
 def _create_sqlite_engine(path: str, busy_timeout_ms: int, write: bool) -> Engine:
     engine = sa.create_engine(
         "sqlite:///" + os.path.abspath(path),

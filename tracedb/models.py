@@ -42,6 +42,11 @@ traces = sa.Table(
     # What the record says about itself beyond IntentusNet's shape (migration 0003): the stored
     # envelope's hash when redaction rewrote it, an imported header as it was written.
     sa.Column("meta", sa.JSON(none_as_null=True), nullable=True),
+    # CRC32C of the stored text of router_decision, final_response and meta (migration 0004,
+    # tracedb.checksums): reads and verify refuse a value that no longer matches.
+    sa.Column("router_decision_crc", sa.BigInteger, nullable=True),
+    sa.Column("final_response_crc", sa.BigInteger, nullable=True),
+    sa.Column("meta_crc", sa.BigInteger, nullable=True),
     # Pages of executions, newest first, continue after (created_at_ns, execution_id).
     sa.Index("ix_traces_created_id", "created_at_ns", "execution_id"),
     sa.Index("ix_traces_status_created_id", "status", "created_at_ns", "execution_id"),
@@ -65,6 +70,8 @@ trace_steps = sa.Table(
     sa.Column("recorded_at_ns", sa.BigInteger, nullable=False),
     # The WAL record this step came from: ties the projection back to the log for debugging.
     sa.Column("lsn", sa.BigInteger, nullable=False),
+    # CRC32C of the payload's stored text (migration 0004, tracedb.checksums).
+    sa.Column("payload_crc", sa.BigInteger, nullable=True),
 )
 
 # The last WAL LSN applied, per recorder; committed in the same transaction as the rows.

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .rows import TraceSummary
     from .verify import VerifyResult
 
-from . import sqlite_reads
+from . import checksums, sqlite_reads
 from .config import Config
 from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError, StoreClosedError
 from .paging import DEFAULT_PAGE_SIZE, STREAM_PAGE_SIZE, decode_cursor
@@ -90,15 +90,25 @@ def to_ns(value: TimeArg, name: str) -> Optional[int]:
     raise InvalidInputError(f"{name} must be a datetime or seconds since the epoch, not {type(value).__name__}")
 
 
+def damage(row, steps) -> tuple[list[int], list[str]]:
+    """What of a loaded record no longer matches its checksums (`tracedb.checksums`): the seqs
+    of the steps whose payload changed, and the `traces` value columns that changed. Rows and
+    steps the WAL holds beyond the database carry no checksum (the WAL's CRC covers them)."""
+    return [s.seq for s in steps if not getattr(s, "intact", True)], list(getattr(row, "damaged_columns", ()))
+
+
 def record_from_rows(row, steps) -> ExecutionRecord:
-    """Build the ExecutionRecord of a traces row and its steps in seq order."""
+    """Build the ExecutionRecord of a traces row and its steps in seq order. A value that no
+    longer matches its checksum (`damage`) makes it not replayable, `record_corrupted`."""
+    seqs, columns = damage(row, steps)
+    corrupted = bool(seqs or columns)
     return ExecutionRecord(
         header=ExecutionHeader(
             executionId=row.execution_id,
             createdUtcIso=utc_iso(row.created_at_ns),
             envelopeHash=row.envelope_hash,
-            replayable=bool(row.replayable),
-            replayableReason=row.replayable_reason,
+            replayable=bool(row.replayable) and not corrupted,
+            replayableReason=REASON_RECORD_CORRUPTED if corrupted else row.replayable_reason,
         ),
         envelope=row.envelope,
         routerDecision=row.router_decision,
@@ -112,11 +122,6 @@ def record_from_rows(row, steps) -> ExecutionRecord:
     )
 
 
-def _trace_stmt(execution_id: str):
-    sa, traces, _ = _core()
-    return sa.select(traces).where(traces.c.execution_id == execution_id)
-
-
 def _steps_stmt(execution_id: str):
     sa, _, trace_steps = _core()
     return (
@@ -126,14 +131,37 @@ def _steps_stmt(execution_id: str):
     )
 
 
+def _checked_steps(conn, execution_id: str) -> list:
+    """The steps of an execution in seq order, each payload checked against its checksum."""
+    from . import db
+
+    sa, _, trace_steps = _core()
+    s = trace_steps.c
+    q = (
+        sa.select(s.seq, s.type, db.undecoded(s.payload, conn.dialect.name), s.recorded_at_ns, s.payload_crc)
+        .where(s.execution_id == execution_id)
+        .order_by(s.seq)
+    )
+    return [sqlite_reads.checked_step(*r) for r in conn.execute(q)]
+
+
 def _load(engine: Engine, execution_id: str):
-    """The traces row and its steps (with their recorded times), from one snapshot."""
+    """The traces row and its steps (with their recorded times), from one snapshot, checked
+    against their checksums (`sqlite_reads.checked_row`, `damage`)."""
+    from . import db
+
+    sa, traces, _ = _core()
+    json_columns = {"envelope", *checksums.TRACE_VALUE_COLUMNS}
+    cols = [
+        db.undecoded(traces.c[n], engine.dialect.name) if n in json_columns else traces.c[n]
+        for n in sqlite_reads.TRACE_COLUMNS
+    ]
     with engine.connect() as conn, conn.begin():
-        row = conn.execute(_trace_stmt(execution_id)).first()
+        row = conn.execute(sa.select(*cols).where(traces.c.execution_id == execution_id)).first()
         if row is None:
             raise ExecutionNotFoundError(execution_id)
-        steps = conn.execute(_steps_stmt(execution_id)).all()
-    return row, steps
+        steps = _checked_steps(conn, execution_id)
+    return SimpleNamespace(**sqlite_reads.checked_row(dict(row._mapping))), steps
 
 
 def read_record(engine: Engine, execution_id: str) -> ExecutionRecord:
@@ -152,10 +180,10 @@ class RecordReader:
 
     _TRACE_SQL = (
         "SELECT execution_id, created_at_ns, envelope_hash, replayable, replayable_reason, envelope, "
-        "router_decision, final_response, status, intent, parent_execution_id, forked_at_seq, meta "
-        "FROM traces WHERE execution_id = ?"
+        "router_decision, final_response, status, intent, parent_execution_id, forked_at_seq, meta, "
+        "router_decision_crc, final_response_crc, meta_crc FROM traces WHERE execution_id = ?"
     )
-    _STEPS_SQL = "SELECT seq, type, payload FROM trace_steps WHERE execution_id = ? ORDER BY seq"
+    _STEPS_SQL = "SELECT seq, type, payload, payload_crc FROM trace_steps WHERE execution_id = ? ORDER BY seq"
 
     def __init__(self, engine: Engine, *, busy_timeout_ms: int = 5000):
         self._engine = engine
@@ -181,21 +209,30 @@ class RecordReader:
             conn.execute("COMMIT")
         if row is None:
             raise ExecutionNotFoundError(execution_id)
-        (eid, created, ehash, replayable, reason, envelope, decision, final, status, intent, parent, fork_seq, meta) = row
+        (eid, created, ehash, replayable, reason, envelope, decision, final, status, intent, parent, fork_seq, meta,
+         decision_crc, final_crc, meta_crc) = row
+        value = sqlite_reads.json_value
+        of_stored = checksums.of_stored
+        corrupted = (
+            of_stored(decision) != decision_crc or of_stored(final) != final_crc or of_stored(meta) != meta_crc
+            or any(of_stored(p) != crc for _, _, p, crc in steps)
+        )
+        if corrupted:
+            reason = REASON_RECORD_CORRUPTED
         return ExecutionRecord(
             header=ExecutionHeader(
                 executionId=eid, createdUtcIso=utc_iso(created), envelopeHash=ehash,
-                replayable=bool(replayable), replayableReason=reason,
+                replayable=bool(replayable) and not corrupted, replayableReason=reason,
             ),
-            envelope=sqlite_reads.json_value(envelope),
-            routerDecision=sqlite_reads.json_value(decision),
-            events=[ExecutionEvent(seq=seq, type=type_, payload=sqlite_reads.json_value(p)) for seq, type_, p in steps],
-            finalResponse=sqlite_reads.json_value(final),
+            envelope=value(envelope),
+            routerDecision=value(decision),
+            events=[ExecutionEvent(seq=seq, type=type_, payload=value(p)) for seq, type_, p, _ in steps],
+            finalResponse=value(final),
             status=status,
             intent=intent,
             parentExecutionId=parent,
             forkedAtSeq=fork_seq,
-            meta=sqlite_reads.json_value(meta),
+            meta=value(meta),
         )
 
     def _connect(self) -> sqlite3.Connection:
@@ -905,7 +942,7 @@ class Reader:
             return _load(self.engine, execution_id)
         else:
             with self.engine.connect() as conn:
-                steps = conn.execute(_steps_stmt(execution_id)).all()
+                steps = _checked_steps(conn, execution_id)
         return SimpleNamespace(**row), [*steps, *pending.steps.get(execution_id, ())]
 
     def timeline(self, execution_id: str) -> Timeline:
@@ -918,9 +955,15 @@ class Reader:
 
     def inspect(self, execution_id: str) -> dict:
         """The `inspect ID` view: status, the last event, replayability; `missing_seqs`,
+        `damaged_seqs` and `damaged_columns` (values that no longer match their checksums),
         `problems` and `note` (what a salvage recorded as lost) when the record is damaged."""
         row, steps = self._load_now(self.resolve(execution_id))
         view = inspect_view(judged(record_from_rows(row, steps)))
+        seqs, columns = damage(row, steps)
+        if seqs:
+            view["damaged_seqs"] = seqs
+        if columns:
+            view["damaged_columns"] = columns
         note = getattr(row, "status_note", None)
         if view["replayable_reason"] == REASON_RECORD_CORRUPTED and note:
             view["note"] = note

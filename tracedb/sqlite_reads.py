@@ -19,6 +19,7 @@ from typing import Iterable, NamedTuple, Optional, Sequence
 
 import orjson
 
+from .checksums import damaged_columns, of_stored
 from .schema import HEAD_REVISION
 
 # The columns a listing shows, and the time of each execution's last event.
@@ -36,21 +37,25 @@ TRACE_COLUMNS = (
     "execution_id", "recorder_id", "intent", "status", "replayable", "replayable_reason", "status_note",
     "envelope", "envelope_hash", "router_decision", "final_response", "last_seq", "created_at_ns",
     "updated_at_ns", "parent_execution_id", "forked_at_seq", "pinned", "meta",
+    "router_decision_crc", "final_response_crc", "meta_crc",
 )
 _JSON_COLUMNS = frozenset({"envelope", "router_decision", "final_response", "meta"})
 _BOOL_COLUMNS = frozenset({"replayable", "pinned"})
 _TRACE_SQL = "SELECT " + ", ".join(TRACE_COLUMNS) + " FROM traces WHERE execution_id = ?"
-_STEPS_SQL = "SELECT seq, type, payload, recorded_at_ns FROM trace_steps WHERE execution_id = ? ORDER BY seq"
+_STEPS_SQL = (
+    "SELECT seq, type, payload, recorded_at_ns, payload_crc FROM trace_steps WHERE execution_id = ? ORDER BY seq"
+)
 _IN_CHUNK = 500  # ids per IN (...) list
 
 
 class Step(NamedTuple):
-    """One stored event: its payload decoded."""
+    """One stored event: its payload decoded; `intact`: the payload matches its checksum."""
 
     seq: int
     type: str
     payload: object
     recorded_at_ns: int
+    intact: bool = True
 
 
 def json_value(value):
@@ -165,8 +170,21 @@ def page_rows(
     return out
 
 
-def _trace_row(r: tuple, names: Sequence[str] = TRACE_COLUMNS) -> dict:
-    d = dict(zip(names, r))
+def checked_row(d: dict) -> dict:
+    """A `traces` row (every column, JSON values undecoded, as the database hands them back)
+    decoded, with `damaged_columns`: the value columns that no longer match their checksums."""
+    damaged = damaged_columns(d)
+    d = _decoded_row(d)
+    d["damaged_columns"] = damaged
+    return d
+
+
+def checked_step(seq: int, type_: str, stored, recorded_at_ns: int, crc: Optional[int]) -> Step:
+    """A step from its stored (undecoded) payload and the payload's checksum."""
+    return Step(seq, type_, json_value(stored), recorded_at_ns, of_stored(stored) == crc)
+
+
+def _decoded_row(d: dict) -> dict:
     for c in _JSON_COLUMNS:
         d[c] = json_value(d[c])
     for c in _BOOL_COLUMNS:
@@ -175,16 +193,16 @@ def _trace_row(r: tuple, names: Sequence[str] = TRACE_COLUMNS) -> dict:
 
 
 def load(conn: sqlite3.Connection, execution_id: str, *, trace: bool = True) -> tuple[Optional[dict], list[Step]]:
-    """The `traces` row of an execution (a dict of every column; None if there is none) and its
-    steps in seq order, from one snapshot. Without `trace`, the steps alone (row None)."""
+    """The `traces` row of an execution (a dict of every column and `damaged_columns`, see
+    `checked_row`; None if there is none) and its steps in seq order (`Step.intact` says whether
+    each payload matches its checksum), from one snapshot. Without `trace`, the steps alone."""
     conn.execute("BEGIN")
     try:
         row = conn.execute(_TRACE_SQL, (execution_id,)).fetchone() if trace else None
         steps = conn.execute(_STEPS_SQL, (execution_id,)).fetchall() if row is not None or not trace else ()
     finally:
         conn.execute("COMMIT")
-    loads = json_value
-    return (None if row is None else _trace_row(row)), [Step(s, t, loads(p), at) for s, t, p, at in steps]
+    return (None if row is None else checked_row(dict(zip(TRACE_COLUMNS, row)))), [checked_step(*s) for s in steps]
 
 
 def applied_lsn(conn: sqlite3.Connection, recorder_id: str) -> Optional[int]:
@@ -216,7 +234,7 @@ def running_with_rows(conn: sqlite3.Connection, recorder_id: str, ids: Iterable[
             chunk = wanted[i : i + _IN_CHUNK]
             sql = f"{head} WHERE traces.execution_id IN ({', '.join('?' * len(chunk))})"
             for r in conn.execute(sql, chunk):
-                rows[r[0]] = _trace_row(r, names)
+                rows[r[0]] = _decoded_row(dict(zip(names, r)))
     finally:
         conn.execute("COMMIT")
     return running, rows

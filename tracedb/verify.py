@@ -1,9 +1,11 @@
-"""Verification of stored traces: envelope hash, event order, lifecycle, database integrity.
+"""Verification of stored traces: envelope hash, event order, lifecycle, the per-row checksums of
+the stored values (`tracedb.checksums`), database integrity.
 
 The whole-store walk streams: traces are read in execution-id order, `CHUNK_TRACES` at a time
-(keyset over the primary key), each chunk with a summary of the steps whose execution id falls
-in its range (count, first and last seq, FINAL_RESPONSE events; one row per trace, counted by
-the database), in one short read transaction. Memory depends on the chunk, not on the store,
+(keyset over the primary key), each chunk with the steps whose execution id falls in its range,
+in one short read transaction. Every step's payload is read, to check it against its checksum;
+the steps stream through (one at a time in memory) and are summed up per trace on the way
+(count, first and last seq, FINAL_RESPONSE events, the seqs whose payload changed). Memory depends on the chunk, not on the store,
 and a recorder compacting next to it is never held up by one long snapshot. Each chunk is one
 consistent view (REPEATABLE READ on PostgreSQL, SQLite's snapshot of the transaction), so a
 trace and its steps are always checked as of the same moment.
@@ -12,15 +14,17 @@ trace and its steps are always checked as of the same moment.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from . import db
+from .checksums import TRACE_VALUE_COLUMNS, crc_column, damaged_columns, of_stored
 from .errors import ExecutionNotFoundError
 from .models import trace_steps, traces
 from .record import FINAL_RESPONSE, REASON_RECORD_CORRUPTED, STATUS_COMPLETED, compute_envelope_hash, stored_envelope_hash
+from .sqlite_reads import json_value
 
 # Traces per read transaction of the whole-store walk; their steps come in the same transaction.
 CHUNK_TRACES = 1000
@@ -41,21 +45,23 @@ class VerifyResult:
         return not self.problems
 
 
-# What a trace's check needs, and nothing more (router_decision and the rest stay unread).
-_TRACE_COLUMNS = (
-    traces.c.execution_id,
-    traces.c.envelope,
-    traces.c.envelope_hash,
-    traces.c.status,
-    traces.c.final_response,
-    traces.c.last_seq,
-    traces.c.meta,  # the stored envelope's hash when redaction rewrote it
-    traces.c.replayable_reason,
-)
+def _trace_columns(dialect: str) -> tuple:
+    """What a trace's check needs, and nothing more: the checked value columns undecoded, with
+    their checksums (meta holds the stored envelope's hash when redaction rewrote it)."""
+    return (
+        traces.c.execution_id,
+        traces.c.envelope,
+        traces.c.envelope_hash,
+        traces.c.status,
+        traces.c.last_seq,
+        traces.c.replayable_reason,
+        *(db.undecoded(traces.c[c], dialect) for c in TRACE_VALUE_COLUMNS),
+        *(traces.c[crc_column(c)] for c in TRACE_VALUE_COLUMNS),
+    )
 
 
 def _hash_problem(row) -> Optional[str]:
-    stored = stored_envelope_hash(row.envelope_hash, row.meta)
+    stored = stored_envelope_hash(row.envelope_hash, json_value(row.meta))
     computed = compute_envelope_hash(row.envelope)
     if stored != computed:
         return f"{row.execution_id}: envelope hash {stored} does not match the envelope ({computed})"
@@ -94,8 +100,8 @@ def _seqs(conn: Connection, eid: str) -> Iterable[int]:
 
 
 def _walk(conn: Connection, rows: list, summaries: Iterable, problems: list) -> tuple[int, int]:
-    """Check `rows` (traces ordered by execution id) against `summaries`, one row per execution
-    id of the same range with steps (_summary_query), side by side. Returns (traces, steps).
+    """Check `rows` (traces ordered by execution id) against `summaries`, one per execution id
+    of the same range with steps (`_summaries`), side by side. Returns (traces, steps).
 
     A trace's seqs are read one by one only when its summary shows they are not exactly
     1..count, to report each gap as it comes; the steps of an execution id without a row are
@@ -122,10 +128,14 @@ def _walk(conn: Connection, rows: list, summaries: Iterable, problems: list) -> 
         problem = _hash_problem(row)
         if problem is not None:
             problems.append(problem)
+        for column in damaged_columns(row._mapping):
+            problems.append(f"{eid}: {column} does not match its checksum")
         last = finals = last_final = 0
         if pending is not None and pending[0] == eid:
-            _, count, first, last, finals, last_final = pending
+            _, count, first, last, finals, last_final, damaged = pending
             pending = next(it, None)
+            for seq in damaged:
+                problems.append(f"{eid}: event seq {seq} payload does not match its checksum")
             # Seqs are unique (primary key): else exactly 1..count. Gaps in a trace marked
             # record_corrupted are a loss already recorded (a WAL salvage), not a new problem.
             if (first != 1 or last != count) and row.replayable_reason != REASON_RECORD_CORRUPTED:
@@ -149,23 +159,12 @@ def _reader(conn: Connection) -> Connection:
     return conn
 
 
-def _summary_query(after: Optional[str], upto: Optional[str]):
-    """Per execution id in (after, upto] with steps, in execution-id order: how many steps, the
-    first and last seq, how many FINAL_RESPONSE and the seq of the last. One row per trace
-    instead of one per step: the database does the counting."""
+def _steps_query(dialect: str, after: Optional[str], upto: Optional[str]):
+    """Every step with an execution id in (after, upto], in (execution id, seq) order: what
+    `_summaries` needs, the payload undecoded for its checksum."""
     s = trace_steps.c
-    final = s.type == FINAL_RESPONSE
-    q = (
-        sa.select(
-            s.execution_id,
-            sa.func.count(),
-            sa.func.min(s.seq),
-            sa.func.max(s.seq),
-            sa.func.count(sa.case((final, 1))),
-            sa.func.max(sa.case((final, s.seq))),
-        )
-        .group_by(s.execution_id)
-        .order_by(s.execution_id)
+    q = sa.select(s.execution_id, s.seq, s.type, db.undecoded(s.payload, dialect), s.payload_crc).order_by(
+        s.execution_id, s.seq
     )
     if after is not None:
         q = q.where(s.execution_id > after)
@@ -174,16 +173,43 @@ def _summary_query(after: Optional[str], upto: Optional[str]):
     return q
 
 
+def _summaries(steps: Iterable) -> Iterator[tuple]:
+    """Per execution id of `steps` (`_steps_query`'s rows), in their order: how many steps, the
+    first and last seq, how many FINAL_RESPONSE and the seq of the last (None: none), and the
+    seqs whose payload no longer matches its checksum."""
+    eid = None
+    count = first = last = finals = 0
+    last_final: Optional[int] = None
+    damaged: list = []
+    for step_eid, seq, type_, payload, crc in steps:
+        if step_eid != eid:
+            if eid is not None:
+                yield eid, count, first, last, finals, last_final, damaged
+            eid, count, first, finals, last_final, damaged = step_eid, 0, seq, 0, None, []
+        count += 1
+        last = seq
+        if type_ == FINAL_RESPONSE:
+            finals += 1
+            last_final = seq
+        if of_stored(payload) != crc:
+            damaged.append(seq)
+    if eid is not None:
+        yield eid, count, first, last, finals, last_final, damaged
+
+
 def _verify_one(engine: Engine, execution_id: str) -> VerifyResult:
     problems: list[str] = []
     with engine.connect() as base:
         conn = _reader(base)
+        dialect = conn.dialect.name
         with conn.begin():
-            rows = conn.execute(sa.select(*_TRACE_COLUMNS).where(traces.c.execution_id == execution_id)).all()
+            rows = conn.execute(
+                sa.select(*_trace_columns(dialect)).where(traces.c.execution_id == execution_id)
+            ).all()
             if not rows:
                 raise ExecutionNotFoundError(execution_id)
-            summaries = conn.execute(_summary_query(None, None).where(trace_steps.c.execution_id == execution_id))
-            n_traces, n_steps = _walk(conn, rows, summaries, problems)
+            steps = conn.execute(_steps_query(dialect, None, None).where(trace_steps.c.execution_id == execution_id))
+            n_traces, n_steps = _walk(conn, rows, _summaries(steps), problems)
     return VerifyResult(n_traces, n_steps, tuple(problems))
 
 
@@ -204,16 +230,17 @@ def verify(
     after: Optional[str] = None  # the last execution id of the previous chunk
     with engine.connect() as base:
         conn = _reader(base)
+        dialect = conn.dialect.name
         while True:
             with conn.begin():
-                q = sa.select(*_TRACE_COLUMNS).order_by(traces.c.execution_id).limit(chunk_traces)
+                q = sa.select(*_trace_columns(dialect)).order_by(traces.c.execution_id).limit(chunk_traces)
                 if after is not None:
                     q = q.where(traces.c.execution_id > after)
                 rows = conn.execute(q).all()
                 # A short chunk is the last: its steps range is open-ended, so that steps after
                 # the last trace, which belong to no trace, are reported too.
                 upto = rows[-1].execution_id if len(rows) == chunk_traces else None
-                t, s = _walk(conn, rows, conn.execute(_summary_query(after, upto)), problems)
+                t, s = _walk(conn, rows, _summaries(conn.execute(_steps_query(dialect, after, upto))), problems)
             n_traces += t
             n_steps += s
             if upto is None:

@@ -266,6 +266,6 @@ def test_copy_errors_reach_the_compactor_as_sqlalchemy_errors(open_pg_store):
     with store.engine.connect() as conn:
         with pytest.raises(sa.exc.IntegrityError):
             with conn.begin():
-                copy.execute(conn, ["exec-missing", 1, "tool.requested", "{}", 1, 1])
+                copy.execute(conn, ["exec-missing", 1, "tool.requested", "{}", 1, 1, 0])
         with conn.begin():
             assert conn.execute(sa.select(sa.func.count()).select_from(trace_steps)).scalar() == 0

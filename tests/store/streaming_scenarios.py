@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from tracedb import compute_envelope_hash
+from tracedb import checksums, compute_envelope_hash
 from tracedb.models import trace_steps, traces
 
 DAY = 86400
@@ -56,7 +56,8 @@ def plant_lifecycle_problems(engine) -> tuple[list[str], int]:
 
     def step(eid, seq, type_="tool.requested"):
         return trace_steps.insert().values(
-            execution_id=eid, seq=seq, type=type_, payload=None, recorded_at_ns=1, lsn=1
+            execution_id=eid, seq=seq, type=type_, payload=None, recorded_at_ns=1, lsn=1,
+            payload_crc=checksums.of_bytes(b"null"),  # the JSON type writes None as null
         )
 
     s, t = trace_steps.c, traces.c
@@ -68,7 +69,7 @@ def plant_lifecycle_problems(engine) -> tuple[list[str], int]:
         )
         conn.execute(step(v[3], 5))
         conn.execute(traces.update().where(t.execution_id == v[3]).values(last_seq=5))
-        conn.execute(traces.update().where(t.execution_id == v[5]).values(final_response=sa.null()))
+        conn.execute(traces.update().where(t.execution_id == v[5]).values(final_response=sa.null(), final_response_crc=0))
         conn.execute(
             trace_steps.update().where(s.execution_id == v[6]).where(s.seq == 4).values(type="tool.responded")
         )
