@@ -129,7 +129,8 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, limi
     """List executions (--list), or show one execution's state.
 
     --list prints a line per execution, newest first: id, creation time, intent, status,
-    replayability, events, duration (creation to the last event; '-' while running). The
+    replayability (judged as for one ID: a record that fails verification is not-replayable,
+    record_corrupted), events, duration (creation to the last event; '-' while running). The
     header, and the cursor of the next page when there is one, go to stderr. --format json (or
     --json) prints a list, ndjson an object per line, csv a header and a row per execution; each
     row carries its `cursor`. Filters combine: --status, --since/--until, --intent
