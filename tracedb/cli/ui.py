@@ -37,7 +37,8 @@ def ui(ctx, host, port, allow_remote, token_file, data_dir, db_url, as_json):
     """Browse executions in a web page: the list, timelines, payloads, diffs and forks.
 
     Read-only: it reads the store next to a running recorder (`tracedb serve`) and never
-    writes. Prints the address to open; Ctrl-C (or SIGTERM) stops it. A running execution's
+    writes. With no recorder running it also shows what only the WAL holds (executions left
+    running read as incomplete), as the read commands do. Prints the address to open; Ctrl-C (or SIGTERM) stops it. A running execution's
     new events appear on its page as they are recorded.
 
     \b
