@@ -1,6 +1,7 @@
 """A process routing IntentusNet intents, killed by the test in the middle of an agent call.
 
     python live_child.py tracedb DATA_DIR    # LiveRouter over tracedb.open(DATA_DIR)
+    python live_child.py sidecar DATA_DIR    # LiveRouter over a client of DATA_DIR's `tracedb serve`
     python live_child.py file RECORDS_DIR    # IntentRouter over IntentusNet's FileExecutionStore
 
 It routes one intent that completes, then one whose agent prints IN_AGENT and waits for ever.
@@ -20,6 +21,7 @@ from intentusnet import (  # noqa: E402
     IntentRouter,
 )
 from tests.interop.conftest import envelope  # noqa: E402
+from tracedb.client import connect  # noqa: E402
 from tracedb.interop.intentusnet_live import LiveRouter  # noqa: E402
 
 
@@ -39,6 +41,8 @@ def main() -> None:
     if mode == "tracedb":
         store = tracedb.open(where, config={"compact_interval_ms": 0, "idle_timeout_s": 0})
         router = LiveRouter(registry, store)
+    elif mode == "sidecar":
+        router = LiveRouter(registry, connect("unix:" + os.path.join(where, "tracedb.sock")))
     else:
         router = IntentRouter(registry, record_store=FileExecutionStore(where))
     registry.register(Slow(AgentDefinition(name="slow", capabilities=[Capability(intent=IntentRef(name="UpperIntent"))]), router))

@@ -43,6 +43,12 @@ def run_until_in_agent(mode: str, where: str) -> None:
 def test_an_agent_killed_mid_call_leaves_an_incomplete_execution_with_its_events(tmp_path):
     data = str(tmp_path / "data")
     run_until_in_agent("tracedb", data)
+    check_the_killed_route(data)
+
+
+def check_the_killed_route(data: str) -> None:
+    """The data directory (opened now, which recovers) holds the completed route and the one
+    killed in its agent: incomplete, not replayable, its events up to the kill."""
     with tracedb.open(data, config={"compact_interval_ms": 0, "idle_timeout_s": 0}) as store:
         rows = sorted(store.list(), key=lambda r: r.created_at_ns)
         assert [r.status for r in rows] == ["completed", "incomplete"]

@@ -309,21 +309,65 @@ def _closing(p: ParsedRecord) -> tuple:
     return ()
 
 
+def is_client(store) -> bool:
+    """True for a recording client (`tracedb.client.connect()`: a sidecar, `tracedb serve`),
+    False for the embedded store (`tracedb.open`)."""
+    from ..sidecar.client import Client
+
+    return isinstance(store, Client)
+
+
+def start_execution(store, p: ParsedRecord, meta: dict):
+    """Start recording `p`'s execution (no events) through a store or a client; its handle.
+
+    A client's start carries no creation time and no meta (the protocol has neither): the
+    execution's creation time is the recorder's, and `createdUtcIso` reads back as that."""
+    if is_client(store):
+        return store.start(p.intent, p.envelope, p.execution_id)
+    return store.start(p.intent, p.envelope, p.execution_id, created_at_ns=p.created_at_ns, meta=meta)
+
+
+def _write_through_client(client, p: ParsedRecord) -> None:
+    """Record `p` through a client: its start, each event, its finish, its closing, each durable
+    before the next is sent (the protocol has no one-append write of a whole record, so a value
+    the recorder refuses leaves what came before it recorded). ExecutionExistsError when the id
+    is taken."""
+    try:
+        client.get(p.execution_id)
+    except ExecutionNotFoundError:
+        pass
+    else:
+        raise ExecutionExistsError(p.execution_id)
+    ex = start_execution(client, p, {})
+    for type_, payload in p.events:
+        ex.event(type_, payload)
+    if p.final_response is not None:
+        ex.finish(p.final_response)
+    close = {"incomplete": client.abandon, "invalidate": client.invalidate,
+             "recording_failure": client.mark_recording_failure}
+    for op, reason in _closing(p):
+        close[op](p.execution_id, reason)
+
+
 def write_record(store, data: Any) -> str:
-    """Record an IntentusNet record into a tracedb `Store`; returns "imported", or "present"
-    when the store holds the same record already (header included). ExecutionExistsError when
-    it holds another one under that id: a record is never silently replaced or dropped.
+    """Record an IntentusNet record into a tracedb `Store` (or through a client); returns
+    "imported", or "present" when the store holds the same record already (header included).
+    ExecutionExistsError when it holds another one under that id: a record is never silently
+    replaced or dropped.
 
     The whole record is checked before anything is written (`Store.record_execution`): a record
     refused for any reason leaves nothing behind, and importing it again once fixed works."""
     data = record_dict(data)
     p = parse_record(data)
     try:
-        store.record_execution(
-            p.intent, p.envelope, p.execution_id, events=p.events, response=p.final_response,
-            closing=_closing(p), created_at_ns=p.created_at_ns,
-            meta={"intentusnet": header_meta(data["header"])},
-        )
+        if is_client(store):
+            _write_through_client(store, p)
+        else:
+            store.record_execution(
+                p.intent, p.envelope, p.execution_id, events=p.events, response=p.final_response,
+                closing=_closing(p), created_at_ns=p.created_at_ns,
+                meta={"intentusnet": header_meta(data["header"])},
+            )
     except ExecutionExistsError:
         difference = _difference(store, p, data)
         if difference is None:
@@ -468,14 +512,17 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
 
     Give it to `IntentRouter(registry, record_store=...)`: each routed intent is recorded
     through tracedb's WAL (start, events, finish) before `route_intent` returns. `store` is a
-    `tracedb.Store` (`tracedb.open(...)`); for reading only, `TraceDBExecutionStore.reader(engine)`
-    reads a database (SQLite or PostgreSQL) without taking a data directory.
+    `tracedb.Store` (`tracedb.open(...)`), or a recording client (`tracedb.client.connect()`),
+    which records through `tracedb serve` while it holds the data directory; for reading only,
+    `TraceDBExecutionStore.reader(engine)` reads a database (SQLite or PostgreSQL) without
+    taking a data directory.
     """
 
     def __init__(self, store, *, engine=None):
         if store is None and engine is None:
             raise UsageError(
-                "TraceDBExecutionStore needs a store (tracedb.open(...)) or, to read only, an engine",
+                "TraceDBExecutionStore needs a store (tracedb.open(...)), a client (tracedb.client.connect()) "
+                "or, to read only, an engine",
                 hint="TraceDBExecutionStore(tracedb.open(data_dir)), or TraceDBExecutionStore.reader(engine)",
             )
         self._store = store
@@ -486,7 +533,7 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
 
     @property
     def store(self):
-        """The tracedb Store it records into (None for a reader)."""
+        """The tracedb Store or client it records into (None for a reader)."""
         return self._store
 
     @classmethod
@@ -528,6 +575,12 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
 
     def list_ids(self) -> list:
         """Every execution id in the store, sorted (as IntentusNet's FileExecutionStore does)."""
+        if self._store is not None and is_client(self._store):
+            raise UsageError(
+                "a recording client cannot list executions (the sidecar's protocol has no listing)",
+                hint="list them from the database: TraceDBExecutionStore.reader(tracedb.db.create_engine(url)), "
+                "or `tracedb inspect --list`",
+            )
         if self._store is not None:
             rows = self._store.list()
         else:

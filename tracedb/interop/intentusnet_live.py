@@ -6,13 +6,13 @@ killed mid-call leaves nothing, in its own FileExecutionStore and in any other s
 is an `IntentRouter` whose recorder also writes each event into tracedb the moment the router
 records it, durable in the WAL before routing goes on:
 
-    router = LiveRouter(registry, store)          # store = tracedb.open(...)
-    registry.register(MyAgent(definition, router))
+    router = LiveRouter(registry, store)          # store = tracedb.open(...), or
+    registry.register(MyAgent(definition, router))  # tracedb.client.connect() next to `tracedb serve`
     router.route_intent(env)                      # start, then each event, durable as it happens
 
 A process killed mid-route leaves a trace with every event up to the kill; the next open of the
-data directory (or `tracedb recover`) marks it incomplete and not replayable
-(`execution_incomplete`). A finished route is the same record IntentusNet would have saved, under
+data directory (or `tracedb recover`; with a sidecar, its idle sweeper or its next start) marks it
+incomplete and not replayable (`execution_incomplete`). A finished route is the same record IntentusNet would have saved, under
 IntentusNet's own execution id, and `LiveRouter.records` (a `TraceDBExecutionStore`) loads it
 back for IntentusNet's `ReplayEngine`.
 
@@ -41,6 +41,7 @@ from .intentusnet import (
     header_meta,
     parse_record,
     record_dict,
+    start_execution,
     to_plain,
     tracedb_event_type,
 )
@@ -86,7 +87,9 @@ class LiveExecutionRecorder(InMemoryExecutionRecorder or object):
         meta = {"intentusnet": {k: header[k] for k in ("createdUtcIso", "envelopeHash")}}
         p = parse_record({**data, "events": [], "finalResponse": None, "routerDecision": None})
         self.execution_id = p.execution_id
-        self.store.start(p.intent, p.envelope, p.execution_id, created_at_ns=p.created_at_ns, meta=meta)
+        # Events go through the handle: through a client, each carries its seq, so that one
+        # resent after a reconnect is never recorded twice.
+        self.handle = start_execution(self.store, p, meta)
         records.live[self.execution_id] = self
 
     def record_event(self, event_type: str, payload: Any) -> None:
@@ -99,14 +102,14 @@ class LiveExecutionRecorder(InMemoryExecutionRecorder or object):
                 return
             try:
                 type_ = tracedb_event_type(event_type, seq)
-                self.store.event(self.execution_id, type_, to_plain(payload))
+                self.handle.event(type_, to_plain(payload))
             except TraceDBError as e:
                 self._refused(seq, event_type, e)
 
     def _refused(self, seq: int, event_type: str, e: TraceDBError) -> None:
         reason = f"event {seq} ({event_type}) refused: {e.message}"
         log.error("tracedb: execution %s: %s; recorded in its place and flagged", self.execution_id, reason)
-        self._flag(reason, lambda: self.store.event(self.execution_id, "intentusnet.refused", {REFUSED_KEY: reason}))
+        self._flag(reason, lambda: self.handle.event("intentusnet.refused", {REFUSED_KEY: reason}))
 
     def _flag(self, reason: str, record_instead) -> None:
         """Record `record_instead` and flag the execution recording_failure; a store that
@@ -123,11 +126,11 @@ class LiveExecutionRecorder(InMemoryExecutionRecorder or object):
 
     def _finish(self, response: Any) -> None:
         try:
-            self.store.finish(self.execution_id, to_plain(response))
+            self.handle.finish(to_plain(response))
         except TraceDBError as e:
             reason = f"final response refused: {e.message}"
             log.error("tracedb: execution %s: %s", self.execution_id, reason)
-            self._flag(reason, lambda: self.store.finish(self.execution_id, {REFUSED_KEY: reason}))
+            self._flag(reason, lambda: self.handle.finish({REFUSED_KEY: reason}))
         self.finished = True
         if self._pending_invalidation is not None:
             self.store.invalidate(self.execution_id, self._pending_invalidation)
@@ -174,8 +177,10 @@ def _install() -> None:
 class LiveRouter(IntentRouter or object):
     """An IntentusNet `IntentRouter` that records each route into tracedb as it happens.
 
-    `store` is a `tracedb.Store` (`tracedb.open(...)`); the other arguments are IntentRouter's
-    (`record_store` is this router's `records`, a `TraceDBExecutionStore` over `store`).
+    `store` is a `tracedb.Store` (`tracedb.open(...)`), or a recording client
+    (`tracedb.client.connect()`) to record through `tracedb serve`, which holds the data
+    directory; the other arguments are IntentRouter's (`record_store` is this router's
+    `records`, a `TraceDBExecutionStore` over `store`).
     """
 
     def __init__(self, registry, store, **kwargs):

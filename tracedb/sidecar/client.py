@@ -49,6 +49,7 @@ from .. import handles
 from ..backoff import Backoff
 from ..ids import new_execution_id
 from ..record import ExecutionRecord, compute_envelope_hash
+from ..validation import check_finite
 from . import protocol as P
 from .outage import CONTINUE, DEFAULT_OUTAGE_TIMEOUT_S, LostExecution, Outage, flag_detail, outage_policy
 
@@ -229,6 +230,10 @@ def _encode(req: dict, max_frame_bytes: int) -> bytes:
             f"cannot record a value that is not JSON: {e}",
             hint="payloads must be JSON: dicts, lists, str, int (64-bit), float, bool, None",
         ) from None
+    if b"null" in frame:
+        # orjson writes NaN and infinities as null: refused, as the embedded store refuses them,
+        # rather than recorded as another value (only a frame with a null can hold one).
+        check_finite(req, f"the {req.get('op')} request")
     if len(frame) > max_frame_bytes:
         raise _frame_too_large(len(frame), max_frame_bytes)
     return frame
@@ -625,6 +630,15 @@ class Client:
             self._store.abandon(execution_id, reason)
             return
         self._write({"id": None, "op": "abandon", "execution_id": execution_id, "reason": reason}, execution_id)
+
+    def mark_recording_failure(self, execution_id: str, detail: str) -> None:
+        """Flag an execution not replayable because records of it were lost (recording_failure,
+        `detail` as its note); its status does not change."""
+        if self._store is not None:
+            self._store.mark_recording_failure(execution_id, detail)
+            return
+        req = {"id": None, "op": "recording_failure", "execution_id": execution_id, "detail": detail}
+        self._write(req, execution_id)
 
     def get(self, execution_id: str) -> ExecutionRecord:
         """The execution's whole record."""
