@@ -40,20 +40,24 @@ _REASON = {"running": None, "completed": None, "incomplete": "execution_incomple
 def build_store(data_dir: str, executions: int) -> float:
     """A store of `executions` executions of one event each, one second apart; seconds taken.
     Kept when it exists already (the file is named after its size)."""
-    marker = os.path.join(data_dir, f"BUILT-{executions}")
+    marker = os.path.join(data_dir, f"BUILT-{executions}-checksummed")
     if os.path.exists(marker):
         return 0.0
     shutil.rmtree(data_dir, ignore_errors=True)
     import sqlalchemy as sa
 
     import tracedb
-    from tracedb import db
+    from tracedb import checksums, compute_envelope_hash, db
     from tracedb.models import trace_steps, traces
 
     t0 = time.perf_counter()
     tracedb.open(data_dir, config={"compact_interval_ms": 0}).close()  # the schema, by migrations
     engine = db.create_engine(os.path.join(data_dir, "traces.db"), write=True)
     envelope = {"intent": "AnswerQuestion", "payload": {"question": "What is 17 * 23?"}}
+    # Real hashes and checksums: a read judges each row (a wrong one reads record_corrupted).
+    envelope_hash = compute_envelope_hash(envelope)
+    final = {"status": "success"}
+    final_crc, payload_crc = checksums.of_bytes(orjson.dumps(final)), checksums.of_bytes(orjson.dumps(TOOL_RESULT))
     batch = 50_000
     for start in range(0, executions, batch):
         rows, steps = [], []
@@ -64,14 +68,15 @@ def build_store(data_dir: str, executions: int) -> float:
             rows.append({
                 "execution_id": eid, "recorder_id": "bench", "intent": INTENTS[n % len(INTENTS)],
                 "status": status, "replayable": status == "completed", "replayable_reason": _REASON[status],
-                "status_note": None, "envelope": envelope, "envelope_hash": "sha256:" + "0" * 64,
-                "router_decision": None,
-                "final_response": {"status": "success"} if status == "completed" else None,
+                "status_note": None, "envelope": envelope, "envelope_hash": envelope_hash,
+                "router_decision": None, "router_decision_crc": 0, "meta_crc": 0,
+                "final_response": final if status == "completed" else None,
+                "final_response_crc": final_crc if status == "completed" else 0,
                 "last_seq": 1, "created_at_ns": created, "updated_at_ns": created + 5_000_000,
                 "parent_execution_id": None, "forked_at_seq": None, "pinned": False,
             })
             steps.append({"execution_id": eid, "seq": 1, "type": "tool.responded", "payload": TOOL_RESULT,
-                          "recorded_at_ns": created + 5_000_000, "lsn": n + 1})
+                          "recorded_at_ns": created + 5_000_000, "lsn": n + 1, "payload_crc": payload_crc})
         with engine.begin() as conn:
             conn.execute(sa.insert(traces), rows)
             conn.execute(sa.insert(trace_steps), steps)
