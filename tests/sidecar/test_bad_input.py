@@ -126,6 +126,31 @@ def test_bad_frame_between_good_ones_affects_only_itself(conn):
     assert [e["payload"] for e in rec["events"]] == [{"n": 1}, {"n": 2}]
 
 
+def test_an_integer_outside_64_bits_is_refused_not_stored_as_a_double(conn):
+    """orjson reads 2**64 as 1.8446744073709552e+19: stored, it would come back changed."""
+    def call(frame: bytes) -> dict:
+        conn.send_raw(frame + b"\n")
+        return conn.recv()
+
+    start = b'{"id":1,"op":"start","intent":"I","envelope":{"n":%s},"execution_id":"exec-big-%d"}'
+    for i, bad in enumerate((b"18446744073709551616", b"-9223372036854775809", b"1" * 40)):
+        r = call(start % (bad, i))
+        assert r["id"] == 1 and r["error"]["code"] == "bad_request" and "outside 64 bits" in r["error"]["message"], r
+        r = conn.call({"id": 2, "op": "get", "execution_id": f"exec-big-{i}"})
+        assert r["error"]["code"] == "unknown_execution", r  # nothing of the refused start was kept
+    # The limits themselves, and long digit runs that are not integers, pass and come back exact.
+    edge = {"max": 2**64 - 1, "min": -(2**63), "text": "9" * 40, "float": 1.5e300}
+    assert call(orjson.dumps({"id": 3, "op": "start", "intent": "I", "envelope": ENV, "execution_id": "exec-edge"}))["ok"]
+    frame = orjson.dumps({"id": 4, "op": "event", "execution_id": "exec-edge", "type": "t.x", "payload": edge, "seq": 1})
+    assert call(frame)["ok"]
+    nested = b'{"id":5,"op":"event","execution_id":"exec-edge","type":"t.x","payload":{"a":[1,{"b":99999999999999999999}]},"seq":2}'
+    r = call(nested)
+    assert r["id"] == 5 and r["error"]["code"] == "bad_request", r
+    rec = conn.call({"id": 6, "op": "get", "execution_id": "exec-edge"})["record"]
+    assert [e["payload"] for e in rec["events"]] == [edge]
+    still_serves(conn)
+
+
 def test_oversized_frame_is_refused_and_the_connection_goes_on(conn, server):
     big = orjson.dumps({"id": 1, "op": "event", "execution_id": "exec-keep", "type": "t.x", "payload": "y" * (2 * MAX_FRAME)})
     conn.send_raw(big + b"\n")

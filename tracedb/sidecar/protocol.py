@@ -77,6 +77,31 @@ def _bad(message: str) -> ProtocolError:
     return ProtocolError(BAD_REQUEST, message)
 
 
+# A run of 19 or more digits: the only place an integer outside 64 bits can be, which orjson
+# reads as a double without a word. Most frames have none, and skip the exact check below.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+INT_MIN = -(1 << 63)
+INT_MAX = (1 << 64) - 1  # what orjson writes: the signed and the unsigned 64-bit ranges
+
+
+def _int_in_range(text: str) -> int:
+    n = int(text)
+    if not INT_MIN <= n <= INT_MAX:
+        raise _bad(f"integer {text[:24]}{'...' if len(text) > 24 else ''} is outside 64 bits: "
+                   "it cannot be stored exactly (send it as a string)")
+    return n
+
+
+def check_integers(frame: bytes) -> None:
+    """Refuse a frame with an integer outside 64 bits (ProtocolError, bad_request): orjson has
+    read it as a double, which would be stored changed. Reads the frame again, exactly, only
+    when it holds a long run of digits (in a number or inside a string)."""
+    if _LONG_DIGITS.search(frame) is not None:
+        import json
+
+        json.loads(frame, parse_int=_int_in_range)
+
+
 # -- responses -------------------------------------------------------------------------------
 
 

@@ -273,6 +273,7 @@ class Connection(asyncio.Protocol):
                     if type(rid) is not str or len(rid) > P.MAX_ID_CHARS:
                         rid = None  # an id that cannot be echoed: answer with null
                         P.check_id(req)
+                P.check_integers(frame)
                 if closing:
                     if not self.authenticated:
                         break  # closing for a bad token: read no further
