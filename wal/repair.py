@@ -78,13 +78,18 @@ def _nonzero_end(path: str, start: int) -> int:
             pos += len(block)
 
 
-def _free_name(path: str) -> str:
-    """`path`, or `path.N` for the first N not taken: a kept file is never overwritten."""
+def _kept_name(path: str, data: bytes) -> tuple[str, bool]:
+    """Where to keep `data`: `path`, or `path.N` for the first N not taken (a kept file is never
+    overwritten); True when one of them holds these bytes already (kept by an earlier open that
+    stopped before its cut)."""
     dst, n = path, 0
     while os.path.exists(dst):
+        with open(dst, "rb") as f:
+            if f.read() == data:
+                return dst, True
         n += 1
         dst = f"{path}.{n}"
-    return dst
+    return dst, False
 
 
 def keep_torn_tail(fs, segment_path: str, offset: int, next_lsn: int) -> Optional[KeptTail]:
@@ -103,9 +108,9 @@ def keep_torn_tail(fs, segment_path: str, offset: int, next_lsn: int) -> Optiona
     stop = offset + len(data)
     data += bytes(-len(data) % fmt.ALIGN)  # whole 8-byte words, as records are laid out
     header = fmt.encode_segment_header(head.salt, head.segment_number, next_lsn)
-    directory = os.path.dirname(segment_path)
-    dst = _free_name(f"{segment_path}{TAIL_MARK}{offset}")
-    write_file_atomic(fs, directory, os.path.basename(dst), header + data)
+    dst, done = _kept_name(f"{segment_path}{TAIL_MARK}{offset}", header + data)
+    if not done:
+        write_file_atomic(fs, os.path.dirname(segment_path), os.path.basename(dst), header + data)
     valid = len(salvage_tail(dst).records)
     log.warning(
         "WAL %s: the torn tail at offset %d (%d bytes, never acknowledged unless a flipped bit "
