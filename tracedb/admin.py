@@ -62,6 +62,9 @@ def failure_of(error: BaseException, config: Optional[Config] = None) -> Optiona
     if isinstance(error, wal.WalError):
         code = EXIT_INTEGRITY if isinstance(error, wal.WalCorruptionError) else EXIT_ERROR
         return Failure(error.message, error.hint, code)
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        # A file a command was told to read or write (an output path, a backup directory).
+        return Failure(f"{error.filename}: {error.strerror}", "check the path and its permissions", EXIT_ERROR)
     return None
 
 

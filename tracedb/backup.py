@@ -64,8 +64,7 @@ def backup(config: Config, dest: str) -> BackupResult:
         )
     if not os.path.isfile(config.sqlite_path):
         raise StoreNotFoundError(config.sqlite_path)
-    inside = os.path.realpath(config.data_dir)
-    if os.path.commonpath([inside, os.path.realpath(dest)]) == inside:
+    if _inside(dest, config.data_dir):
         raise BackupDestinationError(
             f"{dest} is inside the data directory it would copy",
             hint="back up to a directory outside the data directory, ideally on another disk",
@@ -103,6 +102,11 @@ def restore(backup_dir: str, data_dir: str) -> str:
     """Copy a backup into `data_dir` (new or empty), fsynced; the first open recovers it."""
     if not os.path.isfile(os.path.join(backup_dir, "traces.db")) or not os.path.isdir(os.path.join(backup_dir, "wal")):
         raise StoreNotFoundError(backup_dir)
+    if _inside(data_dir, backup_dir):
+        raise BackupDestinationError(
+            f"{data_dir} is inside the backup {backup_dir}",
+            hint="restore into a directory outside the backup: the backup must stay as it was made",
+        )
     _prepare(data_dir)
     fs = OsFileSystem()
     for root, dirs, files in os.walk(backup_dir):
@@ -116,7 +120,15 @@ def restore(backup_dir: str, data_dir: str) -> str:
     return data_dir
 
 
+def _inside(path: str, directory: str) -> bool:
+    """`path` is `directory` or below it (links resolved)."""
+    directory = os.path.realpath(directory)
+    return os.path.commonpath([directory, os.path.realpath(path)]) == directory
+
+
 def _prepare(dest: str) -> None:
+    if not dest.strip():
+        raise BackupDestinationError("the destination is empty", hint="give a new directory")
     if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
         raise BackupDestinationError(f"{dest} exists and is not an empty directory", hint="give a new directory")
     os.makedirs(dest, exist_ok=True)

@@ -414,3 +414,18 @@ def test_the_data_directory_is_found_upward_as_git_finds_dot_git(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tracedb", "inspect", "--list"], cwd=elsewhere, env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 3 and "its parents" in r.stderr
+
+
+def test_export_to_a_missing_directory_is_a_usage_error_and_a_trailing_slash_means_a_directory(seeded, tmp_path):
+    import subprocess
+    import sys
+
+    def export(*args):
+        return subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", seeded, "export", "exec-a1b2", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    r = export("-o", str(tmp_path / "nowhere" / "x.json"))
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = export("--format", "otlp-json", "-o", str(tmp_path / "out dir") + "/")
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in (tmp_path / "out dir").iterdir()] == ["exec-a1b2c3d4.json"]

@@ -100,4 +100,9 @@ def test_backup_refuses_a_destination_in_use_and_restore_a_directory_in_use(tmp_
     assert _tracedb("--data-dir", data_dir, "backup", str(tmp_path / "ok")).returncode == 0
     r = _tracedb("--data-dir", data_dir, "restore", str(tmp_path / "ok"))
     assert r.returncode == 2 and "not an empty directory" in r.stderr
+    r = _tracedb("--data-dir", str(tmp_path / "ok" / "sub"), "restore", str(tmp_path / "ok"))
+    assert r.returncode == 2 and "inside the backup" in r.stderr, r.stderr
+    assert not os.path.exists(tmp_path / "ok" / "sub")  # the backup is left as it was made
+    r = _tracedb("--data-dir", data_dir, "backup", "")
+    assert r.returncode == 2 and "the destination is empty" in r.stderr, r.stderr
     assert os.listdir(tmp_path / "ok")

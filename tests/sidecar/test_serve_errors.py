@@ -37,3 +37,16 @@ def test_a_busy_port_is_one_error_and_one_hint(tmp_path, flag):
 
     with tracedb.open(str(data_dir), config={"compact_interval_ms": 0}):
         pass
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--tcp", "127.0.0.1:99999"], "a port is 0 to 65535"),
+    (["--tcp", "99999"], "a port is 0 to 65535"),
+    (["--http-port", "18470", "--metrics-port", "18471"], "older name of --http-port"),
+])
+def test_impossible_listener_flags_are_usage_errors_before_anything_starts(tmp_path, args, says):
+    data_dir = tmp_path / "d"
+    r = subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", str(data_dir), "serve", *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not data_dir.exists()  # refused before the store was opened

@@ -112,8 +112,11 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
         from ..otel.export import to_otlp_json
 
     to_dir: Optional[str] = None
-    if output is not None and (all_ or len(execution_ids) > 1 or os.path.isdir(output)):
+    if output is not None and (all_ or len(execution_ids) > 1 or os.path.isdir(output) or output.endswith(os.sep)):
         to_dir = output
+    elif output is not None and not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+        raise click.UsageError(f"--output {output}: the directory {os.path.dirname(os.path.abspath(output))} "
+                               "does not exist")
 
     n = 0
     with reading(ctx) as reader, progress_bar("exporting") as progress:

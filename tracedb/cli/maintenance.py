@@ -9,6 +9,7 @@ the lock: with a recorder running they exit 5 (it does both itself).
 from __future__ import annotations
 
 import os
+import shlex
 
 import click
 
@@ -382,7 +383,8 @@ def restore_command(ctx, backup_dir, as_json):
 
     \b
     Example:
-      tracedb --data-dir /var/lib/tracedb restore /backups/tracedb-2026-11-24 && tracedb recover
+      tracedb --data-dir /var/lib/tracedb restore /backups/tracedb-2026-11-24
+      tracedb --data-dir /var/lib/tracedb recover
     """
     from .. import backup
 
@@ -390,4 +392,4 @@ def restore_command(ctx, backup_dir, as_json):
     if as_json:
         emit_json({"restored": backup_dir, "data_dir": where}, True)
     else:
-        click.echo(f"restored {backup_dir} into {where}; `tracedb --data-dir {where} recover` brings it up to date")
+        click.echo(f"restored {backup_dir} into {where}; `tracedb --data-dir {shlex.quote(where)} recover` brings it up to date")

@@ -50,11 +50,13 @@ def parse_tcp(text: str) -> tuple[str, int]:
     """"HOST:PORT", ":PORT" or "PORT" (host 127.0.0.1); IPv6 as "[::1]:PORT"."""
     text = text.strip()
     if text.isdigit():
-        return "127.0.0.1", int(text)
+        return parse_tcp(f"127.0.0.1:{text}")
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
         raise click.BadParameter(f"{text!r}: write HOST:PORT, e.g. 127.0.0.1:{P.DEFAULT_TCP_PORT}")
     host = host.strip("[]") or "127.0.0.1"
+    if int(port) > 65535:
+        raise click.BadParameter(f"{text!r}: a port is 0 to 65535")
     return host, int(port)
 
 
@@ -110,6 +112,8 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, http_port, http_host,
     from ..sidecar.run import serve_forever
     from ..sidecar.server import ServerConfig
 
+    if http_port is not None and metrics_port is not None and http_port != metrics_port:
+        raise click.UsageError("--metrics-port is the older name of --http-port: give one of them")
     cfg = config_of(ctx)
     # The compactor's CPU would otherwise come out of the interpreter that acknowledges events.
     cfg = cfg.replace(compact_worker=not compact_in_process)
