@@ -174,7 +174,8 @@ class Wal(LoopFlusher):
             self._lock_fd = None
 
     def _recover(self) -> OpenResult:
-        """Remove temp files, validate the last segment, truncate a torn tail, open for append."""
+        """Remove temp files, validate the last segment, truncate a torn tail (its bytes kept
+        first), continue after a gap a repair recorded, open for append."""
         for name in os.listdir(self.directory):
             if name.endswith(".tmp"):
                 self.fs.unlink(os.path.join(self.directory, name))
