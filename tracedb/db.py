@@ -320,7 +320,16 @@ def open_store_engine(database: str, *, busy_timeout_ms: int = 5000, write: bool
     if not write:
         event.listen(engine, "connect", _refuse_writes)
     try:
-        if current_revision(engine) != HEAD_REVISION:
+        revision = current_revision(engine)
+        if revision is None and is_url(database):
+            # A database (or schema) with no tracedb tables: a command that reads or maintains a
+            # store does not make one there.
+            raise StoreNotFoundError(
+                describe(database),
+                hint="check the URL's database and search_path (--db or TRACEDB_DB_URL); the first "
+                "`tracedb serve` compacting into it, or `tracedb --db URL migrate --create`, makes the tables",
+            )
+        if revision != HEAD_REVISION:
             writer = engine if write else create_engine(database, busy_timeout_ms=busy_timeout_ms, write=True)
             try:
                 migrate(writer)

@@ -212,10 +212,11 @@ class StoreNotFoundError(TraceDBError):
     code = "store_not_found"
     exit_code = EXIT_NOT_FOUND
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, hint: Optional[str] = None):
         super().__init__(
             f"no trace store at {path}",
-            hint="point --data-dir (or TRACEDB_DATA_DIR) at the recorder's data directory (without "
+            hint=hint
+            or "point --data-dir (or TRACEDB_DATA_DIR) at the recorder's data directory (without "
             "one, tracedb looks for .tracedb in the working directory and its parents); "
             "`tracedb serve` or `tracedb migrate --create` makes a new one",
         )

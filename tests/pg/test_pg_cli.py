@@ -205,3 +205,14 @@ def test_the_async_reader_answers_like_the_sync_one_on_postgresql(open_pg_store,
     assert [i.execution_id for i in rest.items] == ["exec-async-1"]
     assert record.finalResponse == {"status": "success", "payload": {"i": 3}}
     assert resolved == "exec-async-4"
+
+
+def test_a_read_on_a_schema_with_no_store_is_not_found_and_creates_nothing(pg_url, pg_admin, pg_schema, tmp_path):
+    """An empty schema (a wrong search_path, a database not yet used): exit 3 with a hint, and
+    no tracedb tables made there by a command that only reads."""
+    for args in (["inspect", "--list"], ["verify"], ["prune", "--older-than", "30d", "--dry-run"]):
+        r = CliRunner().invoke(main, ["--data-dir", str(tmp_path / "none"), "--db", pg_url, *args])
+        assert r.exit_code == 3 and "no trace store" in r.output and "search_path" in r.output, (args, r.output)
+    tables = pg_admin.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = %s",
+                              (pg_schema,)).fetchone()[0]
+    assert tables == 0
