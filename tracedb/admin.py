@@ -27,6 +27,7 @@ from .errors import (
     TraceDBError,
 )
 from .reads import Reader, missing_seqs
+from .record import STATUS_INVALIDATED
 from .replay.exact import record_problems
 from .verify import VerifyResult
 from .recovery import RecoverResult
@@ -245,11 +246,41 @@ def _applied_lsn(config: Config, engine) -> int:
         return int(conn.execute(q).scalar() or 0)
 
 
+def _resolve_in_database(config: Config, engine, execution_id: str) -> str:
+    """The full id of the execution `execution_id` names in the database. One that only the WAL
+    holds (no recorder ran since it was recorded) is an error that says to recover first: a
+    change written to the database now would be overwritten when its records are compacted."""
+    try:
+        return Reader(engine).resolve(execution_id)
+    except ExecutionNotFoundError:
+        with Reader.open(config) as reader:
+            try:
+                full_id = reader.resolve(execution_id)
+            except ExecutionNotFoundError:
+                raise
+            if full_id in reader.pending.rows:
+                raise ExecutionNotFoundError(
+                    full_id,
+                    hint="it is only in the WAL, not compacted yet: run `tracedb recover` (or start "
+                    "`tracedb serve`), then try again",
+                ) from None
+            raise
+
+
+def _recorder_address(config: Config) -> Optional[str]:
+    """The local socket of the recorder holding this data directory, if one is running."""
+    if not recorder_running(config):
+        return None
+    from .sidecar.client import resolve_sidecar
+
+    return resolve_sidecar(None, config.data_dir)
+
+
 def set_pinned(config: Config, execution_id: str, pinned: bool) -> str:
     """Pin (prune never deletes it) or unpin an execution; returns its full id."""
     engine = db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
     try:
-        full_id = Reader(engine).resolve(execution_id)
+        full_id = _resolve_in_database(config, engine, execution_id)
         retention.set_pinned(engine, full_id, pinned)
     finally:
         engine.dispose()
@@ -265,14 +296,34 @@ class Invalidated:
 
 
 def invalidate(config: Config, execution_id: str, reason: str) -> Invalidated:
-    """Mark an execution invalidated (not replayable, manually_invalidated), next to a recorder."""
+    """Mark an execution invalidated (not replayable, manually_invalidated). Next to a running
+    recorder, through it: it refuses the execution's next event at once. Without one, in the
+    database."""
+    address = _recorder_address(config)
+    if address is not None:
+        return _invalidate_through(address, config, execution_id, reason)
     engine = db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
     try:
-        full_id = Reader(engine).resolve(execution_id)
+        full_id = _resolve_in_database(config, engine, execution_id)
         changed = retention.invalidate_in_db(engine, full_id, reason, time.time_ns())
     finally:
         engine.dispose()
     return Invalidated(full_id, changed)
+
+
+def _invalidate_through(address: str, config: Config, execution_id: str, reason: str) -> Invalidated:
+    from .sidecar.client import Client
+
+    with Client(address) as client:
+        try:
+            with Reader.open(config) as reader:
+                full_id = reader.resolve(execution_id)
+        except ExecutionNotFoundError:
+            full_id = execution_id  # recorded a moment ago: the recorder knows it by its whole id
+        if client.get(full_id).status == STATUS_INVALIDATED:
+            return Invalidated(full_id, False)
+        client.invalidate(full_id, reason)
+    return Invalidated(full_id, True)
 
 
 @dataclass(frozen=True)

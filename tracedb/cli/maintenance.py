@@ -177,14 +177,19 @@ main.add_command(
 def invalidate(ctx, execution_id, reason, as_json):
     """Mark an execution invalidated: not replayable, manually_invalidated.
 
-    Works next to a running recorder: it stops accepting events for the execution.
+    Next to a running recorder, the recorder does it: the execution's next event is refused at
+    once. With no recorder running, it is written to the database (an execution only the WAL
+    holds needs `tracedb recover` first).
 
     \b
     Example:
       tracedb invalidate exec-a1b2c3d4 --reason "agent had a bug"
     """
     from .. import admin
+    from ..sidecar.protocol import MAX_REASON_CHARS
 
+    if not reason.strip() or len(reason) > MAX_REASON_CHARS:
+        raise click.BadParameter(f"give a reason of 1 to {MAX_REASON_CHARS} characters", param_hint="--reason")
     r = admin.invalidate(config_of(ctx), execution_id, reason)
     if as_json:
         emit_json({"execution_id": r.execution_id, "changed": r.changed}, True)
