@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import wal
 from wal.fs import OsFileSystem, write_file_atomic
-from wal.reader import APPLIED_FILE
+from wal.reader import APPLIED_FILE, GAPS_FILE, TAIL_MARK
 
 from .config import Config
 from .errors import EXIT_USAGE, ConfigError, IntegrityError, StoreNotFoundError, TraceDBError
@@ -177,9 +177,20 @@ def _applied_lsn(db_path: str, recorder_id: str) -> int:
     return int(row[0] or 0)
 
 
+def _kept_by_the_log(name: str) -> bool:
+    """Files of the WAL directory a backup keeps besides segments: the LSN gaps a repair made
+    legal (the log does not read without them), and the evidence of damage (kept torn tails,
+    `.broken` copies), which salvage reads."""
+    return name == GAPS_FILE or TAIL_MARK in name or ".wal.broken" in name
+
+
 def _copy_segments(src_dir: str, dst_dir: str, fs: OsFileSystem) -> list[tuple[int, int]]:
-    """Copy every segment that is still there; (first LSN, bytes) of each copied, in order."""
+    """Copy every segment that is still there, and the files the log keeps beside them; (first
+    LSN, bytes) of each segment copied, in order."""
     copied = []
+    for name in sorted(os.listdir(src_dir)):
+        if _kept_by_the_log(name):
+            _copy_file(os.path.join(src_dir, name), os.path.join(dst_dir, name), fs)
     for seg in wal.list_segments(src_dir):
         try:
             n = _copy_file(seg.path, os.path.join(dst_dir, seg.name), fs)

@@ -192,3 +192,29 @@ def test_repair_recover_then_salvage_ends_as_salvage_alone(recorded, tmp_path):
     for d in (data_dir, other):
         assert tdb(d, "verify").returncode == 0
         assert tdb_json(d, "inspect", "exec-early")["replayable_reason"] == "record_corrupted"
+
+
+def test_a_backup_after_a_repair_keeps_the_lsn_gaps_and_the_evidence(recorded, tmp_path):
+    """A repair that cut the log leaves LSN_GAPS (the log above the cut does not read without it)
+    and `.broken` copies (what salvage reads): a backup carries both, so the restored directory
+    opens, and salvages to the same state as the original."""
+    data_dir, _durable = recorded("interleaved", 12, 3, 64 << 20)
+    wal_dir = os.path.join(data_dir, "wal")
+    recs = list(wal.read_records(wal_dir))
+    victim = recs[len(recs) // 2]
+    flip_bit(os.path.join(wal_dir, victim.segment), victim.offset + 30, 3)
+    assert tdb_json(data_dir, "wal", "repair")["dropped_records"] > 0
+    assert tdb(data_dir, "recover").returncode == 0
+    kept = sorted(n for n in os.listdir(wal_dir) if n == "LSN_GAPS" or ".broken" in n)
+    assert "LSN_GAPS" in kept and len(kept) >= 2
+
+    backup, restored = str(tmp_path / "backup"), str(tmp_path / "restored")
+    assert tdb(data_dir, "backup", backup).returncode == 0
+    r = tdb(restored, "restore", backup)
+    assert r.returncode == 0, r.stderr
+    assert sorted(n for n in os.listdir(os.path.join(restored, "wal")) if n == "LSN_GAPS" or ".broken" in n) == kept
+    r = tdb(restored, "recover")
+    assert r.returncode == 0, r.stderr
+    tdb_json(data_dir, "wal", "repair", "--salvage")
+    tdb_json(restored, "wal", "repair", "--salvage")
+    assert database_state(restored) == database_state(data_dir)

@@ -356,8 +356,9 @@ def backup_command(ctx, dest, as_json):
     """Copy the data directory into DEST (new or empty), online, next to a running recorder.
 
     The database is copied with SQLite's online backup API, then the WAL segments holding
-    every record it has not applied; every file is fsynced. `tracedb restore` makes a data
-    directory of it again.
+    every record it has not applied, with the LSN gaps a repair left and the evidence of damage
+    (.broken copies, kept torn tails) that salvage reads; every file is fsynced. `tracedb
+    restore` makes a data directory of it again.
 
     \b
     Example:
