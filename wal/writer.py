@@ -2,9 +2,10 @@
 
 Appends are framed and given their LSN in call order under one lock, into the current group. A
 single flusher thread takes the whole group, writes it with one write and makes it durable with
-one fdatasync, then acknowledges every append of the group at once: blocked threads through a
-condition variable, asyncio callers through one `call_soon_threadsafe` per event loop per group.
-So concurrency raises the group size instead of the number of fsyncs.
+one fdatasync, then acknowledges every append of the group at once: blocked threads through the
+group's gate (one wake-up per group, passed from thread to thread), asyncio callers through one
+`call_soon_threadsafe` per event loop per group. So concurrency raises the group size instead of
+the number of fsyncs.
 
 An event loop can take the flusher's place (`attach_loop`, which `open_async` calls; see
 wal/loop_flusher.py). Around the writer: the directory lock (wal/dir_lock.py), spare
@@ -28,7 +29,7 @@ from .dir_lock import acquire_dir_lock
 from .doorbell import Doorbell
 from .errors import PayloadTooLargeError, WalClosedError, WalFailedError, WalUsageError
 from .fs import OsFileSystem, write_all, write_file_atomic
-from .futures import acknowledge, running_loop
+from .futures import GroupGate, acknowledge, running_loop
 from .loop_flusher import LoopFlusher
 from .reader import APPLIED_FILE, list_segments, read_applied_lsn, read_gaps, scan_last_segment
 from .repair import continue_at, keep_torn_tail
@@ -74,6 +75,12 @@ _ROTATE = object()  # the flusher rotates for the attached loop
 _WATCH = object()  # the flusher waits a little while the attached loop flushes
 
 
+def _check_size(payload) -> None:
+    n = len(payload)
+    if n > fmt.MAX_PAYLOAD_BYTES:
+        raise PayloadTooLargeError(n, fmt.MAX_PAYLOAD_BYTES)
+
+
 def _check_batch(payloads: Sequence[bytes], hints) -> None:
     """Refuse a call's hints that are not a mapping, and payloads too large, before any is framed."""
     if hints is not None and not isinstance(hints, Mapping):
@@ -115,6 +122,7 @@ class Wal(LoopFlusher):
         self._flusher_idle = False  # ring only for a sleeping flusher: a ring is a syscall
         self._group = bytearray()
         self._waiters: list = []  # (loop, future, lsn) of asyncio appends in the open group
+        self._gate: Optional[GroupGate] = None  # where the open group's blocking appends wait
         self._retained: Optional[RetainedRecords] = None  # see retain()
         self._group_last_lsn = 0
         self._writing_lsn = 0  # last LSN of the group being written and synced (0: none)
@@ -307,14 +315,26 @@ class Wal(LoopFlusher):
                     keep(first + i, p, hints.get(i))
         return list(range(first, nxt))
 
-    def _enqueue(self, payloads: Sequence[bytes], hints=None) -> list[int]:
+    def _enqueue(self, payloads: Sequence[bytes], hints=None) -> tuple[list[int], GroupGate]:
+        """Frame a blocking caller's records into the open group; their LSNs, and the gate of
+        that group to wait on."""
         _check_batch(payloads, hints)
         with self._lock:
             self._check_open()
             lsns = self._encode_all_locked(payloads, hints)
             self._appends += len(lsns)
-            self._wake_locked()
-        return lsns
+            gate = self._gate_locked()
+        return lsns, gate
+
+    def _gate_locked(self) -> GroupGate:
+        """The open group's gate, for a blocking caller whose records were just framed into it
+        (under the lock); sees that the group gets flushed."""
+        gate = self._gate
+        if gate is None:
+            gate = self._gate = GroupGate()
+            self._waiters.append((None, gate, None))
+        self._wake_locked()
+        return gate
 
     def _wake_locked(self) -> None:
         """After an append made outside the attached loop (under the lock): see that its
@@ -329,7 +349,11 @@ class Wal(LoopFlusher):
             self._flusher_idle = False
             self._bell.ring()
 
-    def _wait_durable(self, lsn: int) -> None:
+    def _wait_durable(self, lsn: int, gate: GroupGate) -> None:
+        # The group's gate opens once it is durable: one wake-up per group, passed along.
+        if gate.wait(None if self._aio_loop is None else 0.1) and self._durable_lsn >= lsn:
+            return
+        # A failure, a close, or an attached loop that did not flush in time: look closer.
         with self._lock:
             while self._durable_lsn < lsn:
                 # A failure elsewhere (mark_applied) does not stop the group being written: an
@@ -352,8 +376,11 @@ class Wal(LoopFlusher):
                 "Wal.append() blocks and was called inside a running event loop; "
                 "use `await AsyncWal.append()` (wal.open_async) there"
             )
-        (lsn,) = self._enqueue((payload,), None if hint is None else {0: hint})
-        self._wait_durable(lsn)
+        _check_size(payload)
+        with self._lock:
+            lsn = self._frame_one_locked(payload, hint)
+            gate = self._gate_locked()
+        self._wait_durable(lsn, gate)
         return lsn
 
     def append_many(self, payloads: Sequence[bytes], hints=None) -> list[int]:
@@ -366,8 +393,8 @@ class Wal(LoopFlusher):
             )
         if not payloads:
             return []
-        lsns = self._enqueue(payloads, hints)
-        self._wait_durable(lsns[-1])
+        lsns, gate = self._enqueue(payloads, hints)
+        self._wait_durable(lsns[-1], gate)
         return lsns
 
     def append_future(
@@ -392,24 +419,28 @@ class Wal(LoopFlusher):
     def append_one_future(self, payload, loop: asyncio.AbstractEventLoop, hint=None) -> asyncio.Future:
         """`append_future` for one record: the future resolves to its LSN. The hot path of
         asyncio callers, so it is written out rather than shared."""
-        n = len(payload)
-        if n > fmt.MAX_PAYLOAD_BYTES:
-            raise PayloadTooLargeError(n, fmt.MAX_PAYLOAD_BYTES)
+        _check_size(payload)
         fut = loop.create_future()
         with self._lock:
-            if self._failed is not None or self._closed:
-                self._check_open()
-            lsn = self._next_lsn
-            _frame_record(self._group, self._encode_seed, lsn, fmt.TYPE_DATA, payload)
-            self._next_lsn = lsn + 1
-            self._group_last_lsn = lsn
-            if self._retained is not None:
-                self._retained.keep(lsn, payload, hint)
-            self._appends += 1
+            lsn = self._frame_one_locked(payload, hint)
             self._waiters.append((loop, fut, lsn))
             if self._flusher_idle and self._ring_loop is not loop:
                 self._ring_for(loop)
         return fut
+
+    def _frame_one_locked(self, payload, hint) -> int:
+        """Frame one record (its size checked) into the open group, under the lock; its LSN.
+        The single appends' hot path, shorter than `_encode_all_locked`."""
+        if self._failed is not None or self._closed:
+            self._check_open()
+        lsn = self._next_lsn
+        _frame_record(self._group, self._encode_seed, lsn, fmt.TYPE_DATA, payload)
+        self._next_lsn = lsn + 1
+        self._group_last_lsn = lsn
+        if self._retained is not None:
+            self._retained.keep(lsn, payload, hint)
+        self._appends += 1
+        return lsn
 
     def _ring_for(self, loop) -> None:
         """Wake the idle flusher for an append made for `loop` (under the lock)."""
@@ -470,6 +501,7 @@ class Wal(LoopFlusher):
         self._writing_lsn = last_lsn
         self._group = bytearray()
         self._waiters = []
+        self._gate = None
         rotate_to = None
         if self._segment_bytes + len(group) >= self._bound or (
             # A plain segment (the first after open) is left early for a zero-filled spare,
@@ -658,6 +690,7 @@ class Wal(LoopFlusher):
                 self._owner = None
             rest = self._waiters
             self._waiters = []
+            self._gate = None
             if self._retained is not None:
                 self._retained.clear()  # what was not durable never will be
             self._group = bytearray()

@@ -889,3 +889,36 @@ def test_hints_that_are_not_a_mapping_are_refused_before_anything_is_framed(wal_
         assert w.append(b"c") == 1
     finally:
         w.close()
+
+
+def test_a_group_gate_opened_once_lets_every_thread_of_the_group_through():
+    # The flusher opens a group's gate once; each thread that gets through opens it for the next.
+    from wal.futures import GroupGate, acknowledge
+
+    gate = GroupGate()
+    assert not gate.done() and not gate.wait(0)
+    through: list = []
+    workers = [threading.Thread(target=lambda: through.append(gate.wait(30))) for _ in range(16)]
+    for t in workers:
+        t.start()
+    acknowledge([(None, gate, None)], None)
+    gate.set_result(None)  # a second opening is a no-op
+    for t in workers:
+        t.join()
+    assert through == [True] * 16 and gate.done() and gate.wait(0)
+
+
+def test_a_loop_acknowledging_its_group_opens_the_gate_of_the_threads_in_it(wal_dir):
+    # Blocking appends and the attached loop's own appends share a group: the loop opens the gate.
+    async def main():
+        aw = await wal.open_async(wal_dir)
+        try:
+            assert aw.wal.loop_attached
+            loop = asyncio.get_running_loop()
+            from_threads = [loop.run_in_executor(None, aw.wal.append, b"t%d" % i) for i in range(8)]
+            mine = [aw.append(b"l%d" % i) for i in range(8)]
+            return sorted(await asyncio.gather(*from_threads, *mine))
+        finally:
+            await aw.close()
+
+    assert asyncio.run(main()) == list(range(1, 17))
