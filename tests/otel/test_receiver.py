@@ -4,6 +4,7 @@ bad bodies, retries, restarts."""
 from __future__ import annotations
 
 import gzip
+import os
 
 import httpx
 import orjson
@@ -305,3 +306,28 @@ def test_the_configuration_file_can_turn_the_receiver_on_and_otlp_host_needs_a_p
         srv.kill()
     out = tracedb_cli(str(tmp_path / "other"), "serve", "--otlp-host", "127.0.0.1")
     assert out.returncode == 2 and "--otlp-host needs --otlp-port" in out.stderr
+
+
+def test_a_request_whose_spans_are_all_refused_leaves_no_execution(otlp_serve, data_dir):
+    srv = otlp_serve()
+    tid = "11111111111111111111111111111112"
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": tid, "spanId": "1111111111111111", "name": "x", "startTimeUnixNano": "1",
+        "endTimeUnixNano": "2", "attributes": [{"key": "a", "value": {"doubleValue": "NaN"}}]}]}]}]}
+    with httpx.Client(timeout=30) as http:
+        r = http.post(srv.endpoint, content=orjson.dumps(doc), headers=JS)
+        assert r.status_code == 200 and r.json()["partialSuccess"]["rejectedSpans"] == "1", r.text
+        # The same trace's next, storable span starts the execution then.
+        doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"] = [{"key": "a", "value": {"intValue": "1"}}]
+        doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["spanId"] = "2222222222222222"
+        # Asked of the recorder itself (a read of the database could come before compaction).
+        from tracedb.errors import ExecutionNotFoundError
+        from tracedb.sidecar.client import Client
+
+        with Client("unix:" + os.path.join(data_dir, "tracedb.sock")) as client:
+            with pytest.raises(ExecutionNotFoundError):
+                client.get(f"otel-{tid}")
+        r = http.post(srv.endpoint, content=orjson.dumps(doc), headers=JS)
+        assert r.status_code == 200 and int(r.json().get("partialSuccess", {}).get("rejectedSpans", 0)) == 0, r.text
+    rec = record_of(data_dir, f"otel-{tid}")
+    assert [e["payload"].get("span_id") for e in rec["events"] if e["type"] != "FINAL_RESPONSE"] == ["2222222222222222"]

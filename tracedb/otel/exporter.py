@@ -104,7 +104,7 @@ class TraceDBSpanExporter(SpanExporter):
             events = M.span_events(span)
             final = M.response_of(span) if span.is_root else None
             try:
-                M.check_later(events, final)
+                M.check_storable(events, final)
                 first = rec.event(eid, *events[0])
                 M.link_request_seq(events, first)
                 for type_, payload in events[1:]:

@@ -167,7 +167,7 @@ class SpanIngest:
                 events = M.span_events(span)
                 final = M.response_of(span) if span.is_root else None
                 try:
-                    M.check_later(events, final)
+                    M.check_storable(events, final)
                 except InvalidInputError as e:
                     mapped[id(span)] = (events, final, str(e))
                 else:
@@ -234,9 +234,6 @@ class SpanIngest:
                      result: IngestResult) -> None:
         store = self.store
         eid = entry.execution_id
-        if entry.start is not None:
-            store.stage_start(batch, entry.start)
-            entry.start = None
         for span in group:
             if span.span_id in entry.spans:
                 result.duplicates += 1
@@ -249,6 +246,11 @@ class SpanIngest:
                 result.rejected.append(f"span {span.span_id}: {unstorable}")
                 entry.spans.add(span.span_id)  # a retry would be refused alike
                 continue
+            if entry.start is not None:
+                # Started with its first span that is stored: a request whose spans are all
+                # refused leaves no execution behind.
+                store.stage_start(batch, entry.start)
+                entry.start = None
             try:
                 first = store.stage_event(batch, eid, *events[0])
                 M.link_request_seq(events, first)

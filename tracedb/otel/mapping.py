@@ -468,10 +468,11 @@ def span_events(span: Span) -> list[tuple[str, dict]]:
     return [(type_, {"span_id": span.span_id, "otel": _otel_part(span, dict(attrs))})]
 
 
-def check_later(events: list[tuple[str, dict]], final: Optional[dict]) -> None:
-    """Encode what a span stages after its first event (InvalidInputError if it cannot be
-    stored), before the first is staged: a span is recorded whole or not at all."""
-    for type_, payload in events[1:]:
+def check_storable(events: list[tuple[str, dict]], final: Optional[dict]) -> None:
+    """Encode everything a span stages (InvalidInputError if any of it cannot be stored) before
+    any of it is staged: a span is recorded whole or not at all, and a trace whose spans are all
+    refused is never started."""
+    for type_, payload in events:
         payload_json(payload, type_)
     if final is not None:
         dumps_checked(final, "final response")
