@@ -176,6 +176,11 @@ def _from_file(path: str) -> tuple[dict, dict]:
     return values, extra
 
 
+# Settings whose empty value means something (no URL: the SQLite file); for every other one a
+# variable set to nothing (`TRACEDB_DATA_DIR=`) means unset, not "the current directory".
+_EMPTY_MEANS_EMPTY = frozenset({"db_url", "db_path"})
+
+
 def _from_env(env: Mapping[str, str]) -> dict:
     values: dict = {}
     storage = env.get("TRACE_STORAGE_PATH")
@@ -190,7 +195,7 @@ def _from_env(env: Mapping[str, str]) -> dict:
             values[name] = _coerce(name, env[alias], alias)
     for name in _FIELDS:
         var = "TRACEDB_" + name.upper()
-        if var in env:
+        if var in env and (env[var].strip() or name in _EMPTY_MEANS_EMPTY):
             values[name] = _coerce(name, env[var], var)
     return values
 

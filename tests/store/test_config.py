@@ -76,3 +76,11 @@ def test_durations():
     assert parse_duration_s("2") == 2 * 86400  # bare number: days, as seed 003 counts them
     with pytest.raises(ConfigError):
         parse_duration_s("soon")
+
+
+def test_a_variable_set_to_nothing_means_unset():
+    """`TRACEDB_DATA_DIR=` (a shell that exports an empty value) is the default data directory,
+    not the working directory; the same for any setting whose empty value means nothing."""
+    cfg = load_config(env={"TRACEDB_DATA_DIR": "", "TRACEDB_RETENTION_DAYS": " "})
+    default = load_config(env={})
+    assert cfg.data_dir == default.data_dir and cfg.retention_days == default.retention_days

@@ -276,6 +276,10 @@ def main(ctx: click.Context, data_dir: Optional[str], config_path: Optional[str]
       tracedb --data-dir /var/lib/tracedb inspect --list
       tracedb --db postgresql+psycopg://tracedb@db.internal/traces inspect --list
     """
+    if data_dir is not None and not data_dir.strip():
+        if ctx.get_parameter_source("data_dir") is not click.core.ParameterSource.ENVIRONMENT:
+            raise click.BadParameter("is empty: give a directory", param_hint="--data-dir")
+        data_dir = None  # TRACEDB_DATA_DIR set to nothing means unset, as the other variables do
     try:
         cfg = load_config(config_path, overrides={"data_dir": data_dir, "db_url": db_url})
     except TraceDBError as e:
