@@ -293,7 +293,9 @@ def parse_duration_s(text: str) -> float:
         value = float(raw[:-1]) * units[raw[-1]] if raw and raw[-1] in units else float(raw) * 86400.0
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or abs(value) > _MAX_DURATION_S:
+    if math.isfinite(value) and abs(value) > _MAX_DURATION_S:
+        raise ConfigError(f"{text!r} is longer than 10,000 years", hint="give an age such as 30d, 12h, 90m or 45s")
+    if not math.isfinite(value):
         raise ConfigError(f"{text!r} is not a duration", hint="write it like 30d, 12h, 90m or 45s")
     if value < 0:
         raise ConfigError(f"{text!r} is a negative duration", hint="give an age back from now, such as 30d")

@@ -326,7 +326,8 @@ def test_a_reader_that_stops_early_ends_the_listing_quietly_with_success(data_di
 @pytest.mark.parametrize(
     "age, says",
     [("30x", "not a duration"), ("-5d", "negative duration"), ("nan", "not a duration"),
-     ("inf", "not a duration"), ("1e400d", "not a duration"), ("", "not a duration")],
+     ("inf", "not a duration"), ("1e400d", "not a duration"), ("", "not a duration"),
+     ("1000000000d", "longer than 10,000 years")],
 )
 def test_a_bad_age_for_prune_is_a_usage_error_that_deletes_nothing(seeded, run, age, says):
     r = run("prune", "--older-than", age)

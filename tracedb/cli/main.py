@@ -109,6 +109,8 @@ def json_option(help_text: str = "Machine-readable JSON (errors too, on stderr).
 
 def execution_id_argument(name: str = "execution_id", metavar: str = "ID", **kw):
     """An execution id argument: a whole id or a unique prefix of one, as git takes short hashes."""
+    if kw.get("required") is False:
+        metavar = f"[{metavar}]"
     return click.argument(name, metavar=metavar, **kw)
 
 

@@ -99,7 +99,7 @@ def recover(ctx, rebuild, partial, as_json):
 
 
 @main.command()
-@click.option("--older-than", "older_than", type=DurationParam(), help="Age such as 30d, 12h (default: retention days).")
+@click.option("--older-than", "older_than", type=DurationParam(), help="Age such as 30d, 12h, 90m, 45s, 2w; a bare number is days (default: the retention days).")
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @json_option()
 @click.pass_context
