@@ -712,7 +712,7 @@ class SidecarServer:
 
     # -- starting --------------------------------------------------------------------------
     async def start(self) -> None:
-        """Bind the Unix socket (0600, in a 0700 directory) and the optional TCP listener."""
+        """Bind the Unix socket (0600; its directory 0700 if this made it) and the optional TCP listener."""
         loop = asyncio.get_running_loop()
         if self._stopped is None:  # install_signal_handlers may have made it (a stop asked early)
             self._stopped = asyncio.Event()
