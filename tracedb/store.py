@@ -25,10 +25,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
-import orjson
 import sqlalchemy as sa
 
 import wal
+from wal.futures import running_loop
 
 from . import db, handles, reads, recovery, retention
 from .backoff import Backoff
@@ -71,8 +71,9 @@ from .redaction import Rules, redact
 from .retention import PruneResult
 from .state import PENDING_LSN, ExecutionState, ExecutionTable, StagedBatch, StagedStart, StageMiss
 from .validation import (
-    KNOWN_EVENT_TYPES,
+    check_event_type,
     payload_json,
+    payload_parsed,
     validate_event_type,
     validate_id,
     validate_response,
@@ -92,12 +93,6 @@ RETAIN_BATCHES = 8
 _TOO_LARGE_HINT = "store large blobs elsewhere and record a reference"
 
 
-def _in_running_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _resolve_recorder_id(cfg: Config) -> str:
@@ -360,7 +355,7 @@ class Store:
 
     def _check_sync(self, what: str) -> None:
         self._check_recording(what)
-        if _in_running_loop():
+        if running_loop() is not None:
             raise UsageError(
                 f"Store.{what}() waits for an fsync and was called inside a running event loop",
                 hint=f"use `astore = await tracedb.open_async(...)` and `await astore.{what}(...)`",
@@ -553,8 +548,7 @@ class Store:
             self._check_recording("event")
         if type_ == FINAL_RESPONSE:
             return self.stage_finish(sink, execution_id, payload, expected_seq)
-        if type_ not in KNOWN_EVENT_TYPES:
-            validate_event_type(type_)
+        check_event_type(type_)
         if not self.config.enabled:
             return self._disabled_seq(execution_id)
         state = self._held(execution_id, expected_seq)
@@ -586,14 +580,14 @@ class Store:
         return seq
 
     def _event_record(self, execution_id: str, seq: int, type_: str, payload: Any, rules: Optional[Rules], now: int):
-        """An event's WAL record and compaction hint: payload checked, then redacted."""
-        pj = payload_json(payload, type_)
-        if rules is not None:
-            value = orjson.loads(pj) if isinstance(payload, orjson.Fragment) else payload
-            if rules.might_match(value):
-                value, changed = redact(value, rules)
-                if changed:
-                    pj = payload_json(value, type_)
+        """An event's WAL record and compaction hint: payload checked, then redacted. The rules
+        look at the payload as parsed back from its JSON: what is stored, the contents of any
+        orjson.Fragment inside it included."""
+        pj, parsed = payload_parsed(payload, type_)
+        if rules is not None and rules.might_match(parsed):
+            value, changed = redact(parsed, rules)
+            if changed:
+                pj = payload_json(value, type_)
         data = encode_event(execution_id, seq, type_, pj, now)
         if len(data) > wal.MAX_PAYLOAD_BYTES:
             check_record_size(data)
@@ -734,6 +728,7 @@ class Store:
         closing=(),
         created_at_ns: Optional[int] = None,
         meta: Optional[dict] = None,
+        recorded_at_ns=None,
     ) -> Execution:
         """Record a whole execution at once (an import): every record is checked, redacted and
         encoded before the first is appended, so a refusal writes nothing and the same call can
@@ -743,8 +738,12 @@ class Store:
         None to leave the execution running (or to close it with `closing`); `closing`: (op,
         text) status changes after the events and the response, op one of "invalidate",
         "incomplete", "recording_failure" (as `invalidate`, `abandon`, `mark_recording_failure`).
+        `recorded_at_ns`: the time (ns since the epoch) each event, then the final response, was
+        recorded elsewhere, kept as their recorded times; None is now.
         """
         self._check_sync("record_execution")
+        events = tuple(events)
+        times = _given_times(recorded_at_ns, len(events) + (response is not None))
         start = self.reserve_start(
             intent, envelope, execution_id, None, None, created_at_ns, meta=meta,
         )
@@ -766,14 +765,14 @@ class Store:
                         f"event {seq} is FINAL_RESPONSE", hint="pass the final response as `response`"
                     )
                 validate_event_type(type_)
-                data, hint = self._event_record(eid, seq, type_, payload, state.rules, now)
+                data, hint = self._event_record(eid, seq, type_, payload, state.rules, times[seq - 1] if times else now)
                 if hint is not None:
                     hints[len(payloads)] = hint
                 payloads.append(data)
             if response is not None:
                 seq += 1
                 response = validate_response(response)
-                payloads.append(self._finish_record(eid, seq, response, state.rules, now))
+                payloads.append(self._finish_record(eid, seq, response, state.rules, times[-1] if times else now))
                 status = STATUS_COMPLETED
             for op, text in closing:
                 if op not in STATUS_TEXT_KEY:
@@ -1078,3 +1077,16 @@ class Store:
 def open_store(data_dir=None, *, config=None, clock: Optional[Callable[[], int]] = None) -> Store:
     """Open (creating if needed) the data directory for recording; runs recovery first."""
     return Store(as_config(config, data_dir), clock=clock)
+
+
+def _given_times(times, n: int) -> Optional[tuple]:
+    """`record_execution`'s `recorded_at_ns`, checked: one time per record it names, or None."""
+    if times is None:
+        return None
+    times = tuple(times)
+    if len(times) != n:
+        raise InvalidInputError(f"recorded_at_ns has {len(times)} times for {n} events and final response")
+    for t in times:
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 < t < 1 << 63:
+            raise InvalidInputError(f"recorded_at_ns: a time must be a positive int below 2**63 (ns since the epoch), got {t!r}")
+    return times

@@ -39,6 +39,18 @@ _NONFINITE_HINT = (
 )
 
 
+# Namespaced types already matched (exact str only), so that an application's own types are
+# matched once, not at every event; bounded like any cache of caller-chosen strings.
+_VALID_TYPES: set = set()
+_VALID_TYPES_MAX = 4096
+
+
+def check_event_type(type_: Any) -> None:
+    """`validate_event_type` for the hot path: a known or already matched type costs one lookup."""
+    if type(type_) is not str or (type_ not in KNOWN_EVENT_TYPES and type_ not in _VALID_TYPES):
+        validate_event_type(type_)
+
+
 def validate_event_type(type_: Any) -> str:
     """A router lifecycle type, an LLM/tool call type, or any namespaced type ("myapp.cache.hit")."""
     if not isinstance(type_, str):
@@ -46,6 +58,10 @@ def validate_event_type(type_: Any) -> str:
     if type_ in KNOWN_EVENT_TYPES:
         return type_
     if len(type_) <= TYPE_LENGTH and NAMESPACED_TYPE.fullmatch(type_):
+        if type(type_) is str:
+            if len(_VALID_TYPES) >= _VALID_TYPES_MAX:
+                _VALID_TYPES.clear()
+            _VALID_TYPES.add(type_)
         return type_
     raise InvalidInputError(
         f"unknown event type {type_!r}",
@@ -152,18 +168,23 @@ def dumps_checked(value: Any, what: str, opts: int = DUMP_OPTS, default=None) ->
     """`value`, which holds something the caller passed in, as JSON. It is parsed back once: an
     `orjson.Fragment` is written as it is, and one that is not JSON would leave the execution's
     record unreadable for good. NaN and infinities are refused (`check_finite`)."""
+    return dumps_parsed(value, what, opts, default)[0]
+
+
+def dumps_parsed(value: Any, what: str, opts: int = DUMP_OPTS, default=None) -> tuple[bytes, Any]:
+    """`dumps_checked`, and the value parsed back from the JSON (plain dicts and lists, the
+    contents of any `orjson.Fragment` included)."""
     out = dumps(value, what, opts, default)
     # orjson writes a non-finite float as null: only a document with a null can hold one.
     if b"null" in out:
         check_finite(value, what)
     try:
-        orjson.loads(out)
+        return out, orjson.loads(out)
     except orjson.JSONDecodeError as e:
         raise InvalidInputError(
             f"{what} does not serialise to valid JSON ({e})",
             hint="an orjson.Fragment must hold valid JSON; pass plain values instead",
         ) from None
-    return out
 
 
 def dumps(value: Any, what: str, opts: int = DUMP_OPTS, default=None) -> bytes:
@@ -188,8 +209,29 @@ def check_bare_float(payload: float, type_: str) -> None:
 
 def payload_json(payload: Any, type_: str) -> bytes:
     """An event's payload as the JSON text stored in its step, checked as every path checks it."""
-    if type(payload) is int:
+    return payload_parsed(payload, type_)[0]
+
+
+def payload_parsed(payload: Any, type_: str) -> tuple[bytes, Any]:
+    """`payload_json`, and the payload parsed back from that JSON (see `dumps_parsed`)."""
+    t = type(payload)
+    if t is int:
         check_bare_int(payload, type_)
-    elif type(payload) is float:
+    elif t is float:
         check_bare_float(payload, type_)
-    return dumps_checked(payload, f"payload of event {type_!r}")
+    what = _PAYLOAD_WHAT.get(type_)
+    if what is None:
+        what = _payload_what(type_)
+    return dumps_parsed(payload, what)
+
+
+# "payload of event 'llm.requested'", per event type: the description errors name, made once.
+_PAYLOAD_WHAT: dict = {}
+
+
+def _payload_what(type_: str) -> str:
+    what = f"payload of event {type_!r}"
+    if len(_PAYLOAD_WHAT) >= _VALID_TYPES_MAX:
+        _PAYLOAD_WHAT.clear()
+    _PAYLOAD_WHAT[type_] = what
+    return what

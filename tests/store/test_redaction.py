@@ -199,3 +199,23 @@ def test_no_secret_in_any_segment_or_the_spare_across_rotations(tmp_path):
         assert os.path.exists(os.path.join(data, "traces.db-wal"))
         assert files_holding(data, SECRET_KEY) == {}
     assert files_holding(data, SECRET_KEY) == {}
+
+
+def test_keys_inside_an_orjson_fragment_are_redacted_too(tmp_path):
+    # A payload is redacted as it is stored: parsed back from its JSON, so the keys a Fragment
+    # spells (nested, in any case, with \u escapes) are seen like any other.
+    import orjson
+
+    with tracedb.open(str(tmp_path / "d"), config={"compact_interval_ms": 0}) as store:
+        ex = store.start("I", {"intent": "I"})
+        ex.event("tool.requested", {"call": orjson.Fragment(b'{"args": {"API-KEY": "sekret-one-81723", "q": "x"}}')})
+        ex.event("tool.requested", orjson.Fragment(b'[{"\\u0061pi_key": "sekret-two-55120"}, {"keep": "v"}]'))
+        ex.event("tool.requested", {"deep": [{"ok": {"Pass\\u0077ord": 1}}], "n": orjson.Fragment(b"7")})
+        ex.finish({"status": "success"})
+        store.compact()
+        events = store.get(ex.execution_id).events
+        assert events[0].payload == {"call": {"args": {"API-KEY": "[REDACTED]", "q": "x"}}}
+        assert events[1].payload == [{"api_key": "[REDACTED]"}, {"keep": "v"}]
+        # A key that only looks like one in the caller's text (a backslash in a plain key) is kept.
+        assert events[2].payload == {"deep": [{"ok": {"Pass\\u0077ord": 1}}], "n": 7}
+    assert files_holding(str(tmp_path / "d"), "sekret-one-81723", "sekret-two-55120") == {}
