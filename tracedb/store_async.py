@@ -9,13 +9,14 @@ Database work runs in the default executor.
 from __future__ import annotations
 
 import asyncio
+from asyncio import get_running_loop
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import handles
 from .codec import OP_INVALIDATE, OP_RECORDING_FAILURE
 from .compactor import CompactResult
 from .config import Config, as_config
-from .record import ExecutionRecord
+from .record import FINAL_RESPONSE, ExecutionRecord
 from .recovery import RecoverResult
 from .retention import PruneResult
 from .state import StagedBatch, StageMiss
@@ -81,6 +82,7 @@ class AsyncStore:
 
     def __init__(self, store: Store):
         self.store = store
+        self._event_sink: Optional[_Queue] = None  # see event()
 
     @property
     def config(self) -> Config:
@@ -126,12 +128,25 @@ class AsyncStore:
 
     async def event(self, execution_id: str, type: str, payload: Any = None) -> int:
         """Record one event; returns its seq once durable."""
-        sink = self._sink()
+        # One sink per event loop, reused: `put` and the `future` read below run with no await
+        # in between, so no other event of the loop comes between them. (An event is not a
+        # closing record: its future is awaited as it is, no shield.)
+        if type == FINAL_RESPONSE:  # it closes the execution: finish's own path
+            return await self.finish(execution_id, payload)
+        loop = get_running_loop()
+        sink = self._event_sink
+        if sink is None or sink.loop is not loop:
+            sink = self._event_sink = _Queue(self.store, loop)
+        sink.future = None
         try:
             seq = self.store.stage_event(sink, execution_id, type, payload)
         except StageMiss:
             raise await self._run(self.store.not_held_error, execution_id) from None
-        return await _Acked(sink, seq)
+        fut = sink.future
+        if fut is not None:
+            await fut  # cancelling the caller never takes the record back: the WAL writes it
+            self.store.note_append()
+        return seq
 
     async def finish(self, execution_id: str, response: dict) -> int:
         """Record the final response and close the execution; returns its seq once durable."""

@@ -463,3 +463,32 @@ def test_a_creation_time_out_of_range_is_named_not_blamed_on_the_envelope(open_s
         with pytest.raises(tracedb.InvalidInputError, match="created_at_ns"):
             store.start("Import", {"intent": "Import"}, created_at_ns=bad)
     assert store.start("Import", {"intent": "Import"}, created_at_ns=2**63 - 1).execution_id
+
+
+def test_event_types_are_matched_as_whole_strings_every_time(open_store):
+    # A namespaced type is matched once and then found in a cache: near misses stay refused.
+    store = open_store()
+    ex = store.start("X", {"a": 1})
+    assert ex.event("myapp.step", {}) == 1
+    for bad in ("myapp.step\n", "myapp.step ", "myapp", "", 5, None, ["myapp.step"]):
+        with pytest.raises(tracedb.InvalidInputError, match="event type"):
+            ex.event(bad, {})
+    assert ex.event("myapp.step", {}) == 2
+
+
+def test_final_response_through_event_closes_the_execution_on_the_asyncio_api(tmp_path):
+    async def run():
+        astore = await tracedb.open_async(str(tmp_path / "d"), config={"compact_interval_ms": 0})
+        try:
+            ex = await astore.start("X", {"a": 1})
+            assert await ex.event("tool.requested", {"q": 1}) == 1
+            assert await ex.event("FINAL_RESPONSE", {"status": "success"}) == 2
+            with pytest.raises(tracedb.ExecutionClosedError):
+                await ex.event("tool.requested", {"q": 2})
+            other = await astore.start("X", {"a": 2})
+            assert await other.event("tool.requested", {"q": 3}) == 1  # the loop's sink, reused
+            return (await ex.get()).status
+        finally:
+            await astore.close()
+
+    assert asyncio.run(run()) == "completed"
