@@ -14,10 +14,12 @@ import random
 import shutil
 import sqlite3
 import tempfile
+import threading
 import time
 from typing import Callable, Optional
 
 from .common import (
+    CpuWindow,
     run_threads,
     AGENT_INTENT,
     EVENTS_PER_EXECUTION,
@@ -80,14 +82,16 @@ def ingest_async(
                     lat.append(done - t)
                 n += concurrency
 
-        await asyncio.gather(*(agent(k) for k in range(concurrency)))
+        cpu = CpuWindow(t0, stop)
+        await asyncio.gather(cpu.watch(), *(agent(k) for k in range(concurrency)))
         engine = "loop" if store.store.wal.loop_attached else "thread"
         await store.close()
-        return lat, counts[1], engine
+        return lat, counts[1], engine, cpu.seconds
 
-    lat, started, engine = asyncio.run(main())
+    lat, started, engine, cpu_s = asyncio.run(main())
     shutil.rmtree(d)
-    return {"events_per_s": len(lat) / seconds, "lat": lat, "executions": started, "flushed_by": engine}
+    return {"events_per_s": len(lat) / seconds, "lat": lat, "executions": started, "flushed_by": engine,
+            "cpu_us_per_event": cpu_s / max(1, len(lat)) * 1e6}
 
 
 def ingest_sync(
@@ -124,11 +128,15 @@ def ingest_sync(
                 mine.append(done - t)
             n += threads
 
+    cpu = CpuWindow(t0, stop)
+    watcher = threading.Thread(target=cpu.watch_blocking)
+    watcher.start()
     run_threads(agent, threads)
+    watcher.join()
     store.close()
     shutil.rmtree(d)
     flat = [x for part in lat for x in part]
-    return {"events_per_s": len(flat) / seconds, "lat": flat}
+    return {"events_per_s": len(flat) / seconds, "lat": flat, "cpu_us_per_event": cpu.seconds / max(1, len(flat)) * 1e6}
 
 
 def _generated_id() -> str:

@@ -4,6 +4,7 @@ it, percentiles, and the lines they print."""
 from __future__ import annotations
 
 import threading
+import time
 
 import orjson
 
@@ -132,3 +133,29 @@ def run_threads(target, n: int) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+class CpuWindow:
+    """The process's CPU seconds (all threads) between two `time.perf_counter` instants: what a
+    measured window cost, next to what it did."""
+
+    def __init__(self, start: float, stop: float):
+        self.start = start
+        self.stop = stop
+        self.seconds = 0.0
+
+    async def watch(self) -> None:
+        """In an event loop: sleep to `start`, read the clock, sleep to `stop`, read it again."""
+        import asyncio
+
+        await asyncio.sleep(max(0.0, self.start - time.perf_counter()))
+        c0 = time.process_time()
+        await asyncio.sleep(max(0.0, self.stop - time.perf_counter()))
+        self.seconds = time.process_time() - c0
+
+    def watch_blocking(self) -> None:
+        """`watch` for a thread of its own."""
+        time.sleep(max(0.0, self.start - time.perf_counter()))
+        c0 = time.process_time()
+        time.sleep(max(0.0, self.stop - time.perf_counter()))
+        self.seconds = time.process_time() - c0

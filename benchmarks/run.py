@@ -34,6 +34,7 @@ import orjson
 import wal
 
 from .common import (
+    CpuWindow,
     run_threads,
     AGENT_INTENT,
     EVENTS_PER_EXECUTION,
@@ -121,21 +122,24 @@ def bench_wal_async(
             s0 = aw.stats()
             at_start[:] = [s0.appends, s0.groups]
 
-        await asyncio.gather(mark(), *(producer(k) for k in range(producers)))
+        cpu = CpuWindow(t0, stop)
+        await asyncio.gather(mark(), cpu.watch(), *(producer(k) for k in range(producers)))
         elapsed = time.perf_counter() - t0
         s1 = aw.stats()
         appends, groups = s1.appends - at_start[0], s1.groups - at_start[1]
         await aw.close()
-        return count / elapsed, lat, appends / max(1, groups), engine
+        return count / elapsed, lat, appends / max(1, groups), engine, cpu.seconds / max(1, count) * 1e6
 
-    rate, lat, avg_group, engine = asyncio.run(main())
+    rate, lat, avg_group, engine, cpu_us = asyncio.run(main())
     shutil.rmtree(d)
-    return row(
+    out = row(
         label or (f"tracedb WAL, {producers} producers" + ("" if attach_loop else ", flusher thread")),
         rate,
         lat,
-        f"avg group {avg_group:.1f}, flushed by the {engine}",
+        f"avg group {avg_group:.1f}, flushed by the {engine}, CPU {cpu_us:.1f} µs/event",
     )
+    out["cpu_us_per_event"] = cpu_us
+    return out
 
 
 def _threads(n: int, seconds: float, make_worker: Callable[[int], Callable[[], None]], warmup: float = 0.0):
@@ -512,9 +516,13 @@ def section_store(args, workdir: str) -> None:
     for size in (200, 600):
         a = api.ingest_async(workdir, 64, size, sec, w)
         arow = row(f"async API, 64 executions at once, {size} B payloads", a["events_per_s"], a["lat"],
-                   f"{a['executions']:,} executions, flushed by the {a['flushed_by']}")
+                   f"{a['executions']:,} executions, flushed by the {a['flushed_by']},"
+                   f" CPU {a['cpu_us_per_event']:.1f} µs/event")
+        arow["cpu_us_per_event"] = a["cpu_us_per_event"]
         t = api.ingest_sync(workdir, 64, size, sec, w)
-        trow = row(f"sync API, 64 threads, {size} B payloads", t["events_per_s"], t["lat"])
+        trow = row(f"sync API, 64 threads, {size} B payloads", t["events_per_s"], t["lat"],
+                   f"CPU {t['cpu_us_per_event']:.1f} µs/event")
+        trow["cpu_us_per_event"] = t["cpu_us_per_event"]
         wrow = bench_wal_async(workdir, 64, sec, warmup=w, payloads=api.wal_records(size),
                                label=f"the WAL alone, 64 producers, the same {size} B records")
         ra = ratio(f"async API / the WAL alone ({size} B)", arow["rate"], wrow["rate"])

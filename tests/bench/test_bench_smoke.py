@@ -22,6 +22,8 @@ def test_ingest_through_both_apis_counts_acknowledged_events(tmp_path):
     assert a["events_per_s"] > 0 and a["executions"] > 0 and min(a["lat"]) > 0
     s = api.ingest_sync(str(tmp_path), 4, 600, 0.3, warmup=0.1)
     assert s["events_per_s"] > 0 and min(s["lat"]) > 0
+    # The process's CPU over the measured window, per acknowledged event (all threads).
+    assert a["cpu_us_per_event"] > 0 and s["cpu_us_per_event"] > 0
     assert len(api.wal_records(600, 4)) == 4
     assert list(tmp_path.iterdir()) == []
 
