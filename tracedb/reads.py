@@ -41,7 +41,7 @@ from .record import (
 from .pending import Pending
 from .pending import load as load_pending
 from .record import REASON_RECORD_CORRUPTED
-from .replay.exact import ReplayEngine, ReplayResult, record_problems
+from .replay.exact import ReplayEngine, ReplayResult, record_problems, value_problems
 from .replay.parity import TraceDiff, diff_traces
 
 TimeArg = Union[None, int, float, datetime]
@@ -333,20 +333,32 @@ def list_traces(
     return [TraceSummary.from_row(r._mapping) for r in rows]
 
 
-def missing_seqs(record: ExecutionRecord) -> list[int]:
-    """The seqs below the last one that the record has no event for (events lost to damage)."""
-    have = {e.seq for e in record.events}
+def missing_from(seqs: list[int]) -> list[int]:
+    """The seqs below the last of `seqs` (an execution's events') that are not among them."""
+    have = set(seqs)
     last = max(have, default=0)
     return [seq for seq in range(1, last + 1) if seq not in have] if len(have) != last else []
 
 
+def missing_seqs(record: ExecutionRecord) -> list[int]:
+    """The seqs below the last one that the record has no event for (events lost to damage)."""
+    return missing_from([e.seq for e in record.events])
+
+
+def unsound(envelope, envelope_hash: Optional[str], meta, seqs: list[int], final_response) -> bool:
+    """The rules `verify` applies to a record's values (`value_problems`), with events missing
+    below the last one: what `judged` and a listing's verdicts (`_reads_corrupted`) both apply."""
+    return bool(value_problems(envelope, envelope_hash, meta, seqs, final_response) or missing_from(seqs))
+
+
 def judged(record: ExecutionRecord) -> ExecutionRecord:
     """The record as `verify` judges it: an envelope that no longer hashes to the recorded hash,
-    or events missing below the last one, make it not replayable, `record_corrupted`."""
-    if record_problems(record) or missing_seqs(record):
-        record.header = dataclasses.replace(
-            record.header, replayable=False, replayableReason=REASON_RECORD_CORRUPTED
-        )
+    events missing below the last one or another of `value_problems` make it not replayable,
+    `record_corrupted`."""
+    header = record.header
+    if unsound(record.envelope, header.envelopeHash, record.meta, [e.seq for e in record.events],
+               record.finalResponse):
+        record.header = dataclasses.replace(header, replayable=False, replayableReason=REASON_RECORD_CORRUPTED)
     return record
 
 
@@ -501,13 +513,23 @@ def _page_from(items: list, limit: int) -> Page:
     return Page(shown, shown[-1].cursor if len(items) > limit and shown else None)
 
 
-def _as_judged(item: TraceSummary, record: ExecutionRecord) -> TraceSummary:
+def _as_judged(item: TraceSummary, corrupted: bool) -> TraceSummary:
     """`item` as its `judged` record reads: not replayable, `record_corrupted`, when the record
-    fails verification; otherwise as stored (its record, read a moment later, may be newer)."""
-    header = record.header
-    if header.replayableReason != REASON_RECORD_CORRUPTED or item.replayable_reason == REASON_RECORD_CORRUPTED:
+    reads `corrupted`; otherwise as stored (its record, read a moment later, may be newer)."""
+    if not corrupted or item.replayable_reason == REASON_RECORD_CORRUPTED:
         return item
     return dataclasses.replace(item, replayable=False, replayable_reason=REASON_RECORD_CORRUPTED)
+
+
+def _reads_corrupted(j: sqlite_reads.Judged) -> bool:
+    """Whether the record `judged(record_from_rows(...))` makes of what `j` read reads
+    `record_corrupted`: a value or payload that fails its checksum (`record_from_rows`), a
+    value that fails `unsound`'s rules, or the reason stored so."""
+    return (
+        bool(j.damaged_columns) or not j.steps_intact
+        or unsound(j.envelope, j.envelope_hash, j.meta, j.seqs, j.final_response)
+        or j.replayable_reason == REASON_RECORD_CORRUPTED
+    )
 
 
 def _kept(items: list, where: Filter) -> list:
@@ -822,10 +844,13 @@ class Reader:
         The filters run in SQL. The position is a keyset (created_at_ns, execution_id), served by
         an index ending in those columns, so a page costs the same however deep it is.
 
-        Each row is judged as `get` judges its record (`judged`, one record read per row): one
-        that fails verification reads not replayable, `record_corrupted`, and
-        `Filter(replayable=True)` leaves it out, and reads on to fill the page (up to REFILLS
-        reads: past that, the page is short and `next_cursor` continues after the rows read).
+        Each row is judged as `get` judges its record (`judged`): on a SQLite file, the page's
+        rows together, from two queries that check the payloads against their checksums
+        without decoding them (`sqlite_reads.judged_rows`, the rules of `unsound`); elsewhere,
+        one record read per row. A row that fails verification reads not replayable,
+        `record_corrupted`, and `Filter(replayable=True)` leaves it out, and reads on to fill
+        the page (up to REFILLS reads: past that, the page is short and `next_cursor`
+        continues after the rows read).
         `judge=False` gives the stored flags without reading the records (for a caller that
         reads each record anyway).
         """
@@ -855,14 +880,26 @@ class Reader:
         return _merged(rows, pending, where, before, n)
 
     def _judged_rows(self, items: list, pending: Optional[Pending] = None) -> list:
-        """`items` as `get` judges their records (`_as_judged`)."""
-        out = []
-        for item in items:
-            try:
-                out.append(_as_judged(item, self._record_now(item.execution_id, pending)))
-            except ExecutionNotFoundError:
-                out.append(item)  # pruned since the page was read
-        return out
+        """`items` as `get` judges their records (`_as_judged`). On SQLite the rows the
+        database holds are judged together, from two queries that decode no event
+        (`sqlite_reads.judged_rows`); the WAL's rows, and every row elsewhere, record by record."""
+        pending = self.pending if pending is None else pending
+        read: dict = {}
+        if self._lite is not None:
+            ids = [i.execution_id for i in items if i.execution_id not in pending.rows]
+            with self._lite_lock:
+                read = sqlite_reads.judged_rows(self._lite, ids)
+        return [self._judged_row(item, read.get(item.execution_id), pending) for item in items]
+
+    def _judged_row(self, item: TraceSummary, read: Optional[sqlite_reads.Judged], pending: Pending) -> TraceSummary:
+        """`item` judged from what `judged_rows` `read` of it, else from its whole record."""
+        if read is not None:
+            return _as_judged(item, _reads_corrupted(read))
+        try:
+            record = self._record_now(item.execution_id, pending)
+        except ExecutionNotFoundError:
+            return item  # pruned since the page was read
+        return _as_judged(item, record.header.replayableReason == REASON_RECORD_CORRUPTED)
 
     def count(self, where: Filter = EVERYTHING) -> int:
         """How many executions match `where`."""

@@ -1,9 +1,9 @@
 """The read API's common reads of a SQLite file, through the sqlite3 module alone.
 
-Finding an execution by id or prefix, a page of executions, one whole record and what the
-pending view of the WAL needs are a few short queries; loading SQLAlchemy to build them cost a
-read command more than all the rest of its work (about 130 ms of start-up, on any size of
-store). `tracedb.reads.Reader` reads a SQLite file whose schema is current through these, and
+Finding an execution by id or prefix, a page of executions, what judging that page reads,
+one whole record and what the pending view of the WAL needs are a few short queries; loading
+SQLAlchemy to build them cost a read command more than all the rest of its work (about 130 ms
+of start-up, on any size of store). `tracedb.reads.Reader` reads a SQLite file whose schema is current through these, and
 through SQLAlchemy's engine for everything else and for PostgreSQL. The SQL is what the
 engine's statements compile to on SQLite (same plans, same indexes); a test holds both paths to
 the same results. Values come back as the engine gives them: JSON columns decoded, booleans as
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import urllib.parse
-from typing import Iterable, NamedTuple, Optional, Sequence
+from typing import Iterable, Iterator, NamedTuple, Optional, Sequence
 
 import orjson
 
@@ -203,6 +203,76 @@ def load(conn: sqlite3.Connection, execution_id: str, *, trace: bool = True) -> 
     finally:
         conn.execute("COMMIT")
     return (None if row is None else checked_row(dict(zip(TRACE_COLUMNS, row)))), [checked_step(*s) for s in steps]
+
+
+class Judged(NamedTuple):
+    """What judging a listed row reads of its execution, without decoding its events: the
+    `traces` values a verdict needs (JSON decoded), the value columns that no longer match their
+    checksums, its steps' seqs in order, and whether every step's payload matches its checksum."""
+
+    replayable_reason: Optional[str]
+    envelope: object
+    envelope_hash: Optional[str]
+    meta: object
+    final_response: object
+    damaged_columns: list
+    seqs: list
+    steps_intact: bool
+
+
+_JUDGED_COLUMNS = (
+    "execution_id", "replayable_reason", "envelope", "envelope_hash", "meta", "final_response", "router_decision",
+    "router_decision_crc", "final_response_crc", "meta_crc",
+)
+
+
+def _in_lists(ids: Sequence[str]) -> Iterator[tuple[str, list]]:
+    """(an IN list of placeholders, its ids) for every _IN_CHUNK ids of `ids`."""
+    for i in range(0, len(ids), _IN_CHUNK):
+        chunk = list(ids[i : i + _IN_CHUNK])
+        yield ", ".join("?" * len(chunk)), chunk
+
+
+def judged_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, Judged]:
+    """For each of `ids` the database has: what a verdict on it reads (`Judged`), from one
+    snapshot: one query of `traces` and one of the steps of every id, their payloads checked
+    against their checksums as text, never decoded."""
+    found: dict[str, dict] = {}
+    steps: dict[str, tuple[list, bool]] = {}
+    conn.execute("BEGIN")
+    try:
+        for marks, chunk in _in_lists(ids):
+            sql = f"SELECT {', '.join(_JUDGED_COLUMNS)} FROM traces WHERE execution_id IN ({marks})"
+            for r in conn.execute(sql, chunk):
+                found[r[0]] = dict(zip(_JUDGED_COLUMNS, r))
+        for marks, chunk in _in_lists(list(found)):
+            sql = ("SELECT execution_id, seq, payload, payload_crc FROM trace_steps "
+                   f"WHERE execution_id IN ({marks}) ORDER BY execution_id, seq")
+            _checked_steps_into(steps, conn.execute(sql, chunk))
+    finally:
+        conn.execute("COMMIT")
+    return {eid: _judged(d, *steps.get(eid, ([], True))) for eid, d in found.items()}
+
+
+def _checked_steps_into(steps: dict, rows: Iterable[tuple]) -> None:
+    """(execution id, seq, stored payload, checksum) rows in execution id and seq order into
+    `steps`: execution id -> (its seqs, whether every payload matches its checksum)."""
+    current, seqs, intact = None, [], True
+    for eid, seq, stored, crc in rows:
+        if eid != current:
+            current, seqs, intact = eid, [], True
+            steps[eid] = (seqs, intact)
+        seqs.append(seq)
+        if intact and of_stored(stored) != crc:
+            intact = False
+            steps[eid] = (seqs, intact)
+
+
+def _judged(d: dict, seqs: list, intact: bool) -> Judged:
+    return Judged(
+        d["replayable_reason"], json_value(d["envelope"]), d["envelope_hash"], json_value(d["meta"]),
+        json_value(d["final_response"]), damaged_columns(d), seqs, intact,
+    )
 
 
 def applied_lsn(conn: sqlite3.Connection, recorder_id: str) -> Optional[int]:

@@ -111,46 +111,67 @@ def verify_envelope(recorded: Optional[str], provided: str) -> EnvelopeVerifyRes
     )
 
 
-def verify_record_integrity(record: ExecutionRecord) -> bool:
-    """True when the record's envelope still hashes to the header's envelope hash."""
+def envelope_matches(envelope: Any, envelope_hash: Optional[str], meta: Any) -> bool:
+    """True when `envelope` still hashes to `envelope_hash` (or, when redaction rewrote it before
+    it was stored, to the hash `meta` keeps: `stored_envelope_hash`)."""
     try:
-        computed = compute_envelope_hash(record.envelope)
+        computed = compute_envelope_hash(envelope)
     except (TypeError, ValueError, AttributeError):
         return False
-    return computed == stored_envelope_hash(record.header.envelopeHash, getattr(record, "meta", None))
+    return computed == stored_envelope_hash(envelope_hash, meta)
 
 
-def verify_event_sequence(record: ExecutionRecord) -> bool:
-    """True when the events' seq numbers are strictly increasing (and positive)."""
+def verify_record_integrity(record: ExecutionRecord) -> bool:
+    """True when the record's envelope still hashes to the header's envelope hash."""
+    return envelope_matches(record.envelope, record.header.envelopeHash, getattr(record, "meta", None))
+
+
+def seqs_increasing(seqs: Iterable[Any]) -> bool:
+    """True when the seq numbers are strictly increasing (and positive)."""
     last_seq = 0
-    for event in record.events:
-        seq = event.seq
+    for seq in seqs:
         if type(seq) is not int or seq <= last_seq:
             return False
         last_seq = seq
     return True
 
 
+def verify_event_sequence(record: ExecutionRecord) -> bool:
+    """True when the events' seq numbers are strictly increasing (and positive)."""
+    return seqs_increasing(event.seq for event in record.events)
+
+
+def value_problems(
+    envelope: Any, envelope_hash: Optional[str], meta: Any, seqs: Optional[List[Any]], final_response: Any
+) -> List[str]:
+    """Every integrity problem of a record's stored values, in words: its envelope, the header's
+    envelope hash, its meta, its events' seq numbers in order (None: the events are not a list)
+    and its final response. A listing judges rows by this without building their records."""
+    problems: List[str] = []
+    if not isinstance(envelope, dict):
+        problems.append("envelope is not an object")
+    elif not envelope_matches(envelope, envelope_hash, meta):
+        problems.append("envelope hash does not match the envelope")
+    if seqs is None:
+        problems.append("events is not a list")
+    elif not seqs_increasing(seqs):
+        problems.append("event seq numbers are not strictly increasing")
+    if final_response is not None and not isinstance(final_response, dict):
+        problems.append("finalResponse is not an object")
+    elif final_response is not None and not isinstance(final_response.get("metadata", {}), dict):
+        problems.append("finalResponse.metadata is not an object")
+    return problems
+
+
 def record_problems(record: ExecutionRecord) -> List[str]:
     """Every structural or integrity problem of a record, in words; empty when it is sound."""
-    problems: List[str] = []
     header = getattr(record, "header", None)
     if header is None or not isinstance(getattr(header, "executionId", None), str):
         return ["header missing or without executionId"]
-    if not isinstance(record.envelope, dict):
-        problems.append("envelope is not an object")
-    elif not verify_record_integrity(record):
-        problems.append("envelope hash does not match the envelope")
-    if not isinstance(record.events, list):
-        problems.append("events is not a list")
-    elif not verify_event_sequence(record):
-        problems.append("event seq numbers are not strictly increasing")
-    final = record.finalResponse
-    if final is not None and not isinstance(final, dict):
-        problems.append("finalResponse is not an object")
-    elif final is not None and not isinstance(final.get("metadata", {}), dict):
-        problems.append("finalResponse.metadata is not an object")
-    return problems
+    events = record.events
+    seqs = [event.seq for event in events] if isinstance(events, list) else None
+    return value_problems(record.envelope, header.envelopeHash, getattr(record, "meta", None), seqs,
+                          record.finalResponse)
 
 
 def _envelope_dict(env: Any) -> dict:
