@@ -40,7 +40,7 @@ from .record import (
 )
 from .pending import Pending
 from .pending import load as load_pending
-from .record import REASON_RECORD_CORRUPTED
+from .record import REASON_EXECUTION_INCOMPLETE, REASON_RECORD_CORRUPTED
 from .replay.exact import ReplayEngine, ReplayResult, record_problems, value_problems
 from .replay.parity import TraceDiff, diff_traces
 
@@ -993,7 +993,8 @@ class Reader:
     def inspect(self, execution_id: str) -> dict:
         """The `inspect ID` view: status, the last event, replayability; `missing_seqs`,
         `damaged_seqs` and `damaged_columns` (values that no longer match their checksums),
-        `problems` and `note` (what a salvage recorded as lost) when the record is damaged."""
+        `problems` when the record is damaged; `note`, the status note (the reason an operator
+        gave to invalidate it, a recording failure's detail, what a salvage recorded as lost)."""
         row, steps = self._load_now(self.resolve(execution_id))
         view = inspect_view(judged(record_from_rows(row, steps)))
         seqs, columns = damage(row, steps)
@@ -1002,7 +1003,9 @@ class Reader:
         if columns:
             view["damaged_columns"] = columns
         note = getattr(row, "status_note", None)
-        if view["replayable_reason"] == REASON_RECORD_CORRUPTED and note:
+        if note and view["replayable_reason"] != REASON_EXECUTION_INCOMPLETE:
+            # Why: the reason given to invalidate, a recording failure, what a salvage lost. (An
+            # incomplete execution's view is seed 002's exact shape.)
             view["note"] = note
         return view
 

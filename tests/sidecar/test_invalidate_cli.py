@@ -4,6 +4,7 @@ WAL holds is an error that says to recover first."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +37,10 @@ def test_invalidate_next_to_a_recorder_refuses_the_next_event_at_once(tdir, serv
         assert record.status == "invalidated" and [e.seq for e in record.events] == [1]
         r = _tracedb(tdir, "invalidate", ex.execution_id, "--reason", "again")
         assert r.returncode == 0 and "was already invalidated" in r.stdout, r.stderr
+    rec.terminate()
+    r = _tracedb(tdir, "inspect", ex.execution_id, "--json")
+    view = json.loads(r.stdout)
+    assert view["replayable_reason"] == "manually_invalidated" and view["note"] == "agent had a bug", view
 
 
 @pytest.mark.parametrize("reason", ["", "   ", "x" * 4097])
