@@ -39,9 +39,11 @@ class GroupGate:
     set_exception = set_result  # a waiter reads the failure from the log itself
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        """Block until the gate is open (at most `timeout` seconds); whether it is."""
+        """Block until the gate is open (at most `timeout` seconds); whether it is. (Open, it
+        may still be held by a waiter interrupted before it passed it on: a timed wait then
+        returns True all the same.)"""
         if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
-            return False
+            return self._opened
         self._lock.release()  # the next waiter goes through
         return True
 

@@ -350,8 +350,10 @@ class Wal(LoopFlusher):
             self._bell.ring()
 
     def _wait_durable(self, lsn: int, gate: GroupGate) -> None:
-        # The group's gate opens once it is durable: one wake-up per group, passed along.
-        if gate.wait(None if self._aio_loop is None else 0.1) and self._durable_lsn >= lsn:
+        # The group's gate opens once it is durable: one wake-up per group, passed along. The
+        # wait is timed, so that nothing a waiter did wrong with the gate can leave a thread
+        # waiting: the checks below then decide.
+        if gate.wait(1.0 if self._aio_loop is None else 0.1) and self._durable_lsn >= lsn:
             return
         # A failure, a close, or an attached loop that did not flush in time: look closer.
         with self._lock:
