@@ -18,9 +18,15 @@ TYPE_DATA = 1
 TYPE_SEAL = 2
 RECORD_TYPES = (TYPE_DATA, TYPE_SEAL)
 
+# Record header bytes 18..20 (reserved, zero, before groups were flagged): flags. Bit 0 marks the
+# first record of a group (one write, one fdatasync); no other bit is ever set. A SEAL carries none.
+FLAG_GROUP_START = 1
+RECORD_FLAGS = (0, FLAG_GROUP_START)  # the values the field may hold
+_FLAGS_AT = 18
+
 _SEG_HEAD = struct.Struct("<8sHHIQQI")  # magic, version, reserved, salt, segno, first_lsn, reserved
 _SEG_CRC = struct.Struct("<I")
-_REC_TAIL = struct.Struct("<IQBBH")  # length, lsn, type, padding, reserved
+_REC_TAIL = struct.Struct("<IQBBH")  # length, lsn, type, padding, flags
 _REC_HEAD = struct.Struct("<IIQBBH")  # crc + tail
 _SEAL_PAYLOAD = struct.Struct("<QQ")  # last lsn, data record count
 _U32 = struct.Struct("<I")
@@ -134,6 +140,16 @@ def frame_data_records(out: bytearray, seed: int, first_lsn: int, payloads) -> i
             out += zeros[:pad]
         lsn += 1
     return lsn
+
+
+def mark_group_start(group: bytearray, seed: int) -> None:
+    """Flag the record at the start of `group` (framed with `seed`) as its group's first, and
+    recompute its CRC: one CRC of one record per group."""
+    n = _U32.unpack_from(group, 4)[0]
+    group[_FLAGS_AT] |= FLAG_GROUP_START
+    with memoryview(group) as view:
+        c = crc32c(view[4 : RECORD_HEADER_SIZE + n], seed)
+    _U32.pack_into(group, 0, mask(c))
 
 
 def encode_seal(seed: int, last_lsn: int, data_records: int) -> bytes:

@@ -149,6 +149,12 @@ def _gap_allows(directory: str, expected: int, found: int) -> bool:
     return found > expected and read_gaps(directory).get(expected - 1) == found
 
 
+def _flags_fit(reserved: int, rtype: int) -> bool:
+    """True for the reserved field a record of type `rtype` may carry: zero, or on a DATA record
+    the group-start flag (see FORMAT.md)."""
+    return not reserved or (reserved == fmt.FLAG_GROUP_START and rtype == fmt.TYPE_DATA)
+
+
 def _check_record(buf, off: int, end: int, seed: int, expected_lsn: int):
     """Validate the record at `off`. Returns (lsn, type, n, record_end) or a string of what's wrong.
 
@@ -164,8 +170,11 @@ def _check_record(buf, off: int, end: int, seed: int, expected_lsn: int):
         return f"a record of {rec_end - off} bytes, found {end - off} bytes to end of file"
     if rtype not in fmt.RECORD_TYPES:
         return f"record type 1 or 2, found {rtype}"
-    if reserved != 0 or pad != (-(fmt.RECORD_HEADER_SIZE + n) % fmt.ALIGN):
-        return f"padding {(-(fmt.RECORD_HEADER_SIZE + n) % fmt.ALIGN)} and zero reserved bytes"
+    if pad != (-(fmt.RECORD_HEADER_SIZE + n) % fmt.ALIGN) or not _flags_fit(reserved, rtype):
+        return (
+            f"padding {(-(fmt.RECORD_HEADER_SIZE + n) % fmt.ALIGN)} and zero reserved bytes (or, on a "
+            "DATA record, the group-start flag)"
+        )
     if fmt.mask(fmt.crc32c(buf[off + 4 : off + fmt.RECORD_HEADER_SIZE + n], seed)) != crc:
         return "a record with a valid CRC"
     if pad and any(buf[rec_end - pad : rec_end]):
@@ -221,7 +230,7 @@ def _looks_flipped(buf, off: int, end: int, base: int) -> bool:
         return False
     _crc, n, _lsn, rtype, pad, reserved = fmt.REC_HEAD.unpack_from(buf, off)
     rec_end = off + fmt.RECORD_HEADER_SIZE + n + pad
-    if rtype not in fmt.RECORD_TYPES or reserved or n > _MAX or pad != fmt.padding_for(n) or rec_end > end:
+    if rtype not in fmt.RECORD_TYPES or not _flags_fit(reserved, rtype) or n > _MAX or pad != fmt.padding_for(n) or rec_end > end:
         return False
     if n == 0 or buf[rec_end - pad - 1] == 0:
         return False
@@ -236,13 +245,18 @@ def _looks_flipped(buf, off: int, end: int, base: int) -> bool:
     return True
 
 
-def _seal_from(buf, pos: Optional[int], end: int, seed: int) -> bool:
-    """True if a valid SEAL record starts at `pos` or at any later valid record."""
+def _synced_before(buf, pos: Optional[int], end: int, seed: int, lsn: int) -> Optional[int]:
+    """The offset of the first valid record, from the valid record at `pos` on, that was written
+    only after the record of LSN `lsn` was synced: a SEAL (a segment is sealed after an
+    fdatasync), or the first record of a later group (flagged; one group is written and synced
+    at a time). None if there is none: the damage may lie in the last group."""
     while pos is not None:
-        if fmt.REC_HEAD.unpack_from(buf, pos)[3] == fmt.TYPE_SEAL:
-            return True
-        pos = _find_valid_after(buf, pos, end, seed, 1)
-    return False
+        _crc, n, rec_lsn, rtype, pad, flags = fmt.REC_HEAD.unpack_from(buf, pos)
+        if rtype == fmt.TYPE_SEAL or (flags == fmt.FLAG_GROUP_START and rec_lsn > lsn):
+            return pos
+        # The next record starts where this one ends, unless damage follows it too.
+        pos = _find_valid_after(buf, pos + fmt.RECORD_HEADER_SIZE + n + pad - 1, end, seed, 1)
+    return None
 
 
 def _find_valid_after(buf, off: int, end: int, seed: int, min_lsn: int) -> Optional[int]:
@@ -558,7 +572,7 @@ class WalReader:
                             and lsn == expected
                             and rec_end <= end
                             and n <= _MAX
-                            and not res
+                            and res <= 1  # zero, or the group-start flag (fmt.RECORD_FLAGS)
                             and pad == (-(20 + n)) & 7
                             and (not pad or not word(buf, rec_end - 8)[0] >> (64 - 8 * pad))
                         ):
@@ -698,12 +712,11 @@ class WalReader:
         whole = not isinstance(_check_record(buf, off, end, seed, None), str)
         # Only the last group can be partly on disk after a crash, and its pages may land in any
         # order: a lost write (zeros) with later records of that group after it is still a torn
-        # tail, unless the segment was sealed after it (a SEAL is written after an fsync).
-        lost_write = (
-            after is not None
-            and _looks_lost(buf, off, end, base)
-            and not _seal_from(buf, after, end, seed)
-        )
+        # tail, unless a SEAL or a later group follows (written only after it was synced). A log
+        # written before groups were flagged shows no later group: a SEAL alone tells.
+        lost = after is not None and _looks_lost(buf, off, end, base)
+        synced_at = _synced_before(buf, after, end, seed, expected) if lost else None
+        lost_write = lost and synced_at is None
         # A whole last record that fails its check with no zeros in it was durable and changed
         # (a flipped bit): corruption, not the end of an unacknowledged group.
         flipped = after is None and _looks_flipped(buf, off, end, base)
@@ -711,6 +724,11 @@ class WalReader:
         found = "a damaged record" if after is None else f"a valid record at offset {base + after}"
         if flipped:
             found = "a whole record that fails its check, no sector of it zeros (a changed byte, not a torn write)"
+        elif synced_at is not None:
+            found = (
+                f"zeros (a lost write), then at offset {base + synced_at} a record written only after "
+                "the damaged bytes were synced (a later group's first record, or a SEAL)"
+            )
         if off >= end:
             found = "the end of the file"
         self._damage(seg.path, base + off, what, found, torn, (after or end) - off)
@@ -867,7 +885,7 @@ def recover_salt(path: str, first_lsn: int) -> Optional[int]:
         crc, n, lsn, rtype, pad, res = fmt.REC_HEAD.unpack_from(buf, pos)
         rec_end = pos + fmt.RECORD_HEADER_SIZE + n + pad
         if (
-            rtype == fmt.TYPE_DATA and not res and n <= fmt.MAX_PAYLOAD_BYTES and rec_end <= end
+            rtype == fmt.TYPE_DATA and res in fmt.RECORD_FLAGS and n <= fmt.MAX_PAYLOAD_BYTES and rec_end <= end
             and pad == fmt.padding_for(n) and lsn >= first_lsn
         ):
             salt = _solve_salt(buf, pos, n, crc)

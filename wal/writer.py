@@ -501,6 +501,7 @@ class Wal(LoopFlusher):
         waiters = self._waiters
         last_lsn = self._group_last_lsn
         self._writing_lsn = last_lsn
+        fmt.mark_group_start(group, self._encode_seed)  # the seed it was framed with
         self._group = bytearray()
         self._waiters = []
         self._gate = None

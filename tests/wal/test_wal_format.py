@@ -183,7 +183,7 @@ def test_nonzero_padding_is_damage(wal_dir):
 def test_nonzero_reserved_bytes_are_damage_even_with_a_valid_crc(wal_dir):
     path = _one_segment_log(wal_dir, [b"abc", b"def"], then=[b"later"])
     second = record_spans(path)[1]
-    put(path, second.offset + 18, b"\x01\x00")
+    put(path, second.offset + 18, b"\x02\x00")  # 1 is the group-start flag
     fix_record_crc(path, second.offset)
     recs, damages = _damage_of(wal_dir)
     assert [r.payload for r in recs] == [b"abc"]
@@ -242,7 +242,8 @@ def test_a_lost_write_before_later_records_of_the_last_group_is_a_torn_tail(wal_
     # Power loss while the last group was being synced: its pages may land in any order, so a
     # page of zeros (never written) can come before records of the same group that did land.
     # None of that group was acknowledged: the log ends before the hole.
-    write_log(wal_dir, [b"one", b"two", b"three", b"four"])
+    write_log(wal_dir, [b"one"])
+    write_log(wal_dir, [b"two", b"three", b"four"], batch=3)  # the last group
     (path,) = segment_paths(wal_dir)
     second = record_spans(path)[1]
     put(path, second.offset, bytes(second.end - second.offset))
@@ -476,7 +477,8 @@ def test_a_lost_sector_inside_a_record_of_the_last_group_is_a_torn_tail(wal_dir)
     # The record's first sector landed, a later one did not (it reads as zeros), and a record
     # after it landed: the same torn group, judged by the zero sector.
     big = bytes(range(256)) * 8  # 2 KiB, no zero run of 512 bytes in it
-    write_log(wal_dir, [b"one", big, b"three"], segment_size_bytes=1 << 20)
+    write_log(wal_dir, [b"one"], segment_size_bytes=1 << 20)
+    write_log(wal_dir, [big, b"three"], segment_size_bytes=1 << 20, batch=2)  # the last group
     (path,) = segment_paths(wal_dir)
     second = record_spans(path)[1]
     sector = (second.offset + 20 + 511) // 512 * 512
@@ -486,3 +488,5 @@ def test_a_lost_sector_inside_a_record_of_the_last_group_is_a_torn_tail(wal_dir)
     assert damage.torn_tail and damage.offset == second.offset
     with wal.Wal(wal_dir, segment_size_bytes=1 << 20) as w:
         assert w.open_result.last_lsn == 1
+    assert os.path.getsize(path) == second.offset  # cut, and kept: the record after the hole too
+    assert [r.lsn for r in wal.salvage_tail(f"{path}.tail-{second.offset}").records] == [3]

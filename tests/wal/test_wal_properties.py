@@ -254,7 +254,8 @@ def test_batch_framing_is_byte_for_byte_the_framing_of_each_record(payloads, see
 @given(payloads=st.lists(st.binary(max_size=40), min_size=1, max_size=24), attach=st.booleans())
 def test_single_async_appends_write_byte_for_byte_the_framing_of_each_record(tmp_path, payloads, attach):
     """AsyncWal.append frames each record in place (its own hot path): the segment on disk is
-    exactly its header followed by `encode_record` of every payload, whoever flushes it."""
+    exactly its header followed by `encode_record` of every payload, whoever flushes it, the
+    first record of each group flagged as such (`mark_group_start`)."""
     d = fresh_dir(tmp_path)
 
     async def main():
@@ -269,7 +270,13 @@ def test_single_async_appends_write_byte_for_byte_the_framing_of_each_record(tmp
     data = read_bytes(path)
     header = fmt.decode_segment_header(data)
     seed = fmt.salt_seed(header.salt)
-    expected = b"".join(fmt.encode_record(seed, i + 1, fmt.TYPE_DATA, p) for i, p in enumerate(payloads))
+    expected = bytearray()
+    for i, p in enumerate(payloads):
+        record = bytearray(fmt.encode_record(seed, i + 1, fmt.TYPE_DATA, p))
+        at = fmt.SEGMENT_HEADER_SIZE + len(expected)
+        if i == 0 or data[at + 18] == fmt.FLAG_GROUP_START:  # the group's first record
+            fmt.mark_group_start(record, seed)
+        expected += record
     assert data[: fmt.SEGMENT_HEADER_SIZE + len(expected)] == data[: fmt.SEGMENT_HEADER_SIZE] + expected
     assert not any(data[fmt.SEGMENT_HEADER_SIZE + len(expected) :])
 
