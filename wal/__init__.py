@@ -37,7 +37,24 @@ from .reader import (
     tail_of,
 )
 from .repair import KeptTail, RepairResult, repair
-from .writer import DEFAULT_SEGMENT_SIZE_BYTES, AsyncWal, OpenResult, Wal, WalStats, open_async, open_wal
+
+# The writer (asyncio, threads, native AIO) loads on first use: a process that only reads the
+# log (every read command) does not pay for it.
+_LAZY = {
+    "DEFAULT_SEGMENT_SIZE_BYTES": "writer", "AsyncWal": "writer", "OpenResult": "writer", "Wal": "writer",
+    "WalStats": "writer", "open_async": "writer", "open_wal": "writer",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wal' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "acquire_dir_lock",
