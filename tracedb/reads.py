@@ -265,6 +265,16 @@ def trace_status(engine: Engine, execution_id: str) -> Optional[str]:
         ).scalar()
 
 
+def trace_status_and_last_seq(engine: Engine, execution_id: str) -> Optional[tuple[str, int]]:
+    """The stored status and last seq of an execution, None if the database has no such execution."""
+    sa, traces, _ = _core()
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(traces.c.status, traces.c.last_seq).where(traces.c.execution_id == execution_id)
+        ).first()
+    return None if row is None else (row.status, row.last_seq)
+
+
 @dataclass(frozen=True)
 class Filter:
     """Which executions a listing holds: every field given must match.

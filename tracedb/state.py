@@ -65,15 +65,16 @@ class StagedStart:
 
     `state` is None when recording is disabled; `data` is the start's WAL record."""
 
-    __slots__ = ("execution_id", "envelope_hash", "data", "state", "explicit", "parent_execution_id")
+    __slots__ = ("execution_id", "envelope_hash", "data", "state", "explicit", "parent_execution_id", "forked_at_seq")
 
-    def __init__(self, execution_id, envelope_hash, data, state, explicit, parent_execution_id):
+    def __init__(self, execution_id, envelope_hash, data, state, explicit, parent_execution_id, forked_at_seq=None):
         self.execution_id = execution_id
         self.envelope_hash = envelope_hash
         self.data = data
         self.state = state
         self.explicit = explicit
         self.parent_execution_id = parent_execution_id
+        self.forked_at_seq = forked_at_seq
 
 
 class StagedBatch:

@@ -503,23 +503,39 @@ class Store:
         ))
         if not self.config.enabled:
             self._disabled_seqs[execution_id] = 1
-            return StagedStart(execution_id, envelope_hash, None, None, explicit, parent_execution_id)
+            return StagedStart(execution_id, envelope_hash, None, None, explicit, parent_execution_id, forked_at_seq)
         state = self._executions.reserve(execution_id, now)
         if state is None:
             raise ExecutionExistsError(execution_id)
         state.rules = rules
-        return StagedStart(execution_id, envelope_hash, data, state, explicit, parent_execution_id)
+        return StagedStart(execution_id, envelope_hash, data, state, explicit, parent_execution_id, forked_at_seq)
 
     def check_new_in_db(self, start: StagedStart) -> None:
-        """Blocking: refuse an explicit id the database already holds, or a missing parent."""
+        """Blocking: refuse an explicit id the database already holds, a missing parent, or a fork
+        point past the parent's events."""
         if start.state is None:
             return
         if start.explicit and reads.trace_status(self._read_engine, start.execution_id) is not None:
             raise ExecutionExistsError(start.execution_id)
         parent = start.parent_execution_id
-        if parent is not None and self._executions.get(parent) is None:
-            if reads.trace_status(self._read_engine, parent) is None:
+        if parent is None:
+            return
+        held = self._executions.get(parent)
+        if held is not None:
+            status, last_seq = held.status, held.next_seq - 1
+        else:
+            found = reads.trace_status_and_last_seq(self._read_engine, parent)
+            if found is None:
                 raise ExecutionNotFoundError(parent, hint="fork from an execution that exists")
+            status, last_seq = found
+        at = start.forked_at_seq
+        # A fork point is one of the parent's events (`tracedb fork` checks more: not at or
+        # after a final response, and an event that exists).
+        if at is not None and at > last_seq:
+            raise InvalidInputError(
+                f"cannot fork {parent!r} at seq {at}: its last event is seq {last_seq} ({status})",
+                hint="fork at the seq of one of its events (`tracedb trace get ID` lists them)",
+            )
 
     def stage_start(self, sink, start: StagedStart) -> None:
         """Hand a reserved start to `sink`; events may be staged behind it at once."""

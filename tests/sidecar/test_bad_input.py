@@ -217,3 +217,21 @@ def test_slow_client_that_never_reads_is_throttled_and_others_are_served(server)
     assert time.monotonic() - t0 < 5
     other.close()
     slow.close()
+
+
+def test_a_fork_point_past_the_parents_events_is_refused(conn):
+    """The CLI's `fork` checked its point; a start over the protocol (or the API) did not: a
+    lineage then pointed at a seq the parent never had."""
+    conn.call({"id": 1, "op": "start", "intent": "I", "envelope": ENV, "execution_id": "exec-parent-4"})
+    for seq in range(1, 4):
+        conn.call({"id": 1 + seq, "op": "event", "execution_id": "exec-parent-4", "type": "t.x", "payload": {}, "seq": seq})
+    assert conn.call({"id": 5, "op": "finish", "execution_id": "exec-parent-4", "response": {"status": "success"}})["ok"]
+    for i, at in enumerate((99, 5)):  # past the last event (the final response is seq 4)
+        r = conn.call({"id": 6, "op": "start", "intent": "I", "envelope": ENV, "execution_id": f"exec-fork-{i}",
+                       "parent_execution_id": "exec-parent-4", "forked_at_seq": at})
+        assert r["ok"] is False and "cannot fork" in r["error"]["message"], r
+        assert conn.call({"id": 7, "op": "get", "execution_id": f"exec-fork-{i}"})["error"]["code"] == "unknown_execution"
+    r = conn.call({"id": 8, "op": "start", "intent": "I", "envelope": ENV, "execution_id": "exec-fork-ok",
+                   "parent_execution_id": "exec-parent-4", "forked_at_seq": 3})
+    assert r["ok"] is True, r
+    still_serves(conn)

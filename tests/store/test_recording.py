@@ -492,3 +492,19 @@ def test_final_response_through_event_closes_the_execution_on_the_asyncio_api(tm
             await astore.close()
 
     assert asyncio.run(run()) == "completed"
+
+
+def test_a_start_cannot_fork_past_its_parents_events(tmp_path):
+    with tracedb.open(str(tmp_path / "d"), config={"compact_interval_ms": 0}) as store:
+        parent = store.start("P", {"intent": "P"})
+        parent.event("t.x", {})
+        parent.event("t.x", {})
+        with pytest.raises(tracedb.InvalidInputError, match="cannot fork"):  # running, held in memory
+            store.start("P", {"intent": "P"}, parent_execution_id=parent.execution_id, forked_at_seq=3)
+        parent.finish({"status": "success"})
+        store.compact()
+        for at in (4, 9):  # past the final response (seq 3)
+            with pytest.raises(tracedb.InvalidInputError, match="cannot fork"):
+                store.start("P", {"intent": "P"}, parent_execution_id=parent.execution_id, forked_at_seq=at)
+        child = store.start("P", {"intent": "P"}, parent_execution_id=parent.execution_id, forked_at_seq=2)
+        assert child.execution_id != parent.execution_id
