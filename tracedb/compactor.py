@@ -23,6 +23,13 @@ sends the batch down the record-by-record path, and the foreign records are skip
 Invalidation and recording_failure may cross recorders (any recorder may be asked to invalidate
 any execution the database holds).
 
+An execution id is started again only after `prune` deleted its trace: the recorder refuses a
+start of any id it holds in memory or the database holds. So a start record of an id whose trace
+this recorder's records already made (in the database or in the same batch) is met only when the
+WAL is applied again from below (`tracedb recover --rebuild`, a database restored from a backup):
+the newer start replaces the earlier execution, its row and steps, as prune had deleted them. A
+start of an id another recorder owns is skipped, as its other records are.
+
 A server connection can drop at any moment, also while COMMIT is in flight, when nobody can tell
 whether the batch committed. After any failure the compactor therefore reads its checkpoint back
 from the database before it applies anything else, and resumes from there; on a server database
@@ -549,6 +556,8 @@ class Compactor:
         op = d["op"]
         eid = d["id"]
         if op == OP_START:
+            if eid in new or eid in upd:
+                _drop_earlier(eid, lsn, upd, steps)
             t = d["t"]
             new[eid] = {
                 "execution_id": eid,
@@ -589,10 +598,16 @@ class Compactor:
                 )
             transition(row, op, d)
 
-    def _write(self, new: dict, upd: dict, steps: list, last_lsn: int) -> None:
-        """Commit one batch: `steps` is flat (see `_apply`), the checkpoint moves with it."""
+    def _write(self, new: dict, upd: dict, steps: list, last_lsn: int, replace: frozenset = frozenset()) -> None:
+        """Commit one batch: `steps` is flat (see `_apply`), the checkpoint moves with it.
+        `replace`: ids of this recorder's traces deleted first (started again, module doc)."""
         conn = self._connection()
         with conn.begin():
+            if replace:
+                conn.execute(
+                    sa.delete(traces).where(traces.c.execution_id.in_(sorted(replace)))
+                    .where(traces.c.recorder_id == self.recorder_id)
+                )
             if new:
                 self._insert_traces.execute(conn, [self._trace_tuple(r) for r in new.values()])
             if upd:
@@ -639,24 +654,24 @@ class Compactor:
                     )
                 )
         existing = {eid for eid, rid in owner.items() if rid == self.recorder_id}
+        replaced = frozenset(existing.intersection(new))
         skipped = 0
         kept_new = {}
         for eid, row in new.items():
-            if eid in owner:
+            if eid in replaced:
+                _log_restart(row["_lsn"], eid)
+            elif eid in owner:
                 skipped += 1
-                if eid in existing:
-                    log.warning("WAL LSN %d starts execution %r, which already exists: skipped", row["_lsn"], eid)
-                else:
-                    log.error(
-                        "WAL LSN %d starts execution %r, which recorder %r recorded already: this "
-                        "recorder's records of it are skipped (execution ids must be unique across "
-                        "a fleet)", row["_lsn"], eid, owner[eid],
-                    )
-            else:
-                kept_new[eid] = row
+                log.error(
+                    "WAL LSN %d starts execution %r, which recorder %r recorded already: this "
+                    "recorder's records of it are skipped (execution ids must be unique across "
+                    "a fleet)", row["_lsn"], eid, owner[eid],
+                )
+                continue
+            kept_new[eid] = row
         kept_steps: list = []
         for s in rows:
-            if (s[0] in kept_new or s[0] in existing) and (s[0], s[1]) not in have_steps:
+            if (s[0] in kept_new or s[0] in existing) and (s[0] in replaced or (s[0], s[1]) not in have_steps):
                 kept_steps += s
             else:
                 skipped += 1
@@ -664,7 +679,7 @@ class Compactor:
             eid: row for eid, row in upd.items()
             if eid in existing or (eid in owner and not _owner_only(row))
         }
-        self._write(kept_new, kept_upd, kept_steps, last_lsn)
+        self._write(kept_new, kept_upd, kept_steps, last_lsn, replaced)
         return skipped
 
     def _trace_tuple(self, r: dict) -> tuple:
@@ -722,6 +737,20 @@ class Compactor:
 
 _JSON_COLS = frozenset({"router_decision", "final_response", "envelope"})
 _CHECKED_COLS = frozenset(TRACE_VALUE_COLUMNS)
+
+
+def _log_restart(lsn: int, eid: str) -> None:
+    log.warning(
+        "WAL LSN %d starts execution %r again: its earlier execution (deleted by prune before the id "
+        "was used again) is replaced", lsn, eid,
+    )
+
+
+def _drop_earlier(eid: str, lsn: int, upd: dict, steps: list) -> None:
+    """A start of an id this batch already holds records of: drop them (module doc)."""
+    _log_restart(lsn, eid)
+    upd.pop(eid, None)
+    steps[:] = [v for row in _rows(steps) if row[0] != eid for v in row]
 
 
 def _owner_only(delta: dict) -> bool:

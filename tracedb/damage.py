@@ -25,7 +25,14 @@ import wal
 
 from . import db
 from .config import Config
-from .errors import DatabaseDamagedError, IntegrityError, StoreInUseError, StoreNotFoundError, UsageError
+from .errors import (
+    DatabaseDamagedError,
+    IntegrityError,
+    StoreInUseError,
+    StoreNotFoundError,
+    TraceDBError,
+    UsageError,
+)
 from .reads import Reader
 from .verify import VerifyResult
 
@@ -127,7 +134,9 @@ def rebuild(config: Config, *, partial: bool = False, open_store=None) -> Rebuil
 
     Refused (IntegrityError, exit 4) when the WAL no longer starts at LSN 1, unless `partial`:
     then the new database holds what the WAL holds, and the error said what it lacks.
-    `open_store(config)` opens the store that recovers (the caller's; it takes the lock)."""
+    `open_store(config)` opens the store that recovers (the caller's; it takes the lock). If
+    that fails, the error (a TraceDBError) says where the files are: the damaged one kept aside,
+    the new one holding what was compacted before the failure."""
     if db.is_url(config.database):
         raise UsageError(
             "--rebuild makes a new SQLite file; a server database is rebuilt by its own tools",
@@ -172,13 +181,30 @@ def rebuild(config: Config, *, partial: bool = False, open_store=None) -> Rebuil
             wal.fs.write_file_atomic(
                 wal.OsFileSystem(), config.wal_dir, wal.reader.APPLIED_FILE, f"{cover.first_lsn}\n".encode()
             )
-    store = open_store(config)
+    try:
+        store = open_store(config)
+    except TraceDBError as e:
+        e.hint = f"{e.hint}; {_left_as(config, moved)}" if e.hint else _left_as(config, moved)
+        raise
+    except Exception as e:  # noqa: BLE001 - said with where the rebuild left the files
+        raise TraceDBError(
+            f"the rebuild stopped: {getattr(e, 'orig', None) or e}", hint=_left_as(config, moved)
+        ) from e
     try:
         r = store.last_recovery
         applied = store.applied_lsn
     finally:
         store.close()
     return Rebuilt(tuple(moved), cover.first_lsn, applied, r.compacted_records, r.marked_incomplete)
+
+
+def _left_as(config: Config, moved: list) -> str:
+    """Where a rebuild that stopped left the files."""
+    kept = f"the damaged file is kept as {moved[0]}; " if moved else ""
+    return (
+        f"{kept}{config.database} holds what was compacted before it stopped: once the cause is fixed, "
+        "`tracedb recover` goes on from there (`tracedb recover --rebuild` starts over, moving it aside too)"
+    )
 
 
 def _start_checkpoint(config: Config, applied_lsn: int) -> None:

@@ -1,0 +1,49 @@
+"""An execution id started again after `prune` deleted its first execution: compacting the whole
+WAL again into a new database (a rebuild, or a database file removed) gives what the live store
+held, the newer execution alone, however the records fall into batches."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tracedb import retention
+
+
+def record_reused_id(store, clock) -> None:
+    first = store.start("J", {"run": "first"}, "job-1")
+    for i in range(3):
+        first.event("tool.requested", {"run": "first", "i": i})
+    first.finish({"answer": "first"})
+    store.compact()
+    clock.advance(10)
+    assert retention.prune(store.engine, older_than_s=1, now_ns=clock()).deleted_traces == 1
+    store.compact()  # the recorder forgets what it compacted: the id is free again
+    second = store.start("J", {"run": "second"}, "job-1")
+    second.event("tool.requested", {"run": "second", "i": 0})
+    second.finish({"answer": "second"})
+    other = store.start("K", {}, "job-2")  # after the reused id, in the same batches
+    other.event("tool.requested", {"n": 1})
+
+
+def assert_second_only(store) -> None:
+    rec = store.get("job-1")
+    assert rec.envelope == {"run": "second"}
+    assert [(e.seq, e.payload) for e in rec.events] == [(1, {"run": "second", "i": 0}), (2, {"answer": "second"})]
+    assert (rec.status, rec.header.replayable, rec.finalResponse) == ("completed", True, {"answer": "second"})
+    assert [e.seq for e in store.get("job-2").events] == [1]
+    assert store.verify().ok
+
+
+@pytest.mark.parametrize("batch", [1, 3, 5, 6, 1000])
+def test_a_fresh_database_gets_the_newer_execution_of_a_reused_id(open_store, data_dir, clock, batch):
+    store = open_store()
+    record_reused_id(store, clock)
+    assert_second_only(store)
+    store.close()
+    for suffix in ("", "-wal", "-shm"):
+        path = os.path.join(data_dir, "traces.db" + suffix)
+        if os.path.exists(path):
+            os.remove(path)
+    assert_second_only(open_store(compact_batch_records=batch))
