@@ -32,7 +32,9 @@ def import_intentusnet(ctx, directory, workers, as_json):
     """Import an IntentusNet FileExecutionStore directory (DIR/<executionId>.json).
 
     Each record goes through the WAL like a live execution and keeps its id, creation time,
-    envelope, events and final response (redacted by the [redaction] rules). Running it again
+    envelope, events and final response (redacted by the [redaction] rules). Each event keeps
+    the time it was recorded when the file gives it (recordedUtcIso, which `tracedb export
+    --format intentusnet` writes); without it, the events take the record's creation time. Running it again
     imports nothing twice. A file that cannot be stored exactly (NaN, a changed record under an
     id already imported, see docs/intentusnet.md) is reported and nothing of it is written; the
     others go in, and the command exits 1.
@@ -90,7 +92,9 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
 
     To standard output, one execution is indented JSON (one line with --json) and several (ids,
     or --all) are JSON lines, one execution per line. In IntentusNet's shape the header's envelopeHash is IntentusNet's hash of the envelope
-    (bare hex), so its ReplayEngine verifies and replays the record as its own. In OTLP/JSON, an
+    (bare hex), so its ReplayEngine verifies and replays the record as its own, and each event
+    carries recordedUtcIso, the time it was recorded, which `tracedb import intentusnet` keeps
+    (IntentusNet reads past it; a record imported without event times is exported without). In OTLP/JSON, an
     execution recorded from OpenTelemetry gives its spans back; any other is one span with its
     events (docs/otel.md); --all to standard output is the JSON-lines file OpenTelemetry's
     file exporter writes.
@@ -132,9 +136,11 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
                     f"execution id {eid!r} cannot be a file name in {to_dir}",
                     hint="export it alone with --output FILE",
                 )
-            if fmt == "otlp-json":
+            if fmt in ("otlp-json", "intentusnet"):
                 timeline = reader.timeline(eid)
-                doc = to_otlp_json(timeline.record, {t.seq: t.recorded_at_ns for t in timeline.event_times})
+                times = {t.seq: t.recorded_at_ns for t in timeline.event_times}
+                convert = to_otlp_json if fmt == "otlp-json" else to_intentusnet_dict
+                doc = convert(timeline.record, times)
             else:
                 record = reader.get(eid)
                 doc = to_intentusnet_dict(record) if fmt == "intentusnet" else record.to_dict()

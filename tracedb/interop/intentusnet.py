@@ -30,6 +30,8 @@ Event types tracedb does not know (neither IntentusNet's, nor LLM/tool calls, no
 stored as incomplete (execution_incomplete); one IntentusNet marked not replayable keeps that as
 manually_invalidated, or else recording_failure (the original reason goes into the trace's note).
 The header as written (createdUtcIso, replayable, replayableReason) is kept in the trace's meta.
+Each event's recordedUtcIso (IntentusNet has none; tracedb's export adds it) is kept as the
+time the event was recorded; a record whose events have none gets its creation time for each.
 
 Reading back, the record is in IntentusNet's form: header.envelopeHash is IntentusNet's hash of
 the stored envelope (what its ReplayEngine compares with); createdUtcIso, replayable and
@@ -76,6 +78,9 @@ from ..record import (
 )
 
 TYPE_PREFIX = "intentusnet."
+# The time an event was recorded, which tracedb's export adds to each event (IntentusNet's own
+# events have none, and its ExecutionRecord.from_dict reads past it).
+EVENT_TIME_KEY = "recordedUtcIso"
 _BARE_TYPE = re.compile(r"[A-Za-z0-9_-]+")  # fullmatch
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")  # fullmatch
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -138,14 +143,14 @@ def check_envelope_hash(envelope: dict, given: Optional[str]) -> Optional[str]:
     )
 
 
-def _iso_to_ns(text: Any) -> int:
+def _iso_to_ns(text: Any, name: str = "header.createdUtcIso") -> int:
     if not isinstance(text, str):
-        raise InvalidInputError(f"header.createdUtcIso must be an ISO 8601 string, got {text!r}")
+        raise InvalidInputError(f"{name} must be an ISO 8601 string, got {text!r}")
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise InvalidInputError(
-            f"header.createdUtcIso {text!r} is not an ISO 8601 time",
+            f"{name} {text!r} is not an ISO 8601 time",
             hint="IntentusNet writes datetime.now(timezone.utc).isoformat(), e.g. 2024-01-15T10:30:00.123456+00:00",
         ) from None
     if dt.tzinfo is None:
@@ -182,6 +187,9 @@ class ParsedRecord:
     not_replayable: Optional[tuple] = None
     router_decision: Any = None
     envelope_hash_form: Optional[str] = field(default=None, compare=False)
+    # When each event was recorded (ns), FINAL_RESPONSE included: the events' recordedUtcIso;
+    # None when the record carries none.
+    recorded_at_ns: Optional[tuple] = None
 
 
 def tracedb_event_type(type_: Any, seq: int) -> str:
@@ -227,6 +235,7 @@ def parse_record(data: Any) -> ParsedRecord:
     events = []
     final_event = None
     last_decision = None
+    times = _event_times(eid, raw_events)
     for i, e in enumerate(raw_events, start=1):
         if not isinstance(e, dict) or type(e.get("seq")) is not int or e["seq"] != i:
             got = e.get("seq") if isinstance(e, dict) else e
@@ -273,8 +282,22 @@ def parse_record(data: Any) -> ParsedRecord:
     return ParsedRecord(
         execution_id=eid, intent=intent, envelope=envelope, created_at_ns=created,
         events=tuple(events), final_response=final, not_replayable=not_replayable,
-        router_decision=decision, envelope_hash_form=form,
+        router_decision=decision, envelope_hash_form=form, recorded_at_ns=times,
     )
+
+
+def _event_times(eid: str, raw_events: list) -> Optional[tuple]:
+    """The events' recordedUtcIso as ns (what `tracedb export` writes beside IntentusNet's
+    fields), or None when no event has one; every event or none."""
+    given = [e.get(EVENT_TIME_KEY) if isinstance(e, dict) else None for e in raw_events]
+    if all(t is None for t in given):
+        return None
+    if any(t is None for t in given):
+        raise InvalidInputError(
+            f"{eid}: some events have {EVENT_TIME_KEY} and some not",
+            hint="give every event its recorded time, or none (the events then take the creation time)",
+        )
+    return tuple(_iso_to_ns(t, f"event {i} {EVENT_TIME_KEY}") for i, t in enumerate(given, start=1))
 
 
 def record_dict(record: Any) -> dict:
@@ -363,10 +386,14 @@ def write_record(store, data: Any) -> str:
         if is_client(store):
             _write_through_client(store, p)
         else:
+            n = len(p.events) + (p.final_response is not None)
+            meta = header_meta(data["header"])
+            if p.recorded_at_ns is not None:
+                meta["eventTimes"] = True  # export gives them back; else it leaves them out
             store.record_execution(
                 p.intent, p.envelope, p.execution_id, events=p.events, response=p.final_response,
-                closing=_closing(p), created_at_ns=p.created_at_ns,
-                meta={"intentusnet": header_meta(data["header"])},
+                closing=_closing(p), created_at_ns=p.created_at_ns, meta={"intentusnet": meta},
+                recorded_at_ns=p.recorded_at_ns or (p.created_at_ns,) * n,
             )
     except ExecutionExistsError:
         difference = _difference(store, p, data)
@@ -444,11 +471,14 @@ def _bare(h: Optional[str]) -> Optional[str]:
     return h[len("sha256:"):] if h and h.startswith("sha256:") else h
 
 
-def to_intentusnet_dict(record: ExecutionRecord) -> dict:
+def to_intentusnet_dict(record: ExecutionRecord, times: Optional[dict] = None) -> dict:
     """A tracedb record in IntentusNet's JSON shape (what its FileExecutionStore writes and its
     `ExecutionRecord.from_dict` reads); see the module doc for the header. An imported record
     comes back with its header as it was written (kept in the trace's meta), unless its state
-    changed since (an operator invalidated it, or its envelope no longer verifies)."""
+    changed since (an operator invalidated it, or its envelope no longer verifies).
+
+    `times` ({seq: recorded ns}) adds each event's recordedUtcIso, unless the record was imported
+    from a file whose events had none (it comes back as it was)."""
     envelope = record.envelope
     replayable = record.header.replayable
     reason = record.header.replayableReason
@@ -474,9 +504,13 @@ def to_intentusnet_dict(record: ExecutionRecord) -> dict:
         replayable, reason = False, REASON_RECORD_CORRUPTED
         ihash = _bare(stored)
     events = []
+    if "replayable" in original and not original.get("eventTimes"):
+        times = None  # imported (the whole header kept) from a file whose events had no time
     for e in record.events:
         t = e.type[len(TYPE_PREFIX):] if e.type.startswith(TYPE_PREFIX) else e.type
         events.append({"seq": e.seq, "type": t, "payload": e.payload})
+        if times is not None and e.seq in times:
+            events[-1][EVENT_TIME_KEY] = _ns_to_iso(times[e.seq])
     return {
         "header": {
             "executionId": record.header.executionId,
