@@ -130,21 +130,16 @@ def page_rows(
     none of `leave_out`. A keyset served by the (status,) created_at_ns, execution_id indexes."""
     where: list[str] = []
     args: list = []
-    if replayable is not None:
-        where.append("traces.replayable = ?")
-        args.append(1 if replayable else 0)
-    if status is not None:
-        where.append("traces.status = ?")
-        args.append(status)
-    if since_ns is not None:
-        where.append("traces.created_at_ns >= ?")
-        args.append(since_ns)
-    if until_ns is not None:
-        where.append("traces.created_at_ns < ?")
-        args.append(until_ns)
-    if intent is not None:
-        where.append("traces.intent = ?")
-        args.append(intent)
+    for value, clause in (
+        (None if replayable is None else int(replayable), "traces.replayable = ?"),
+        (status, "traces.status = ?"),
+        (since_ns, "traces.created_at_ns >= ?"),
+        (until_ns, "traces.created_at_ns < ?"),
+        (intent, "traces.intent = ?"),
+    ):
+        if value is not None:
+            where.append(clause)
+            args.append(value)
     if search:
         where.append("(lower(traces.intent) LIKE '%' || lower(?) || '%' ESCAPE '/')")
         args.append(_escaped(search))
