@@ -10,13 +10,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from .errors import ConfigError
 
 DEFAULT_DATA_DIR = ".tracedb"
+# With `[compaction] worker_process = "auto"`: the recording rate (WAL records/s, over a
+# two-second window) from which compaction moves to a child process.
+AUTO_WORKER_RATE = 5000
 DB_FILE = "traces.db"
 WAL_DIR = "wal"
 
@@ -43,9 +45,11 @@ class Config:
     # its fdatasync through Linux native AIO, instead of handing both to the flusher thread.
     wal_aio: bool = True
     compact_interval_ms: int = 200
-    # Compact in a child process (its CPU then does not come out of the recorder's interpreter).
-    # `tracedb serve` turns it on unless started with --compact-in-process.
-    compact_worker: bool = False
+    # Compact in a child process (its CPU then does not come out of the recorder's interpreter):
+    # True, False, or "auto": in-process until the store records at least AUTO_WORKER_RATE
+    # records/s on a machine of two cores or more, then in a child process (see
+    # `Config.worker_mode`). `tracedb serve` turns it on unless started with --compact-in-process.
+    compact_worker: bool | str = "auto"
     compact_batch_records: int = 20000
     idle_timeout_s: float = 3600.0
     retention_days: float = 30.0
@@ -56,6 +60,17 @@ class Config:
     redact: bool = True
     # Tables of the file this module does not own (e.g. [sidecar]), kept for their owners.
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def worker_mode(self) -> str:
+        """Where compaction runs: "process" (a child process from the start), "thread" (a
+        thread of this process, always) or "auto" (a thread until the recording rate reaches
+        AUTO_WORKER_RATE records/s and the machine has two cores or more, then a child
+        process: a burst of recording no longer shares one interpreter with its compaction,
+        while a script that records a few executions never starts a process)."""
+        if self.compact_worker == "auto":
+            return "auto"
+        return "process" if self.compact_worker else "thread"
 
     @property
     def database(self) -> str:
@@ -120,6 +135,10 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     """Turn a file or environment value into the field's type, or raise ConfigError."""
     kind = type(_FIELDS[name].default)
     try:
+        if name == "compact_worker":  # true, false or "auto"
+            if isinstance(value, str) and value.strip().lower() == "auto":
+                return "auto"
+            kind = bool
         if kind is bool:
             if isinstance(value, bool):
                 return value
@@ -139,13 +158,16 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             return float(value)
         return str(value)
     except (TypeError, ValueError):
+        wanted = 'true, false or "auto"' if name == "compact_worker" else f"a valid {kind.__name__}"
         raise ConfigError(
-            f"{source}: {value!r} is not a valid {kind.__name__} for {name}",
+            f"{source}: {value!r} is not {wanted} for {name}",
             hint="see config/tracedb.toml for every key and its type",
         ) from None
 
 
 def _from_file(path: str) -> tuple[dict, dict]:
+    import tomllib  # only a file needs it: not loaded at every start-up
+
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

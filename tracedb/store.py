@@ -15,6 +15,7 @@ is waiting), notices traces invalidated from the CLI, and marks executions idle 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import os
@@ -43,7 +44,7 @@ from .codec import (
     encode_status,
 )
 from .compactor import CompactResult, Compactor
-from .config import Config, as_config
+from .config import AUTO_WORKER_RATE, Config, as_config
 from .errors import (
     ExecutionClosedError,
     ExecutionExistsError,
@@ -148,6 +149,34 @@ class Execution(handles.Execution):
         return self.recorder
 
 
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class _RateWatch:
+    """`[compaction] worker_process = "auto"`: says once when the WAL grew by AUTO_WORKER_RATE
+    records/s or more over the last two seconds."""
+
+    WINDOW_S = 2.0
+
+    def __init__(self):
+        self._marks: collections.deque = collections.deque()
+
+    def reached(self, lsn: int) -> bool:
+        now = time.monotonic()
+        marks = self._marks
+        marks.append((now, lsn))
+        while now - marks[0][0] > self.WINDOW_S:
+            marks.popleft()
+        first_t, first_lsn = marks[0]
+        # Half a second of history at least, so one burst right after opening does not decide it.
+        return now - first_t >= self.WINDOW_S / 4 and lsn - first_lsn >= AUTO_WORKER_RATE * (now - first_t)
+
+
 class _AppendNow:
     """The sync API's sink: each record is appended and durable before `put` returns."""
 
@@ -209,7 +238,7 @@ class Store:
             self._shutdown_resources()
             raise
         background = config.compact_interval_ms > 0 or config.idle_timeout_s > 0
-        if config.compact_worker and not background:
+        if config.worker_mode == "process" and not background:
             self._start_worker()
         if background:
             self._thread = threading.Thread(target=self._background, name="tracedb-compactor", daemon=True)
@@ -233,6 +262,8 @@ class Store:
                 log.error("tracedb: the compactor process did not start (%s); compacting in-process", e)
                 self._worker = None
                 self._keep_records_in_memory(True)
+            else:
+                self._keep_records_in_memory(False)  # the child reads the segments
 
     def _open_database(self) -> None:
         cfg = self.config
@@ -261,7 +292,7 @@ class Store:
             batch_records=cfg.compact_batch_records, clock=self.clock,
             source=self._wal.take_retained,
         )
-        self._keep_records_in_memory(not cfg.compact_worker)
+        self._keep_records_in_memory(cfg.worker_mode != "process")
 
     def _keep_records_in_memory(self, on: bool) -> None:
         """While compaction runs in this process it takes what was just appended from memory
@@ -460,7 +491,7 @@ class Store:
         self._check_recording("start")
         if not isinstance(intent, str) or not intent:
             raise InvalidInputError(f"intent must be a non-empty string, got {intent!r}")
-        if not isinstance(envelope, Mapping):
+        if type(envelope) is not dict and not isinstance(envelope, Mapping):
             raise InvalidInputError(f"envelope must be a dict, not {type(envelope).__name__}")
         envelope = dict(envelope)
         explicit = execution_id is not None
@@ -957,11 +988,23 @@ class Store:
         return closed
 
     def _background(self) -> None:
-        if self.config.compact_worker and self._worker is None:
+        try:
+            self._background_loop()
+        finally:
+            # A child started from this thread dies with it (PR_SET_PDEATHSIG): end it first,
+            # between two compactions, rather than have it killed.
+            if self._worker is not None:
+                with self._compact_lock:
+                    self._stop_worker()
+
+    def _background_loop(self) -> None:
+        mode = self.config.worker_mode
+        if mode == "process" and self._worker is None:
             # From this thread, which lives as long as the store: on Linux the child is tied to
             # the thread that started it (PR_SET_PDEATHSIG).
             self._start_worker()
         interval = self.config.compact_interval_ms / 1000.0 if self.config.compact_interval_ms > 0 else None
+        rate = _RateWatch() if mode == "auto" and interval is not None and _cores() >= 2 else None
         idle_s = self.config.idle_timeout_s
         sweep_every_s = min(60.0, idle_s / 10) if idle_s > 0 else None
         next_sweep = time.monotonic() + (sweep_every_s or 0)
@@ -976,6 +1019,9 @@ class Store:
                 return
             try:
                 if interval is not None:
+                    if rate is not None and rate.reached(self._wal.durable_lsn):
+                        rate = None
+                        self._start_worker()  # compacts in-process again if it cannot start
                     self._refresh()
                     self._sync_external()
                 if sweep_every_s is not None and time.monotonic() >= next_sweep:

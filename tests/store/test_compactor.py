@@ -418,3 +418,60 @@ def test_compaction_from_memory_that_fails_is_applied_again_from_the_segments(op
     result = store.compact()
     assert result.records == 9 and result.steps == 8
     assert counts(store.engine) == (1, 8, 9)
+
+
+def _record_for(store, seconds: float) -> None:
+    import time
+
+    stop = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < stop:
+        ex = store.start("X", {"n": n})
+        for j in range(4):
+            ex.event("tool.requested", {"j": j})
+        ex.finish({"status": "success"})
+        n += 1
+
+
+def _auto_store(open_store, monkeypatch, rate: int, cores: int = 2):
+    from tracedb import store as store_mod
+
+    monkeypatch.setattr(store_mod, "AUTO_WORKER_RATE", rate)
+    monkeypatch.setattr(store_mod, "_cores", lambda: cores)
+    return open_store(compact_worker="auto", compact_interval_ms=20, compact_batch_records=100)
+
+
+def test_auto_moves_compaction_to_a_process_once_the_store_records_fast_and_applies_every_record_once(
+    open_store, monkeypatch
+):
+    store = _auto_store(open_store, monkeypatch, rate=50)
+    assert store._worker is None  # nothing recorded yet: no process
+    _record_for(store, 1.5)
+    worker = store._worker
+    assert worker is not None and worker.pid != os.getpid()
+    assert not store._hinting  # the child reads the segments: nothing kept in memory for it
+    _record_for(store, 0.3)
+    store.compact()
+    n_traces, n_steps, applied = counts(store.engine)
+    assert applied == store.durable_lsn
+    # Every start, event and finish once, across the switch: 1 + 4 + 1 records, 5 steps each.
+    assert n_steps == 5 * n_traces and store.durable_lsn == 6 * n_traces
+    store.close()
+    assert worker.proc.poll() == 0
+
+
+def test_auto_keeps_compaction_in_process_below_the_rate_and_on_one_core(open_store, monkeypatch, tmp_path):
+    slow = _auto_store(open_store, monkeypatch, rate=10**9)
+    _record_for(slow, 1.0)
+    assert slow._worker is None and slow._hinting
+    one_core = open_store(str(tmp_path / "one"), compact_worker="auto", compact_interval_ms=20)
+    from tracedb import store as store_mod
+
+    monkeypatch.setattr(store_mod, "AUTO_WORKER_RATE", 50)
+    monkeypatch.setattr(store_mod, "_cores", lambda: 1)
+    one_core.close()
+    one_core = open_store(str(tmp_path / "one"), compact_worker="auto", compact_interval_ms=20)
+    _record_for(one_core, 1.0)
+    assert one_core._worker is None
+    slow.compact()
+    assert counts(slow.engine)[2] == slow.durable_lsn

@@ -84,3 +84,29 @@ def test_a_variable_set_to_nothing_means_unset():
     cfg = load_config(env={"TRACEDB_DATA_DIR": "", "TRACEDB_RETENTION_DAYS": " "})
     default = load_config(env={})
     assert cfg.data_dir == default.data_dir and cfg.retention_days == default.retention_days
+
+
+@pytest.mark.parametrize(
+    "text, env, expected",
+    [
+        ("", {}, "auto"),
+        ('[compaction]\nworker_process = "auto"\n', {}, "auto"),
+        ("[compaction]\nworker_process = true\n", {}, "process"),
+        ("[compaction]\nworker_process = false\n", {}, "thread"),
+        ("[compaction]\nworker_process = false\n", {"TRACEDB_COMPACT_WORKER": "Auto"}, "auto"),
+        ("", {"TRACEDB_COMPACT_WORKER": "1"}, "process"),
+        ("", {"TRACEDB_COMPACT_WORKER": "off"}, "thread"),
+    ],
+)
+def test_where_compaction_runs_is_true_false_or_auto(tmp_path, text, env, expected):
+    f = tmp_path / "t.toml"
+    f.write_text(text)
+    assert load_config(str(f), env=env).worker_mode == expected
+
+
+def test_a_worker_process_setting_that_is_none_of_the_three_is_refused_naming_them(tmp_path):
+    f = tmp_path / "t.toml"
+    f.write_text('[compaction]\nworker_process = "sometimes"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(str(f), env={})
+    assert 'true, false or "auto"' in err.value.message and "compact_worker" in err.value.message
