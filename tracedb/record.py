@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import orjson
+
 # Event types: an intent router's lifecycle, and LLM / tool calls.
 INTENT_RECEIVED = "INTENT_RECEIVED"
 AGENT_ATTEMPT_START = "AGENT_ATTEMPT_START"
@@ -82,15 +84,56 @@ def redacted_paths(value: Any, path: str = "$") -> list:
 
 def compute_envelope_hash(envelope: dict) -> str:
     """Hash an intent envelope exactly as IntentusNet does: routingMetadata left out, canonical JSON."""
-    stable = {k: v for k, v in envelope.items() if k not in ["routingMetadata"]}
-    canonical = json.dumps(
-        stable,
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=True,
-        default=str,
-    )
-    return f"sha256:{hashlib.sha256(canonical.encode()).hexdigest()}"
+    stable = {k: v for k, v in envelope.items() if k != "routingMetadata"}
+    canonical = _canonical_fast(stable)
+    if canonical is None:
+        canonical = json.dumps(
+            stable,
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=True,
+            default=str,
+        ).encode()
+    return f"sha256:{hashlib.sha256(canonical).hexdigest()}"
+
+
+_I64 = 1 << 63
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` holds only what orjson writes exactly as the canonical `json.dumps`:
+    dicts with str keys, lists, str, bool, None and ints within 64 bits. Floats (their exponent
+    form differs), tuples, subclasses and anything `default=str` would turn into text are not."""
+    t = type(value)
+    if t is str or t is bool or value is None:
+        return True
+    if t is int:
+        return -_I64 <= value < _I64
+    if t is dict:
+        for k, v in value.items():
+            if type(k) is not str or not _plain(v):
+                return False
+        return True
+    if t is list:
+        for v in value:
+            if not _plain(v):
+                return False
+        return True
+    return False
+
+
+def _canonical_fast(stable: dict) -> Optional[bytes]:
+    """The canonical JSON of `stable` through orjson (about 15x faster) when the text is
+    byte-for-byte what `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=True)`
+    writes: plain values (`_plain`), ASCII and no DEL (json escapes those). None otherwise."""
+    if not _plain(stable):
+        return None
+    try:
+        out = orjson.dumps(stable, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    # json escapes everything outside " " to "~", DEL (0x7f) included; orjson writes DEL as is.
+    return out if out.isascii() and b"\x7f" not in out else None
 
 
 def normalize_envelope_hash(value: Optional[str]) -> Optional[str]:

@@ -88,7 +88,7 @@ def validate_text(value: Any, name: str) -> str:
 
 def validate_response(response: Any) -> dict:
     """The final response: a mapping, copied."""
-    if not isinstance(response, Mapping):
+    if type(response) is not dict and not isinstance(response, Mapping):
         raise InvalidInputError(
             f"the final response must be a dict, not {type(response).__name__}",
             hint='for example {"status": "success", "payload": {...}}',
