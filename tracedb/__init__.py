@@ -92,7 +92,7 @@ def __getattr__(name):
         from .verify import VerifyResult
 
         return VerifyResult
-    raise AttributeError(f"module 'tracedb' has no attribute {name!r}")
+    return _replay_name(name)
 
 
 __all__ = [
@@ -127,7 +127,8 @@ __all__ = [
     "open_async",
 ]
 
-# Replay (tracedb/replay/): pure Python over records, cheap to import.
+# Replay (tracedb/replay/): its names are tracedb's too, loaded when first asked for (the CLI's
+# start-up does without them).
 from .errors import (  # noqa: E402
     NotReplayableError,
     RecordCorruptedError,
@@ -135,8 +136,6 @@ from .errors import (  # noqa: E402
     ReplayDivergenceError,
     ReplayHashMismatchError,
 )
-from .replay import *  # noqa: E402,F401,F403
-from .replay import __all__ as _replay_all  # noqa: E402
 
 __all__ += [
     "NotReplayableError",
@@ -144,5 +143,20 @@ __all__ += [
     "RecordedCallError",
     "ReplayDivergenceError",
     "ReplayHashMismatchError",
-    *_replay_all,
 ]
+_own_all = tuple(__all__)
+del __all__  # made by __getattr__ below, with the replay names
+
+
+def _replay_name(name: str):
+    import importlib
+
+    replay = importlib.import_module(".replay", __name__)
+
+    if name == "__all__":
+        return [*_own_all, *replay.__all__]
+    if name == "replay":
+        return replay
+    if name in replay.__all__:
+        return getattr(replay, name)
+    raise AttributeError(f"module 'tracedb' has no attribute {name!r}")

@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 import orjson
-from crc32c import crc32c
+
+from wal.format import crc32c
 
 # The `traces` columns with a checksum, each in the column named `<column>_crc`.
 TRACE_VALUE_COLUMNS = ("router_decision", "final_response", "meta")

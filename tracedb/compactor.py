@@ -47,10 +47,10 @@ from typing import Callable, Optional
 
 import orjson
 import sqlalchemy as sa
-from crc32c import crc32c
 from sqlalchemy.engine import Engine
 
 import wal
+from wal.format import crc32c
 
 from . import db
 from .checksums import TRACE_VALUE_COLUMNS, crc_column

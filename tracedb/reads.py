@@ -19,9 +19,9 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterator, Optional, Union
 
 import orjson
-from crc32c import crc32c
 
 import wal
+from wal.format import crc32c
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

@@ -5,8 +5,6 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-import crc32c as _crc32c
-
 MAGIC = b"TDBWAL\x00\x01"
 FORMAT_VERSION = 1
 SEGMENT_HEADER_SIZE = 40
@@ -32,7 +30,36 @@ _SEAL_PAYLOAD = struct.Struct("<QQ")  # last lsn, data record count
 _U32 = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
 
-crc32c = _crc32c.crc32c
+
+
+def _load_crc32c():
+    """The crc32c package's `crc32c(data, value=0)`, from its C extension.
+
+    The package's `__init__` asks importlib.metadata for its own version, about 20 ms that every
+    read command would pay at start-up for a value nobody reads; the extension module is loaded
+    by itself instead. Should the package's layout change, it is imported as usual."""
+    try:
+        import importlib.machinery
+        import importlib.util
+        import os
+
+        spec = importlib.util.find_spec("crc32c")  # finds the package without running it
+        for folder in (spec.submodule_search_locations if spec is not None else None) or ():
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                path = os.path.join(folder, "_crc32c" + suffix)
+                if os.path.isfile(path):
+                    loader = importlib.machinery.ExtensionFileLoader("crc32c._crc32c", path)
+                    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+                    loader.exec_module(module)
+                    return module.crc32c
+    except (ImportError, OSError, AttributeError):
+        pass
+    from crc32c import crc32c as fn
+
+    return fn
+
+
+crc32c = _load_crc32c()
 
 
 def mask(crc: int) -> int:
