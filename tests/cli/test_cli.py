@@ -249,8 +249,8 @@ def test_wal_scan_next_to_a_running_recorder_does_not_judge_the_live_tail(run, d
 
 
 def test_the_command_line_starts_without_loading_the_database_layer():
-    # `tracedb --help` and a usage error must stay fast: SQLAlchemy, the models (pydantic) and
-    # Alembic load only when a command runs.
+    # `tracedb --help` and a usage error must stay fast: SQLAlchemy, the models (pydantic),
+    # Alembic and the replay engines load only when a command runs.
     import subprocess
     import sys
 
@@ -262,7 +262,7 @@ def test_the_command_line_starts_without_loading_the_database_layer():
         "assert r.exit_code == 0, r.output\n"
         "r = CliRunner().invoke(main, ['inspect', '--list', '--before', 'not-a-cursor'])\n"
         "assert r.exit_code == 2, r.output\n"
-        "heavy = sorted(m for m in ('sqlalchemy', 'sqlmodel', 'pydantic', 'alembic') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('sqlalchemy', 'sqlmodel', 'pydantic', 'alembic', 'tracedb.replay') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -132,14 +132,16 @@ def test_ids_records_and_timelines_are_the_same_through_both_paths(store_dir):
 def test_a_read_command_loads_neither_sqlalchemy_nor_pydantic(store_dir):
     """Finding and reading one execution, or listing a page of them (each row judged, its
     record read), on a SQLite store loads no SQLAlchemy, Alembic or pydantic, nor the WAL's
-    writer (asyncio), even with WAL records to fold in."""
+    writer (asyncio), even with WAL records to fold in; nor importlib.metadata, which the crc32c
+    package's __init__ would (its C extension is loaded by itself), nor tomllib without a
+    config file."""
     script = (
         "import sys\n"
         "from tracedb.cli import main\n"
         "try:\n"
         "    main.main(sys.argv[1:], standalone_mode=False)\n"
         "finally:\n"
-        "    print('LOADED', *sorted(m for m in ('sqlalchemy', 'pydantic', 'alembic', 'sqlmodel', 'wal.writer', 'asyncio') if m in sys.modules),"
+        "    print('LOADED', *sorted(m for m in ('sqlalchemy', 'pydantic', 'alembic', 'sqlmodel', 'wal.writer', 'asyncio', 'importlib.metadata', 'crc32c', 'tomllib') if m in sys.modules),"
         " file=sys.stderr)\n"
     )
     for args, heavy in ((["inspect", "exec-003"], []), (["trace", "get", "exec-007"], []),
