@@ -45,6 +45,19 @@ class WorkerGoneError(TraceDBError):
 STALL_S = 120.0
 
 
+def interpreter_runs_python() -> bool:
+    """Whether `sys.executable` is a Python interpreter this process can start the child with.
+
+    Not so in a frozen application (PyInstaller: it is the application itself) or under an
+    embedding server (uWSGI, mod_wsgi: the server's binary). `[compaction] worker_process =
+    "auto"` then keeps compacting in-process; `true` tries anyway (and falls back if the child
+    never says it is ready)."""
+    if getattr(sys, "frozen", False) or not sys.executable:
+        return False
+    name = os.path.basename(sys.executable).lower()
+    return name.startswith(("python", "pypy")) and os.access(sys.executable, os.X_OK)
+
+
 class CompactorWorker:
     """Parent side: starts the child and asks it to compact. Not thread-safe (the store's
     compaction lock serialises calls)."""

@@ -1004,7 +1004,11 @@ class Store:
             # the thread that started it (PR_SET_PDEATHSIG).
             self._start_worker()
         interval = self.config.compact_interval_ms / 1000.0 if self.config.compact_interval_ms > 0 else None
-        rate = _RateWatch() if mode == "auto" and interval is not None and _cores() >= 2 else None
+        rate = None
+        if mode == "auto" and interval is not None and _cores() >= 2:
+            from .compactor_worker import interpreter_runs_python
+
+            rate = _RateWatch() if interpreter_runs_python() else None
         idle_s = self.config.idle_timeout_s
         sweep_every_s = min(60.0, idle_s / 10) if idle_s > 0 else None
         next_sweep = time.monotonic() + (sweep_every_s or 0)

@@ -475,3 +475,27 @@ def test_auto_keeps_compaction_in_process_below_the_rate_and_on_one_core(open_st
     assert one_core._worker is None
     slow.compact()
     assert counts(slow.engine)[2] == slow.durable_lsn
+
+
+def test_auto_keeps_compaction_in_process_when_sys_executable_is_not_a_python_interpreter(
+    open_store, monkeypatch, tmp_path
+):
+    # A frozen application or an embedding server (uWSGI): starting `sys.executable -m ...`
+    # would start the application or the server again, not a compactor.
+    import sys
+
+    from tracedb import compactor_worker
+
+    for frozen, executable in ((True, sys.executable), (False, str(tmp_path / "uwsgi")), (False, "")):
+        monkeypatch.setattr(sys, "frozen", frozen, raising=False)
+        monkeypatch.setattr(sys, "executable", executable)
+        assert not compactor_worker.interpreter_runs_python()
+    monkeypatch.setattr(sys, "frozen", False, raising=False)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "uwsgi"))
+    started = []
+    monkeypatch.setattr(compactor_worker, "CompactorWorker", lambda **kw: started.append(kw))
+    store = _auto_store(open_store, monkeypatch, rate=50)
+    _record_for(store, 1.0)
+    assert started == [] and store._worker is None and store._hinting  # never even tried
+    store.compact()
+    assert counts(store.engine)[2] == store.durable_lsn
