@@ -11,7 +11,9 @@ child never reads past the LSN it is given, and the applied LSN still commits wi
 crash of either process neither loses nor duplicates a step.
 
 Wire, one line at a time: the parent first sends the settings (JSON: the database URL may hold a
-password, so never on the command line), the child answers `ready <applied_lsn>`; then for each
+password, so never on the command line), the child answers `ready <applied_lsn>`. The recorder
+starts it without holding its compaction lock and may compact in-process meanwhile, so the child
+reads the checkpoint again at its first `compact`, sent under that lock. For each
 `compact <lsn>` the child sends `progress <lsn>` after each batch and ends with `ok <CompactResult
 as JSON>` or `error <{"type", "message"} as JSON>`. End of input: the child exits.
 
@@ -109,9 +111,11 @@ class CompactorWorker:
                 )
             chunk = os.read(fd, 65536)
             if not chunk:
-                raise WorkerGoneError(
-                    f"the compactor process {self.proc.pid} exited (status {self.proc.poll()})"
-                )
+                try:  # its output ended: it is exiting, or has
+                    status = self.proc.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    status = "unknown: still running"
+                raise WorkerGoneError(f"the compactor process {self.proc.pid} exited (status {status})")
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         return line.decode()
@@ -179,11 +183,20 @@ def main() -> int:
     out = sys.stdout.buffer
     out.write(f"ready {applied}\n".encode())
     out.flush()
+    first = True
     try:
         for line in sys.stdin.buffer:
             cmd, _, arg = line.decode().strip().partition(" ")
             if cmd != "compact":
                 continue
+            if first:
+                # The recorder may have compacted in-process while this process started: the
+                # checkpoint as of its first request (sent under its compaction lock) is where
+                # this process takes over.
+                first = False
+                stored = db.ensure_checkpoint(engine, spec["recorder_id"], time.time_ns())
+                if stored > comp.applied_lsn:
+                    comp.adopt(stored)
             def progress(applied: int) -> None:
                 out.write(f"progress {applied}\n".encode())
                 out.flush()

@@ -248,22 +248,25 @@ class Store:
         from .compactor_worker import CompactorWorker
 
         cfg = self.config
-        # Under the compaction lock: the child starts from the checkpoint as it is now, and
-        # nothing compacts in-process meanwhile.
+        # The child starts (a Python process importing SQLAlchemy: most of a second) outside the
+        # compaction lock: reads and compactions go on in-process meanwhile. It reads the
+        # checkpoint again at its first request, which comes under the lock, after the handover.
+        try:
+            worker = CompactorWorker(
+                database=cfg.database, wal_dir=cfg.wal_dir, recorder_id=self.recorder_id,
+                batch_records=cfg.compact_batch_records, busy_timeout_ms=cfg.busy_timeout_ms,
+            )
+        except Exception as e:  # noqa: BLE001 - compaction goes on in-process
+            log.error("tracedb: the compactor process did not start (%s); compacting in-process", e)
+            with self._compact_lock:
+                self._keep_records_in_memory(True)
+            return
         with self._compact_lock:
             if self._closed:
+                worker.close()
                 return
-            try:
-                self._worker = CompactorWorker(
-                    database=cfg.database, wal_dir=cfg.wal_dir, recorder_id=self.recorder_id,
-                    batch_records=cfg.compact_batch_records, busy_timeout_ms=cfg.busy_timeout_ms,
-                )
-            except Exception as e:  # noqa: BLE001 - compaction goes on in-process
-                log.error("tracedb: the compactor process did not start (%s); compacting in-process", e)
-                self._worker = None
-                self._keep_records_in_memory(True)
-            else:
-                self._keep_records_in_memory(False)  # the child reads the segments
+            self._worker = worker
+            self._keep_records_in_memory(False)  # the child reads the segments
 
     def _open_database(self) -> None:
         cfg = self.config

@@ -433,6 +433,16 @@ def _record_for(store, seconds: float) -> None:
         n += 1
 
 
+def _worker_of(store, timeout_s: float = 30.0):
+    """The store's compactor process once it has one (it starts in the background)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while store._worker is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return store._worker
+
+
 def _auto_store(open_store, monkeypatch, rate: int, cores: int = 2):
     from tracedb import store as store_mod
 
@@ -447,7 +457,7 @@ def test_auto_moves_compaction_to_a_process_once_the_store_records_fast_and_appl
     store = _auto_store(open_store, monkeypatch, rate=50)
     assert store._worker is None  # nothing recorded yet: no process
     _record_for(store, 1.5)
-    worker = store._worker
+    worker = _worker_of(store)
     assert worker is not None and worker.pid != os.getpid()
     assert not store._hinting  # the child reads the segments: nothing kept in memory for it
     _record_for(store, 0.3)
@@ -499,3 +509,53 @@ def test_auto_keeps_compaction_in_process_when_sys_executable_is_not_a_python_in
     assert started == [] and store._worker is None and store._hinting  # never even tried
     store.compact()
     assert counts(store.engine)[2] == store.durable_lsn
+
+
+def test_a_starting_compactor_process_holds_up_no_read_and_takes_over_where_the_thread_got(
+    open_store, monkeypatch
+):
+    import threading
+    import time
+
+    from tracedb import compactor_worker
+
+    started, release = threading.Event(), threading.Event()
+    ready_at, outcomes = [], []
+
+    class SlowToHandOver(compactor_worker.CompactorWorker):
+        def __init__(self, **kw):
+            super().__init__(**kw)  # the child is up, with the checkpoint as of now
+            ready_at.append(self.applied_lsn)
+            started.set()
+            release.wait(30)  # as a slow start: the recorder goes on meanwhile
+
+        def compact(self, to_lsn):
+            try:
+                outcomes.append(super().compact(to_lsn))
+            except Exception as e:
+                outcomes.append(e)
+                raise
+            return outcomes[-1]
+
+    monkeypatch.setattr(compactor_worker, "CompactorWorker", SlowToHandOver)
+    store = _auto_store(open_store, monkeypatch, rate=50)
+    while not started.is_set():
+        _record_for(store, 0.2)
+    _record_for(store, 0.3)
+    t0 = time.monotonic()
+    result = store.compact()  # in-process: the child's start holds no lock
+    assert time.monotonic() - t0 < 5 and result.applied_lsn == store.durable_lsn > ready_at[0]
+    assert store._worker is None
+    release.set()
+    assert _worker_of(store) is not None
+    _record_for(store, 0.5)
+    before = store.applied_lsn
+    result = store.compact()  # through the child, from the checkpoint the thread left
+    # Only what the thread had not applied, none of it again (nothing skipped as present).
+    assert (result.applied_lsn, result.records, result.skipped_records) == (
+        store.durable_lsn, store.durable_lsn - before, 0)
+    # Every compaction the child ran, the background thread's included: none failed, none met
+    # rows already there.
+    assert outcomes and all(isinstance(o, tracedb.CompactResult) and o.skipped_records == 0 for o in outcomes), outcomes
+    n_traces, n_steps, applied = counts(store.engine)
+    assert applied == store.durable_lsn and n_steps == 5 * n_traces and store.durable_lsn == 6 * n_traces
