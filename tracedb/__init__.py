@@ -148,6 +148,10 @@ _own_all = tuple(__all__)
 del __all__  # made by __getattr__ below, with the replay names
 
 
+def __dir__():
+    return sorted(set(globals()) | set(_replay_name("__all__")))
+
+
 def _replay_name(name: str):
     import importlib
 

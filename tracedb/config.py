@@ -68,9 +68,12 @@ class Config:
         AUTO_WORKER_RATE records/s and the machine has two cores or more, then a child
         process: a burst of recording no longer shares one interpreter with its compaction,
         while a script that records a few executions never starts a process)."""
-        if self.compact_worker == "auto":
+        value = self.compact_worker
+        if not isinstance(value, bool):  # a Config built in code: read it as the file is read
+            value = _coerce("compact_worker", value, "Config(compact_worker=...)")
+        if value == "auto":
             return "auto"
-        return "process" if self.compact_worker else "thread"
+        return "process" if value else "thread"
 
     @property
     def database(self) -> str:

@@ -270,6 +270,26 @@ def test_the_command_line_starts_without_loading_the_database_layer():
     assert out.stdout.strip() == ""
 
 
+def test_the_replay_names_are_tracedbs_though_loaded_when_first_asked_for():
+    # `import tracedb` does not load the replay engines, yet their names are the package's:
+    # attributes, `from tracedb import *`, dir() and help().
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pydoc, tracedb\n"
+        "print('tracedb.replay' in sys.modules)\n"
+        "print('ReplayEngine' in dir(tracedb), 'ReplayEngine' in pydoc.render_doc(tracedb))\n"
+        "ns = {}\n"
+        "exec('from tracedb import *', ns)\n"
+        "print(ns['ReplayEngine'] is tracedb.ReplayEngine is tracedb.replay.ReplayEngine, 'Store' in ns)\n"
+        "print(hasattr(tracedb, 'NoSuchName'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "True", "True", "True", "False"]
+
+
 def test_reads_and_listings_do_not_load_pydantic(seeded):
     # pydantic is the largest import a command could make: neither a read nor a listing loads it
     # (a listed row is a plain dataclass); `verify`, which reads through the SQLModel-declared

@@ -110,3 +110,11 @@ def test_a_worker_process_setting_that_is_none_of_the_three_is_refused_naming_th
     with pytest.raises(ConfigError) as err:
         load_config(str(f), env={})
     assert 'true, false or "auto"' in err.value.message and "compact_worker" in err.value.message
+
+
+def test_a_config_built_in_code_reads_worker_process_as_the_file_does():
+    assert [Config(compact_worker=v).worker_mode for v in ("AUTO", " auto ", "false", "off", "1", True, False)] == [
+        "auto", "auto", "thread", "thread", "process", "process", "thread"]
+    with pytest.raises(ConfigError) as err:
+        Config(compact_worker="sometimes").worker_mode
+    assert 'true, false or "auto"' in err.value.message

@@ -52,3 +52,17 @@ def test_routing_metadata_is_left_out_on_both_paths():
     a = {"intent": "X", "routingMetadata": {"decision": "a"}}
     b = {"intent": "X", "routingMetadata": {"decision": "b", "f": 1.5}}
     assert compute_envelope_hash(a) == compute_envelope_hash(b) == intentusnet_hash({"intent": "X"})
+
+
+def test_an_envelope_that_holds_itself_is_refused_as_before_not_a_recursion_error(tmp_path):
+    import pytest
+
+    import tracedb
+
+    env = {"intent": "I"}
+    env["self"] = env
+    with pytest.raises(ValueError, match="Circular reference"):
+        compute_envelope_hash(env)
+    with tracedb.open(str(tmp_path / "d"), config={"compact_interval_ms": 0, "idle_timeout_s": 0}) as store:
+        with pytest.raises(tracedb.InvalidInputError, match="cannot be hashed"):
+            store.start("I", env)
