@@ -16,6 +16,8 @@ from tracedb import db
 from tracedb.cli import main
 from tracedb.models import traces
 
+from tests.fresh_python import run_fresh
+
 from .conftest import ENVELOPE, settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -251,9 +253,6 @@ def test_wal_scan_next_to_a_running_recorder_does_not_judge_the_live_tail(run, d
 def test_the_command_line_starts_without_loading_the_database_layer():
     # `tracedb --help` and a usage error must stay fast: SQLAlchemy, the models (pydantic),
     # Alembic and the replay engines load only when a command runs.
-    import subprocess
-    import sys
-
     code = (
         "import sys\n"
         "from click.testing import CliRunner\n"
@@ -265,17 +264,12 @@ def test_the_command_line_starts_without_loading_the_database_layer():
         "heavy = sorted(m for m in ('sqlalchemy', 'sqlmodel', 'pydantic', 'alembic', 'tracedb.replay') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ""
+    assert run_fresh(code) == []
 
 
 def test_the_replay_names_are_tracedbs_though_loaded_when_first_asked_for():
     # `import tracedb` does not load the replay engines, yet their names are the package's:
     # attributes, `from tracedb import *`, dir() and help().
-    import subprocess
-    import sys
-
     code = (
         "import sys, pydoc, tracedb\n"
         "print('tracedb.replay' in sys.modules)\n"
@@ -285,18 +279,13 @@ def test_the_replay_names_are_tracedbs_though_loaded_when_first_asked_for():
         "print(ns['ReplayEngine'] is tracedb.ReplayEngine is tracedb.replay.ReplayEngine, 'Store' in ns)\n"
         "print(hasattr(tracedb, 'NoSuchName'))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "True", "True", "True", "True", "False"]
+    assert run_fresh(code) == ["False", "True", "True", "True", "True", "False"]
 
 
 def test_reads_and_listings_do_not_load_pydantic(seeded):
     # pydantic is the largest import a command could make: neither a read nor a listing loads it
     # (a listed row is a plain dataclass); `verify`, which reads through the SQLModel-declared
     # tables, does.
-    import subprocess
-    import sys
-
     code = (
         "import sys\n"
         "from click.testing import CliRunner\n"
@@ -313,9 +302,7 @@ def test_reads_and_listings_do_not_load_pydantic(seeded):
         "assert r.exit_code == 0, r.output\n"
         "print('sqlmodel' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "False", "False", "True"]
+    assert run_fresh(code, timeout_s=120) == ["False", "False", "False", "True"]
 
 
 def test_version(run):

@@ -495,9 +495,7 @@ def test_a_lost_sector_inside_a_record_of_the_last_group_is_a_torn_tail(wal_dir)
 def test_crc32c_is_the_packages_c_function_loaded_without_the_package_init():
     # The package's __init__ reads its own version through importlib.metadata (~20 ms of every
     # read command's start-up); the WAL loads the extension module by itself.
-    import os
-    import subprocess
-    import sys
+    from tests.fresh_python import run_fresh
 
     code = (
         "import sys, os, wal.format as f\n"
@@ -506,6 +504,4 @@ def test_crc32c_is_the_packages_c_function_loaded_without_the_package_init():
         "data = os.urandom(4096)\n"
         "print(all(f.crc32c(data[:n], 7) == crc32c.crc32c(data[:n], 7) for n in range(0, 4096, 37)))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["builtin_function_or_method", "False", "False", "True"]
+    assert run_fresh(code) == ["builtin_function_or_method", "False", "False", "True"]
