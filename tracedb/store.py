@@ -213,7 +213,7 @@ class Store:
         self._engine = self._read_engine = None
         self._records: Optional[reads.RecordReader] = None
         self._compactor: Optional[Compactor] = None
-        self._worker = None  # a CompactorWorker when compact_worker is set
+        self._worker = None  # a CompactorWorker while compaction runs in a child process
         self._hinting = False  # see _keep_records_in_memory
         self.background_error: Optional[BaseException] = None
         self._disabled_seqs: dict[str, int] = {}
