@@ -225,6 +225,39 @@ def test_the_recorder_records_and_stops_cleanly_inside_the_units_sandbox(sandbox
             assert mode & 0o077 == 0, (os.path.join(where, name), oct(mode))
 
 
+def test_the_commented_http_and_otlp_listeners_serve_inside_the_units_sandbox(sandbox, tmp_path):
+    import json
+    import urllib.request
+
+    (example,) = [line.lstrip("# ").split("=", 1)[1] for line in open(UNIT, encoding="utf-8")
+                  if re.match(r"#\s+ExecStart=\S", line)]
+    argv = example.replace(INSTALLED, TRACEDB).split()
+    for option in ("--http-port", "--otlp-port"):
+        argv[argv.index(option) + 1] = "0"  # any free port: the example's may be taken here
+    data_dir = tmp_path / "state"
+    env = dict(os.environ, TRACEDB_DATA_DIR=str(data_dir), PYTHONPATH=ROOT)
+    proc = subprocess.Popen(sandbox(_allowed_calls()) + argv, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    urls: dict = {}
+    try:
+        while not {"ui", "otlp"} <= urls.keys():
+            line = proc.stderr.readline()
+            assert line, f"the recorder exited {proc.wait()} before it listened"
+            urls.update({k: v for k, v in json.loads(line).items() if k in ("ui", "otlp")})
+        with urllib.request.urlopen(urls["ui"] + "health", timeout=30) as r:
+            assert r.status == 200
+        with urllib.request.urlopen(urls["ui"], timeout=30) as r:
+            assert r.status == 200 and "tracedb" in r.read().decode()
+        request = urllib.request.Request(urls["otlp"], data=b'{"resourceSpans": []}', method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+
+
 # -- the user and who reaches the socket -------------------------------------------------------
 
 
