@@ -42,6 +42,7 @@ from sqlalchemy.engine import Engine
 
 from . import models
 from .errors import ConfigError, DatabaseUnavailableError, StoreNotFoundError
+from .program import extra_hint
 from .schema import HEAD_REVISION
 
 
@@ -160,7 +161,7 @@ def _create_pg_engine(url: sa.engine.URL, busy_timeout_ms: int) -> Engine:
     except ModuleNotFoundError as e:
         raise ConfigError(
             f"the PostgreSQL driver for {describe(url)} is not installed ({e.name})",
-            hint="pip install 'tracedb[postgres]' (psycopg 3)",
+            hint=extra_hint("postgres"),
         ) from None
     set_name = "application_name" not in url.query
 

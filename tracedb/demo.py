@@ -119,7 +119,7 @@ def _start_server(data_dir: str) -> subprocess.Popen:
     while resolve_sidecar(None, data_dir) is None:
         if proc.poll() is not None:
             raise TraceDBError(f"`tracedb serve` exited with status {proc.returncode}",
-                               hint="run it by hand to see why: tracedb serve")
+                               hint="run it by hand to see why: `tracedb serve`")
         if time.monotonic() > deadline:
             proc.kill()
             raise TraceDBError("`tracedb serve` did not start listening within 60 s")

@@ -109,6 +109,19 @@ class ConfigError(TraceDBError):
     code = "config"
 
 
+class ExtraNotInstalledError(ConfigError, ModuleNotFoundError):
+    """A module imported without the extra it needs. Also a ModuleNotFoundError, which is what
+    code importing an optional integration catches; its hint says how to install the extra."""
+
+    def __init__(self, module: str, extra: str, missing: Optional[str]):
+        from .program import extra_hint
+
+        super().__init__(f"{module} needs the {extra} extra ({missing or 'a package'} is not installed)",
+                         hint=extra_hint(extra))
+        self.name = missing
+        self.extra = extra
+
+
 # --- replay (tracedb/replay/) -------------------------------------------------------------------
 
 _NOT_REPLAYABLE_HINTS = {

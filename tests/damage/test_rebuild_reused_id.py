@@ -105,7 +105,7 @@ def test_a_rebuild_that_stops_says_where_it_left_the_files(recorded, cli):
     assert "Traceback" not in r.stderr
     assert "unknown op 'from-the-future'" in r.stderr
     assert f"the damaged file is kept as {db_path}.damaged" in r.stderr
-    assert "`tracedb recover` goes on from there" in r.stderr
+    assert "tracedb recover` goes on from there" in r.stderr  # `<this python> -m tracedb recover`
     with open(db_path + ".damaged", "rb") as f:
         assert f.read() == damaged_bytes
     # What came before the record is in the new database, and reads show it.

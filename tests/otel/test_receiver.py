@@ -265,7 +265,8 @@ def test_without_the_otel_extra_otlp_port_says_what_to_install(tmp_path):
                          env=env_for(str(tmp_path / "d")), timeout=60)
     assert out.returncode == 1, out.stderr
     assert "error: the OTLP receiver needs the OpenTelemetry protocol package" in out.stderr
-    assert "hint: pip install 'tracedb[otel]'" in out.stderr
+    assert (f"hint: install the otel extra: `scripts/setup otel` in a tracedb checkout, or "
+            f"`{sys.executable} -m pip install 'tracedb[otel]'`") in out.stderr
     assert not (tmp_path / "d" / "wal").exists()  # refused before the store was opened
 
 

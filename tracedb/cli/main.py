@@ -19,6 +19,7 @@ import orjson
 from ..config import DEFAULT_DATA_DIR, Config, find_data_dir, load_config, parse_duration_s
 from ..errors import TraceDBError
 from ..paging import decode_cursor
+from ..program import as_invoked
 
 if TYPE_CHECKING:
     from ..reads import Reader
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
 
 class CommandError(click.ClickException):
     """An error as the user sees it: `error: <message>`, `hint: <hint>`, a stable exit code; with
-    --json, one JSON object {"error": {message, hint, exit_code}} on stderr instead."""
+    --json, one JSON object {"error": {message, hint, exit_code}} on stderr instead. The commands
+    they quote name this program as it was started (`tracedb.program`)."""
 
     def __init__(self, message: str, hint: Optional[str], code: int, *, as_json: bool = False):
         super().__init__(message)
@@ -42,9 +44,9 @@ class CommandError(click.ClickException):
             doc = {"error": {"message": self.message, "hint": self.hint, "exit_code": self.exit_code}}
             click.echo(orjson.dumps(doc).decode(), err=True)
             return
-        click.echo(f"error: {self.message}", err=True)
+        click.echo(f"error: {as_invoked(self.message)}", err=True)
         if self.hint:
-            click.echo(f"hint: {self.hint}", err=True)
+            click.echo(f"hint: {as_invoked(self.hint)}", err=True)
 
 
 class TraceDBGroup(click.Group):
@@ -126,7 +128,7 @@ def reading(ctx: click.Context) -> Iterator[Reader]:
         # What admin.recovery_note says, without loading the maintenance modules.
         note = reader.pending.note()
     if note:
-        click.echo(note, err=True)
+        click.echo(as_invoked(note), err=True)
 
 
 @contextlib.contextmanager

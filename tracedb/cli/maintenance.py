@@ -14,6 +14,7 @@ import shlex
 import click
 
 from ..errors import EXIT_INTEGRITY
+from ..program import as_invoked
 from .main import DurationParam, config_of, format_bytes, emit_json, execution_id_argument, json_option, main, progress_bar
 
 
@@ -263,9 +264,9 @@ def wal_scan(ctx, as_json):
             click.echo(f"{kind}: {d.segment} at {d.offset}: expected {d.expected}, found {d.found}")
     if r.corrupt:
         if not as_json:
-            click.echo(
+            click.echo(as_invoked(
                 "hint: stop the recorder; `tracedb wal repair --dry-run` says what a repair would keep "
-                "and drop, and `tracedb wal repair --salvage` keeps every record with a valid CRC",
+                "and drop, and `tracedb wal repair --salvage` keeps every record with a valid CRC"),
                 err=True,
             )
         ctx.exit(EXIT_INTEGRITY)
@@ -314,9 +315,9 @@ def wal_repair(ctx, dry_run, salvage, as_json):
         return
     would = "would " if r.dry_run else ""
     for d in r.damaged:
-        click.echo(d.describe(r.applied_lsn))
+        click.echo(as_invoked(d.describe(r.applied_lsn)))
     for n in r.notes:
-        click.echo(f"note: {n}")
+        click.echo(f"note: {as_invoked(n)}")
     if r.salvage:
         click.echo(
             f"salvage {would}keep {r.kept_records} record(s) found after the damage; "
@@ -343,9 +344,9 @@ def wal_repair(ctx, dry_run, salvage, as_json):
     if r.dry_run:
         click.echo("dry run: nothing was changed")
     elif not r.salvage:
-        click.echo("next: `tracedb recover` compacts what the log holds"
+        click.echo(as_invoked("next: `tracedb recover` compacts what the log holds"
                    + ("; `tracedb wal repair --salvage` keeps the dropped records from the copies"
-                      if r.dropped_records else ""))
+                      if r.dropped_records else "")))
 
 
 @main.command("backup")
@@ -398,4 +399,4 @@ def restore_command(ctx, backup_dir, as_json):
     if as_json:
         emit_json({"restored": backup_dir, "data_dir": where}, True)
     else:
-        click.echo(f"restored {backup_dir} into {where}; `tracedb --data-dir {shlex.quote(where)} recover` brings it up to date")
+        click.echo(as_invoked(f"restored {backup_dir} into {where}; `tracedb --data-dir {shlex.quote(where)} recover` brings it up to date"))

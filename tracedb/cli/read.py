@@ -13,6 +13,7 @@ import orjson
 
 from ..errors import EXIT_INTEGRITY
 from ..paging import DEFAULT_PAGE_SIZE
+from ..program import as_invoked
 from ..record import STATUS_RUNNING, STATUSES, utc_iso
 from .main import (
     CursorParam,
@@ -285,9 +286,9 @@ def verify(ctx, execution_id, as_json):
         emit_json(r.to_dict(), True)
     else:
         for p in r.problems:
-            click.echo(f"problem: {p}")
+            click.echo(f"problem: {as_invoked(p)}")
         if r.database_hint:
-            click.echo(f"hint: {r.database_hint}")
+            click.echo(f"hint: {as_invoked(r.database_hint)}")
         t = r.traces
         click.echo(
             f"{'ok' if r.ok else 'FAILED'}: {t.checked_traces if t else 0} trace(s), "
@@ -302,6 +303,6 @@ def verify(ctx, execution_id, as_json):
         for eid in r.left_running:
             click.echo(f"left running with no recorder: {eid}")
         for n in r.notes:
-            click.echo(f"note: {n}")
+            click.echo(f"note: {as_invoked(n)}")
     if not r.ok:
         ctx.exit(EXIT_INTEGRITY)

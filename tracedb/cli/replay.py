@@ -12,6 +12,7 @@ from typing import Optional
 
 import click
 
+from ..program import as_invoked
 from .main import config_of, emit_json, execution_id_argument, json_option, main, reading, trace
 
 CELL = 46  # width of one side in `trace diff`
@@ -74,7 +75,7 @@ def replay_command(ctx, execution_id, force, envelope_path, as_json):
                 )
             raise
     for warning in result.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        click.echo(f"warning: {as_invoked(warning)}", err=True)
     emit_json(result.to_dict(), as_json)
 
 
@@ -110,9 +111,9 @@ def fork_command(ctx, execution_id, at_seq, new_id, as_json):
             f"({out['copied_events']} event(s) shared)"
         )
     if not r.live:
-        click.echo(
+        click.echo(as_invoked(
             "note: no recorder is running, so the fork was closed as incomplete when this command "
-            "finished; start `tracedb serve` to keep forks open",
+            "finished; start `tracedb serve` to keep forks open"),
             err=True,
         )
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 
 import click
 
+from ..config import DEFAULT_DATA_DIR
 from ..errors import ConfigError
+from ..program import program
 from ..sidecar import protocol as P
 from .main import config_of, json_option, main, read_token
 
@@ -181,9 +184,12 @@ def demo(ctx, sidecar, start_server, executions, as_json):
         click.echo(f"  {e['execution_id']}  {e['status']:<10} {flag:<40} {e['events']} events, last {e['last_event']}")
     crashed = rows[-1]["execution_id"]
     done = next((e["execution_id"] for e in rows if e["replayable"]), None)
+    me = program()  # the next commands run as printed: this program, this data directory
+    if os.path.normpath(result.data_dir) != DEFAULT_DATA_DIR:
+        me += f" --data-dir {shlex.quote(result.data_dir)}"
     click.echo("\nnext:")
-    click.echo("  tracedb inspect --list")
-    click.echo(f"  tracedb inspect {crashed}        # the crashed one: incomplete, events up to the crash")
+    click.echo(f"  {me} inspect --list")
+    click.echo(f"  {me} inspect {crashed}        # the crashed one: incomplete, events up to the crash")
     if done:
-        click.echo(f"  tracedb trace get {done}")
-        click.echo(f"  tracedb replay {done}         # returns the recorded response, no agent call")
+        click.echo(f"  {me} trace get {done}")
+        click.echo(f"  {me} replay {done}         # returns the recorded response, no agent call")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..program import as_invoked
 from .main import config_of, emit_json, json_option, main, read_token
 
 DEFAULT_UI_PORT = 8470
@@ -57,7 +58,7 @@ def ui(ctx, host, port, allow_remote, token_file, data_dir, db_url, as_json):
     check_listen(host, allow_remote=allow_remote, token=token)
     note = _recovery_note(cfg)
     if note:
-        click.echo(note, err=True)
+        click.echo(as_invoked(note), err=True)
 
     def listening(url: str) -> None:
         if as_json:

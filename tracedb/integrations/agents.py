@@ -42,19 +42,23 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, Optional
 
 import orjson
-from agents.items import ModelResponse
-from agents.models.interface import Model, ModelProvider, ModelTracing
-from agents.tracing import TracingProcessor, response_span
-from agents.usage import Usage
-from openai.types.responses import Response, ResponseCompletedEvent, ResponseOutputItem, ResponseUsage
-from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import TypeAdapter, ValidationError
 
 from .. import handles
-from ..errors import InvalidInputError, UsageError
+from ..errors import ExtraNotInstalledError, InvalidInputError, UsageError
 from ..record import LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED
 from ..replay.eventlog import ReplaySession, args_hash
 from .recorded import ReplayCounts, content_key, is_async_recorder, linked_execution_factory, load_record
+
+try:
+    from agents.items import ModelResponse
+    from agents.models.interface import Model, ModelProvider, ModelTracing
+    from agents.tracing import TracingProcessor, response_span
+    from agents.usage import Usage
+    from openai.types.responses import Response, ResponseCompletedEvent, ResponseOutputItem, ResponseUsage
+    from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
+except ModuleNotFoundError as e:
+    raise ExtraNotInstalledError(__name__, "openai", e.name) from None
 
 log = logging.getLogger(__name__)
 

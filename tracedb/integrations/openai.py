@@ -32,14 +32,18 @@ import base64
 import threading
 from typing import Any, Optional
 
-import httpx
 import orjson
 
 from .. import handles
-from ..errors import RecordedCallError, UsageError
+from ..errors import ExtraNotInstalledError, RecordedCallError, UsageError
 from ..record import LLM_REQUESTED, LLM_RESPONDED
 from ..replay.eventlog import ReplaySession
 from .recorded import ReplayCounts, content_key, is_async_recorder, linked_execution_factory, load_record
+
+try:
+    import httpx
+except ModuleNotFoundError as e:
+    raise ExtraNotInstalledError(__name__, "openai", e.name) from None
 
 # Response headers not kept: the body is stored decoded and whole, and cookies are secrets.
 _DROPPED_RESPONSE_HEADERS = frozenset(

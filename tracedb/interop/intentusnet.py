@@ -531,9 +531,11 @@ def to_intentusnet_record(record: ExecutionRecord):
     try:
         from intentusnet.recording.models import ExecutionRecord as IntentusNetRecord
     except ImportError:
+        from ..program import pip_install
+
         raise UsageError(
             "the intentusnet package is not installed",
-            hint="pip install intentusnet, or use to_intentusnet_dict() for its JSON form",
+            hint=f"`{pip_install('intentusnet')}`, or use to_intentusnet_dict() for its JSON form",
         ) from None
     return IntentusNetRecord.from_dict(to_intentusnet_dict(record))
 

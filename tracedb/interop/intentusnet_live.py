@@ -64,8 +64,9 @@ _install_lock = threading.Lock()
 def _require_package() -> None:
     if IntentRouter is None:
         from ..errors import UsageError
+        from ..program import pip_install
 
-        raise UsageError("the intentusnet package is not installed", hint="pip install intentusnet")
+        raise UsageError("the intentusnet package is not installed", hint=f"`{pip_install('intentusnet')}`")
 
 
 class LiveExecutionRecorder(InMemoryExecutionRecorder or object):

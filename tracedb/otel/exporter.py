@@ -24,12 +24,15 @@ import threading
 from collections import OrderedDict
 from typing import Optional, Sequence
 
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-from ..errors import ExecutionClosedError, ExecutionExistsError, InvalidInputError, TraceDBError
+from ..errors import ExecutionClosedError, ExecutionExistsError, ExtraNotInstalledError, InvalidInputError, TraceDBError
 from ..record import STATUS_COMPLETED, STATUS_RUNNING
 from . import mapping as M
 from .ingest import KEEP_CLOSED_TRACES, TraceEntry
+
+try:
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+except ModuleNotFoundError as e:
+    raise ExtraNotInstalledError(__name__, "otel", e.name) from None
 
 log = logging.getLogger("tracedb.otel")
 

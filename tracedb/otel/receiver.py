@@ -28,6 +28,7 @@ import orjson
 
 from ..asgi import is_loopback
 from ..errors import ConfigError, RecordingFailedError, StoreClosedError, TraceDBError
+from ..program import extra_hint
 from . import mapping as M
 from .ingest import SpanIngest
 
@@ -39,7 +40,7 @@ DEFAULT_MAX_INFLIGHT_REQUESTS = 64
 RETRY_AFTER_S = 1
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-INSTALL_HINT = "pip install 'tracedb[otel]'"
+INSTALL_HINT = extra_hint("otel")
 
 # google.rpc.Code numbers for the Status body.
 _INVALID_ARGUMENT = 3

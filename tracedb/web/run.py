@@ -19,6 +19,7 @@ from .. import db
 from ..asgi import HttpEndpoint, is_loopback
 from ..config import DEFAULT_DATA_DIR, Config
 from ..errors import ConfigError
+from ..program import program
 from ..reads import AsyncReader
 from .app import create_app
 
@@ -49,7 +50,7 @@ def address(host: str, port: int, token: Optional[str] = None) -> str:
 
 def replay_command(cfg: Config) -> str:
     """The replay command a page offers to copy, naming the store this view reads."""
-    parts = ["tracedb"]
+    parts = shlex.split(program())
     if cfg.db_url:
         parts += ["--db", db.describe(cfg.db_url)]
     elif os.path.normpath(cfg.data_dir) != DEFAULT_DATA_DIR:
