@@ -228,17 +228,14 @@ def test_serve_refuses_a_remote_http_host_without_allow_remote_and_a_token(tmp_p
 
 
 def test_ids_with_slashes_and_url_characters_have_pages(tmp_path):
+    # Ids earlier versions accepted (new executions can no longer take them) keep their pages.
     from urllib.parse import quote
 
-    import tracedb
+    from tests.legacy_ids import record_legacy
 
     data_dir = str(tmp_path / "odd")
     odd = ["team/a", "q?x#y", "pct%41&b=c", "ends/rows", "ends"]
-    with tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0}) as store:
-        for eid in odd:
-            ex = store.start("Odd", {"intent": "Odd"}, eid)
-            ex.event("tool.requested", {"id": eid})
-            ex.finish({"status": "success"})
+    record_legacy(data_dir, odd, intent="Odd")
     ui = UiProcess("--data-dir", data_dir)
     try:
         listing = _get(ui.url).text
