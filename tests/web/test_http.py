@@ -85,7 +85,10 @@ def test_unknown_ids_and_paths_are_404_pages(ui):
                  "api/live?id=exec-nope", "diff?a=exec-nope&b=exec-ok"):
         r = _get(url + path)
         assert r.status_code == 404, path
-        assert "404" in r.text and "<html" in r.text
+        if path.startswith("api/"):  # what the page's script fetches: the same error as JSON
+            assert r.json()["error"]["status"] == 404 and r.json()["error"]["message"], path
+        else:
+            assert "404" in r.text and "<html" in r.text
     assert _get(url + f"api/event?id={ids['ok']}&seq=zero").status_code == 400
     assert _get(url + "api/rows").status_code == 400  # no id
     assert _get(url + "diff?a=exec-ok-0001").status_code == 400
