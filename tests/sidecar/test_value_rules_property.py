@@ -372,3 +372,27 @@ def test_an_execution_id_that_is_false_is_refused_by_the_clients_as_by_the_store
     r = recorders
     assert sync_case(r.embedded, "id", eid, "unused") == REFUSED
     assert sync_case(r.client, "id", eid, "unused") == REFUSED
+
+
+@pytest.mark.xfail(strict=True, reason="the clients encode with orjson's defaults, which write a datetime "
+                   "as ISO 8601 (tracedb/sidecar/client.py); the store refuses one in a payload")
+def test_a_datetime_in_a_payload_is_refused_by_the_clients_as_by_the_store(recorders):
+    from datetime import datetime, timezone
+
+    r = recorders
+    when = {"at": datetime(2026, 1, 15, tzinfo=timezone.utc)}
+    assert sync_case(r.embedded, "payload", when, f"prop-{next(_n)}") == REFUSED
+    assert sync_case(r.client, "payload", when, f"prop-{next(_n)}") == REFUSED
+
+
+@pytest.mark.xfail(strict=True, reason="an envelope's datetime is stored as its str() in-process (as "
+                   "IntentusNet hashes it) and as ISO 8601 by the clients (orjson's default), so the two "
+                   "record different envelope hashes for one envelope (tracedb/sidecar/client.py)")
+def test_an_envelope_holding_a_datetime_gets_one_hash_on_every_way_in(recorders):
+    from datetime import datetime, timezone
+
+    r = recorders
+    env = {"intent": "I", "at": datetime(2026, 1, 15, tzinfo=timezone.utc)}
+    embedded = r.embedded.start("I", env, f"prop-{next(_n)}")
+    client = r.client.start("I", env, f"prop-{next(_n)}")
+    assert client.envelope_hash == embedded.envelope_hash
