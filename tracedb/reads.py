@@ -46,6 +46,7 @@ from .pending import load as load_pending
 from .record import REASON_EXECUTION_INCOMPLETE, REASON_RECORD_CORRUPTED
 from .replay.exact import ReplayEngine, ReplayResult, record_problems, value_problems
 from .replay.parity import TraceDiff, diff_traces
+from .validation import ID_LENGTH, INTENT_LENGTH
 
 TimeArg = Union[None, int, float, datetime]
 
@@ -78,19 +79,56 @@ def _newest_first():
     return (traces.c.created_at_ns.desc(), traces.c.execution_id.desc())
 
 
+# Times are nanoseconds since the epoch in a 64-bit column: a bound outside cannot be compared.
+NS_MIN = -(1 << 63)
+NS_MAX = (1 << 63) - 1
+# A search longer than any intent finds nothing, and SQLite refuses a LIKE pattern past 50,000
+# bytes ("LIKE or GLOB pattern too complex"): 1,024 characters escaped stay far below.
+SEARCH_LENGTH = INTENT_LENGTH
+
+
+def position(cursor: str) -> tuple[int, str]:
+    """(created_at_ns, execution_id) of a page cursor, as a bound a query can compare with: a
+    cursor holding a time past 64 bits, or an id no execution can have, is not one a page wrote."""
+    ns, execution_id = decode_cursor(cursor)
+    if not NS_MIN <= ns <= NS_MAX or len(execution_id) > ID_LENGTH or "\x00" in execution_id:
+        raise InvalidInputError(f"{cursor[:80]!r} is not a page cursor", hint="copy the cursor printed with the previous page")
+    return ns, execution_id
+
+
+def _checked_search(search: Optional[str]) -> Optional[str]:
+    if search is not None and len(search) > SEARCH_LENGTH:
+        raise InvalidInputError(
+            f"the search is {len(search)} characters long; an intent has at most {SEARCH_LENGTH}",
+            hint="search for a part of the intent",
+        )
+    return search
+
+
 def to_ns(value: TimeArg, name: str) -> Optional[int]:
-    """A time argument as nanoseconds: an aware datetime, or seconds since the epoch."""
+    """A time argument as nanoseconds: an aware datetime, or seconds since the epoch, within
+    what the store's 64-bit times hold (InvalidInputError otherwise)."""
     if value is None:
         return None
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise InvalidInputError(
-                f"{name} must be timezone-aware", hint="use datetime.now(timezone.utc) or an ISO time with Z"
-            )
-        return int(value.timestamp() * 1e9)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(value * 1e9)
-    raise InvalidInputError(f"{name} must be a datetime or seconds since the epoch, not {type(value).__name__}")
+    try:
+        if isinstance(value, datetime):
+            if value.tzinfo is None:
+                raise InvalidInputError(
+                    f"{name} must be timezone-aware", hint="use datetime.now(timezone.utc) or an ISO time with Z"
+                )
+            ns = int(value.timestamp() * 1e9)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            ns = int(value * 1e9)
+        else:
+            raise InvalidInputError(f"{name} must be a datetime or seconds since the epoch, not {type(value).__name__}")
+    except (OverflowError, ValueError):
+        ns = None
+    if ns is None or not NS_MIN <= ns <= NS_MAX:
+        raise InvalidInputError(
+            f"{name} is outside the times the store can hold",
+            hint="give a time from 1677-09-22 to 2262-04-11 (nanoseconds since 1970 in 64 bits)",
+        )
+    return ns
 
 
 def damage(row, steps) -> tuple[list[int], list[str]]:
@@ -334,7 +372,7 @@ class Filter:
         if self.intent is not None:
             q = q.where(traces.c.intent == self.intent)
         if self.search:
-            q = q.where(traces.c.intent.icontains(self.search, autoescape=True))
+            q = q.where(traces.c.intent.icontains(_checked_search(self.search), autoescape=True))
         return q
 
 
@@ -529,7 +567,7 @@ def _page_stmt(where: Filter, before: Optional[str], n: int):
     )
     q = where.apply(sa.select(*_summary_cols(), last_at.label("last_event_at_ns")))
     if before is not None:
-        ns, execution_id = decode_cursor(before)
+        ns, execution_id = position(before)
         q = q.where(sa.tuple_(traces.c.created_at_ns, traces.c.execution_id) < sa.tuple_(ns, execution_id))
     return q.order_by(*_newest_first()).limit(n)
 
@@ -741,7 +779,7 @@ def _merged(rows: list, pending: Pending, where: Filter, before: Optional[str], 
     items = [TraceSummary.from_row(_mapping(r)) for r in rows]
     if not pending:
         return items
-    cut = decode_cursor(before) if before is not None else None
+    cut = position(before) if before is not None else None
     # Only the newest n of the pending rows can be on the page: make those alone.
     keys = sorted(
         ((row["created_at_ns"], eid) for eid, row in pending.rows.items()
@@ -768,7 +806,7 @@ def _filter_args(where: Filter) -> dict:
         raise InvalidInputError(f"unknown status {where.status!r}", hint="one of " + ", ".join(STATUSES))
     return {
         "status": where.status, "since_ns": to_ns(where.since, "since"), "until_ns": to_ns(where.until, "until"),
-        "intent": where.intent, "search": where.search, "replayable": where.replayable,
+        "intent": where.intent, "search": _checked_search(where.search), "replayable": where.replayable,
     }
 
 
@@ -903,7 +941,7 @@ class Reader:
         pending = self.pending
         if self._lite is not None:
             args = _filter_args(where)
-            cut = None if before is None else decode_cursor(before)
+            cut = None if before is None else position(before)
             with self._lite_lock:
                 rows = sqlite_reads.page_rows(self._lite, **args, before=cut, limit=n, leave_out=tuple(pending.rows))
         else:

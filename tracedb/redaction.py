@@ -7,7 +7,15 @@ sync and asyncio APIs, the sidecar, imports. What the rules match never reaches 
 database, exports or logs:
 
 - `keys`: key names, at any depth, whose whole value becomes REDACTED ("[REDACTED]"). Names match
-  without regard to case, and "-" and "_" are the same ("API-Key" is "api_key").
+  without regard to case, "-", "_" or nothing between words ("API-Key", "api_key" and "apiKey"
+  are one name). A dotted name (an OpenTelemetry or OpenInference attribute) matches by its last
+  part ("llm.api_key"), and `http.request.header.<name>` (`http.response.header.`,
+  `rpc.request.header.`, `rpc.response.header.`, `rpc.grpc.request.metadata.`,
+  `rpc.grpc.response.metadata.`) by the header it names. A list of [name, value] pairs (a header
+  list as HTTP clients give it) is read as the mapping it spells. A string holding a JSON
+  object or array (`llm.invocation_parameters`, `input.value`, a tool call's arguments) is
+  parsed and the same rules apply inside it; if anything is redacted there, the string becomes
+  that document written back as compact JSON. Other text is for `patterns`.
 - `patterns`: regular expressions (Python syntax) over every string value (keys are not
   rewritten); each match becomes REDACTED.
 - `[redaction.intents.<intent>]`: more keys and patterns for the executions of one intent.
@@ -23,6 +31,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+import orjson
+
 from .errors import ConfigError
 from .record import REDACTED
 
@@ -31,9 +41,34 @@ DEFAULT_KEYS = (
     "secret", "client_secret", "access_token", "refresh_token", "id_token", "cookie", "set_cookie",
 )
 
+# Where OpenTelemetry puts a header (or gRPC metadata) as an attribute of its own: the part after
+# the prefix is the header's name, matched against the keys as a whole (it may hold dots).
+HEADER_PREFIXES = (
+    "http.request.header.", "http.response.header.", "rpc.request.header.", "rpc.response.header.",
+    "rpc.grpc.request.metadata.", "rpc.grpc.response.metadata.",
+)
+
 
 def _norm(key: str) -> str:
-    return key.lower().replace("-", "_")
+    # "API-Key", "api_key" and "apiKey" are one name.
+    return key.lower().replace("-", "").replace("_", "")
+
+
+def _secret_name(key: str, keys: frozenset) -> bool:
+    """Whether a key (of a mapping, or a name of a [name, value] pair) names a secret: the whole
+    name, its last dotted part ("llm.api_key", an OpenTelemetry attribute), or the header an
+    `http.request.header.<name>`-style attribute names."""
+    n = _norm(key)
+    if n in keys:
+        return True
+    if "." not in n:
+        return False
+    if n.rsplit(".", 1)[1] in keys:
+        return True
+    for prefix in HEADER_PREFIXES:
+        if n.startswith(prefix) and n[len(prefix):] in keys:
+            return True
+    return False
 
 
 _LEAVES = frozenset({str, int, float, bool, type(None)})
@@ -41,36 +76,91 @@ _LEAVES = frozenset({str, int, float, bool, type(None)})
 _SEEN_MAX = 65536
 
 
+def _is_pairs(value: Any) -> bool:
+    """A list of [name, value] pairs with string names: a header map in the form HTTP clients
+    give (httpx's multi_items, ASGI, OpenAI's recorded responses), read as the mapping it spells."""
+    for item in value:
+        if type(item) not in (list, tuple) or len(item) != 2 or not isinstance(item[0], str):
+            return False
+    return bool(value)
+
+
+# The first character of a string that may hold a JSON object or array.
+_JSON_START = frozenset("{[ \t\r\n")
+
+
+def _document(text: str) -> Any:
+    """The JSON object or array a string holds (an OpenInference `llm.invocation_parameters`,
+    a tool call's arguments), else None. orjson parses faster than any scan for key names."""
+    c = text[:1]
+    if c != "{" and c != "[":
+        if not c.isspace():
+            return None
+        c = text.lstrip()[:1]
+        if c != "{" and c != "[":
+            return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _text_has_key(text: str, secret: dict, keys: frozenset) -> bool:
+    doc = _document(text)
+    if doc is None or type(doc) not in (dict, list):
+        return False
+    try:
+        return _has_key(doc, secret, keys)
+    except RecursionError:
+        return True  # too deep to look into: redaction decides, and redacts it whole
+
+
 def _has_key(value: Any, secret: dict, keys: frozenset) -> bool:
-    """Whether a key of `keys` (normalised) names a value anywhere inside `value`; `secret`
-    caches the answer per key name."""
+    """Whether a key of `keys` (normalised) names a value anywhere inside `value`, a pair of a
+    header list included, or may inside a string holding a document; `secret` caches the
+    answer per key name."""
     t = type(value)
     if t is dict:
         items = value.items()
     elif t is list or t is tuple:
-        for v in value:
-            if type(v) not in _LEAVES and _has_key(v, secret, keys):
-                return True
-        return False
+        if value and type(value[0]) in (list, tuple) and _is_pairs(value):
+            items = value
+        else:
+            for v in value:
+                tv = type(v)
+                if tv is str:
+                    if v[:1] in _JSON_START and _text_has_key(v, secret, keys):
+                        return True
+                elif tv not in _LEAVES and _has_key(v, secret, keys):
+                    return True
+            return False
+    elif t is str:
+        return _text_has_key(value, secret, keys)
     elif t in _LEAVES:
         return False
     elif isinstance(value, Mapping):
         items = value.items()
     elif isinstance(value, (list, tuple)):
         return any(_has_key(v, secret, keys) for v in value)
+    elif isinstance(value, str):
+        return _text_has_key(value, secret, keys)
     else:
         return False
     seen = secret.get
     for k, v in items:
         hit = seen(k)
         if hit is None:
-            hit = isinstance(k, str) and _norm(k) in keys
+            hit = isinstance(k, str) and _secret_name(k, keys)
             if len(secret) >= _SEEN_MAX:
                 secret.clear()
             secret[k] = hit
         if hit:
             return True
-        if type(v) not in _LEAVES and _has_key(v, secret, keys):
+        tv = type(v)
+        if tv is str:
+            if v[:1] in _JSON_START and _text_has_key(v, secret, keys):
+                return True
+        elif tv not in _LEAVES and _has_key(v, secret, keys):
             return True
     return False
 
@@ -182,9 +272,9 @@ def redact(value: Any, rules: Rules) -> tuple[Any, bool]:
     """`value` with the rules applied, and whether anything changed. Containers are copied only
     where something inside them changed; `value` itself is never modified."""
     if isinstance(value, str):
-        if not rules.patterns:
-            return value, False
         out = value
+        if rules.keys and _text_has_key(value, rules.seen, rules.keys):
+            out = _redact_text(value, rules)
         for p in rules.patterns:
             out = p.sub(REDACTED, out)
         return out, out != value
@@ -192,7 +282,7 @@ def redact(value: Any, rules: Rules) -> tuple[Any, bool]:
         changed = False
         out = {}
         for k, v in value.items():
-            if isinstance(k, str) and _norm(k) in rules.keys:
+            if isinstance(k, str) and _is_secret(k, rules):
                 nv, c = REDACTED, v != REDACTED
             else:
                 nv, c = redact(v, rules)
@@ -200,8 +290,40 @@ def redact(value: Any, rules: Rules) -> tuple[Any, bool]:
             changed = changed or c
         return (out if changed else value), changed
     if isinstance(value, (list, tuple)):
-        items = [redact(v, rules) for v in value]
+        if rules.keys and _is_pairs(value):
+            items = [
+                ([p[0], REDACTED], p[1] != REDACTED) if _is_secret(p[0], rules) else _pair(p, rules)
+                for p in value
+            ]
+        else:
+            items = [redact(v, rules) for v in value]
         if any(c for _, c in items):
             return [v for v, _ in items], True
         return value, False
     return value, False
+
+
+def _is_secret(key: str, rules: Rules) -> bool:
+    hit = rules.seen.get(key)
+    if hit is None:
+        hit = _secret_name(key, rules.keys)
+        if len(rules.seen) >= _SEEN_MAX:
+            rules.seen.clear()
+        rules.seen[key] = hit
+    return hit
+
+
+def _pair(pair, rules: Rules) -> tuple[Any, bool]:
+    v, c = redact(pair[1], rules)
+    return ([pair[0], v] if c else pair), c
+
+
+def _redact_text(text: str, rules: Rules) -> str:
+    """A string holding a JSON document in which a key rule matches: the document redacted and
+    written back (compact JSON). One too deep to walk is redacted whole."""
+    doc = _document(text)
+    try:
+        out, changed = redact(doc, rules)
+    except RecursionError:
+        return REDACTED
+    return orjson.dumps(out).decode() if changed else text

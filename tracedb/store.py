@@ -77,6 +77,9 @@ from .validation import (
     payload_parsed,
     validate_event_type,
     validate_id,
+    validate_id_ref,
+    validate_intent,
+    validate_meta,
     validate_response,
     validate_text,
 )
@@ -492,8 +495,7 @@ class Store:
         The envelope hash is taken before redaction: replay with the original envelope verifies.
         """
         self._check_recording("start")
-        if not isinstance(intent, str) or not intent:
-            raise InvalidInputError(f"intent must be a non-empty string, got {intent!r}")
+        validate_intent(intent)
         if type(envelope) is not dict and not isinstance(envelope, Mapping):
             raise InvalidInputError(f"envelope must be a dict, not {type(envelope).__name__}")
         envelope = dict(envelope)
@@ -503,7 +505,9 @@ class Store:
         else:
             execution_id = new_execution_id()
         if parent_execution_id is not None:
-            validate_id(parent_execution_id, "parent_execution_id")
+            # The parent may be an execution recorded under the looser id rule of earlier versions.
+            validate_id_ref(parent_execution_id, "parent_execution_id")
+        validate_meta(meta)
         if forked_at_seq is not None:
             if parent_execution_id is None:
                 raise InvalidInputError("forked_at_seq needs a parent_execution_id")

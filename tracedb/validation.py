@@ -1,7 +1,8 @@
-"""What the store accepts: event types, ids, and the JSON encoding of caller values.
+"""What the store accepts: event types, ids, intents, and the JSON encoding of caller values.
 
-Every recording path (sync, asyncio, the sidecar's staged batches, imports) checks through these
-functions, so a value refused on one path is refused on all of them, before anything is written.
+Every recording path (sync, asyncio, the sidecar's staged batches, OTLP ingest, imports) checks
+through these functions, and the wire protocol's limits are these constants, so a value refused on
+one path is refused on all of them, before anything is written (docs/values.md).
 """
 
 from __future__ import annotations
@@ -19,17 +20,27 @@ from .record import CALL_EVENT_TYPES, ROUTER_EVENT_TYPES
 # refused at the API instead of in the database (the models declare the same lengths).
 ID_LENGTH = 128
 TYPE_LENGTH = 128
+# The intent is a name (it is listed, filtered on and shown on every page), not a payload.
+INTENT_LENGTH = 1024
+# Containers inside containers, counting the value itself: orjson writes at most 254, and every
+# client wraps a payload in its request once, so one level less is what every way in can carry.
+MAX_DEPTH = 253
 
 KNOWN_EVENT_TYPES = ROUTER_EVENT_TYPES | CALL_EVENT_TYPES
 # Matched with fullmatch: `$` would also match before a trailing newline ("myapp.step\n").
 NAMESPACED_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)+")
 PRINTABLE_ID = re.compile(r"[\x21-\x7e]+")
+# A new execution id: an id becomes a file name (`export -o DIR`, IntentusNet's <id>.json), a URL
+# path and a log field, so it is one safe name: no "/", never "." or ".." or hidden, no "..".
+NEW_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+ID_ALPHABET = "letters, digits and . _ : - (a letter or digit first, no '..')"
 
 # Payloads and responses: datetimes and dataclasses go through `default` (str) like the envelope.
 DUMP_OPTS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 # The envelope is hashed with json.dumps(default=str) (see record.compute_envelope_hash); it is
-# stored the same way, so that `verify` recomputes the same hash from the stored envelope.
-ENVELOPE_OPTS = DUMP_OPTS | orjson.OPT_NON_STR_KEYS
+# stored the same way (datetimes as their str()), so that `verify` recomputes the same hash from
+# the stored envelope. Keys must be strings, as in payloads: {1: "a"} would come back {"1": "a"}.
+ENVELOPE_OPTS = DUMP_OPTS
 
 _I64 = 1 << 63
 _NOT_JSON_HINT = "pass dicts, lists, strings, numbers, booleans and None only"
@@ -70,13 +81,60 @@ def validate_event_type(type_: Any) -> str:
     )
 
 
+def is_new_id(value: Any) -> bool:
+    """Whether `value` is an id a new execution may take: 1 to ID_LENGTH of `NEW_ID`'s
+    characters, never "..", so that it is safe as a file name everywhere."""
+    return (
+        isinstance(value, str) and 0 < len(value) <= ID_LENGTH and NEW_ID.fullmatch(value) is not None
+        and ".." not in value
+    )
+
+
 def validate_id(value: Any, name: str) -> str:
-    """An execution id: 1 to ID_LENGTH printable ASCII characters without spaces."""
-    if not isinstance(value, str) or not value or len(value) > ID_LENGTH or not PRINTABLE_ID.fullmatch(value):
+    """A new execution id (`is_new_id`); InvalidInputError naming `name` otherwise."""
+    if not is_new_id(value):
+        got = repr(value[:80] + "...") if isinstance(value, str) and len(value) > 80 else repr(value)[:100]
         raise InvalidInputError(
-            f"{name} must be 1 to {ID_LENGTH} printable ASCII characters without spaces, got {value!r}"
+            f"{name} must be 1 to {ID_LENGTH} {ID_ALPHABET}, got {got}",
+            hint="ids become file names and URL parts; tracedb makes one (exec-<uuid7>) when none is given",
         )
     return value
+
+
+def validate_id_ref(value: Any, name: str) -> str:
+    """An id that names an execution already recorded: any id ever accepted, those recorded
+    under the looser rule of earlier versions included (1 to ID_LENGTH printable ASCII
+    characters without spaces), so that they can still be read, closed and forked."""
+    if not isinstance(value, str) or not value or len(value) > ID_LENGTH or not PRINTABLE_ID.fullmatch(value):
+        raise InvalidInputError(
+            f"{name} must be an execution id (1 to {ID_LENGTH} printable ASCII characters), got {value!r:.100}"
+        )
+    return value
+
+
+def validate_intent(value: Any) -> str:
+    """An intent: 1 to INTENT_LENGTH characters, no NUL (PostgreSQL's text cannot hold one),
+    encodable as UTF-8 (no lone surrogates)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(f"intent must be a non-empty string, got {value!r:.100}")
+    if len(value) > INTENT_LENGTH:
+        raise InvalidInputError(
+            f"intent is {len(value)} characters long; at most {INTENT_LENGTH} are stored",
+            hint="the intent names what the execution does; put the rest in the envelope",
+        )
+    if "\x00" in value or (not value.isascii() and not _utf8(value)):
+        raise InvalidInputError(
+            f"intent {value!r:.100} holds a NUL or a lone surrogate, which cannot be stored",
+        )
+    return value
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def validate_text(value: Any, name: str) -> str:
@@ -84,6 +142,12 @@ def validate_text(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidInputError(f"{name} must be a non-empty string, got {value!r}")
     return value
+
+
+def validate_meta(meta: Any) -> None:
+    """A trace's `meta` (an importer's notes): None or a JSON object, checked as it is encoded."""
+    if meta is not None and not isinstance(meta, dict):
+        raise InvalidInputError(f"meta must be a JSON object (a dict), not {type(meta).__name__}")
 
 
 def validate_response(response: Any) -> dict:
@@ -192,7 +256,24 @@ def dumps(value: Any, what: str, opts: int = DUMP_OPTS, default=None) -> bytes:
     try:
         return orjson.dumps(value, default=default, option=opts)
     except TypeError as e:
+        if "Recursion limit" in str(e):
+            raise InvalidInputError(
+                f"{what} is nested deeper than {MAX_DEPTH} levels (or holds itself)",
+                hint="flatten it, or record the deep part as a JSON string",
+            ) from None
         raise InvalidInputError(f"{what} is not JSON-serialisable: {e}", hint=_NOT_JSON_HINT) from None
+
+
+# A value nested MAX_DEPTH + 1 deep has that many opening brackets, two bytes each with their
+# closing ones: shorter JSON text needs no count.
+_DEEP_BYTES = 2 * (MAX_DEPTH + 1)
+
+
+def check_depth(value: Any, text: bytes, what: str) -> None:
+    """Refuse `value`, written alone as `text`, when it is nested deeper than MAX_DEPTH: orjson
+    writes one level more, which a client wrapping it in a request could not send."""
+    if len(text) >= _DEEP_BYTES and text.count(b"[") + text.count(b"{") > MAX_DEPTH:
+        dumps((value,), what)
 
 
 def check_bare_float(payload: float, type_: str) -> None:
@@ -222,7 +303,14 @@ def payload_parsed(payload: Any, type_: str) -> tuple[bytes, Any]:
     what = _PAYLOAD_WHAT.get(type_)
     if what is None:
         what = _payload_what(type_)
-    return dumps_parsed(payload, what)
+    out = dumps_parsed(payload, what)
+    check_depth(payload, out[0], what)
+    return out
+
+
+def check_response(response: Any) -> None:
+    """Refuse a final response the store could not record (as its record wraps it once)."""
+    dumps_checked((response,), "final response")
 
 
 # "payload of event 'llm.requested'", per event type: the description errors name, made once.

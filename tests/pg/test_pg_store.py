@@ -81,18 +81,30 @@ def test_recording_and_reading_seed_002_on_postgresql(open_pg_store):
     assert store.verify().ok
 
 
-def test_a_nul_character_in_an_intent_does_not_stop_compaction(open_pg_store):
-    # PostgreSQL text cannot hold NUL; a record that could never be applied would wedge the
-    # recorder's compaction for good.
+def test_a_nul_character_in_an_intent_is_refused_and_one_in_the_wal_does_not_stop_compaction(
+        open_pg_store, pg_url, tmp_path):
+    # PostgreSQL text cannot hold NUL: an intent with one is refused on every backend, before
+    # anything is written; inside JSON values a NUL is kept, escaped.
     store = open_pg_store()
-    ex = store.start("Odd\x00Intent", {"k": "v\x00w"})
+    with pytest.raises(tracedb.InvalidInputError, match="NUL"):
+        store.start("Odd\x00Intent", {"k": "v"})
+    ex = store.start("Odd", {"k": "v\x00w"})
     ex.finish({"text": "a\x00b"})
-    after = store.start("Next", {})
     rec = store.get(ex.execution_id)
-    assert rec.intent == "Odd\ufffdIntent"
-    assert rec.envelope == {"k": "v\x00w"}  # JSON keeps it, escaped
+    assert rec.envelope == {"k": "v\x00w"}
     assert rec.finalResponse == {"text": "a\x00b"}
-    assert store.get(after.execution_id).status == "running"
+    assert [t.intent for t in store.list()] == ["Odd"]
+    store.close()
+    # A record an earlier version accepted with such an intent is still applied (the NUL stored
+    # as U+FFFD), rather than wedging the recorder's compaction for good.
+    from tests.legacy_ids import record_legacy
+
+    data = str(tmp_path / "legacy")
+    record_legacy(data, ["exec-nul"], intent="Odd\x00Intent", config={"db_url": pg_url})
+    with tracedb.open(data, config={"db_url": pg_url, "compact_interval_ms": 0, "idle_timeout_s": 0}) as again:
+        assert again.get("exec-nul").intent == "Odd\ufffdIntent"
+        after = again.start("Next", {})
+        assert again.get(after.execution_id).status == "running"
 
 
 def test_recovery_after_a_crash_marks_only_that_recorders_executions(open_pg_store, pg_url, tmp_path, children):

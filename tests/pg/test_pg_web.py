@@ -108,3 +108,30 @@ def test_tracedb_ui_with_db_serves_a_fleets_database(open_pg_store, pg_url, tmp_
         assert counts == {"running": 1, "completed": 2, "incomplete": 0, "invalidated": 1}
     finally:
         assert ui.stop() == 0
+
+
+def test_no_generated_query_gets_a_500_on_postgresql(open_pg_store, pg_url):
+    # The property test of tests/web/test_query_params.py, on PostgreSQL: what psycopg refuses
+    # (a NUL in a bound string, an integer past 64 bits) is refused before it is bound.
+    from hypothesis import HealthCheck, given, settings
+
+    from tests.web.query_fuzz import check_answer, requests
+    from tests.web.test_query_params import AppOn
+
+    store = open_pg_store()
+    _record(store)
+    app = AppOn(load_config(overrides={"db_url": pg_url, "data_dir": store.config.data_dir}))
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(requests())
+    def no_500(request_bytes):
+        raw_path, query = request_bytes
+        check_answer(raw_path, query, *app.get(raw_path, query))
+
+    try:
+        no_500()
+        for path, query in ((b"/", b"since=1677-09-22&until=2262-04-11&q=%25_"), (b"/e/exec-ok", b""),
+                            (b"/api/event", b"id=exec-ok&seq=1")):
+            assert app.get(path, query)[0] == 200, (path, query)
+    finally:
+        app.close()

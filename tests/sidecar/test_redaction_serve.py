@@ -57,3 +57,25 @@ def test_secrets_sent_to_serve_never_reach_the_disk_across_a_crash(serve_process
     assert files_holding(tdir, *COMMON) == {}
     for secret in COMMON:
         assert secret not in err  # nor in its logs
+
+
+def test_the_ecosystems_key_forms_sent_to_serve_are_redacted_and_a_resend_is_recognised(serve_process, tdir):
+    # Default rules: OpenTelemetry header attributes, dotted and camelCase names, header pairs,
+    # JSON text. A resent event holding them is the recorded one, not a conflict.
+    from tests.store.redaction_config import ECOSYSTEM_SECRETS, check_ecosystem_payload, ecosystem_payload
+
+    secrets = tuple(ECOSYSTEM_SECRETS.values())
+    srv = serve_process()
+    with connect("unix:" + srv.socket) as client:
+        client.start("Research", {"intent": "Research"}, "exec-eco")
+        assert client.event("exec-eco", "tool.requested", ecosystem_payload(), seq=1) == 1
+        assert client.event("exec-eco", "tool.requested", ecosystem_payload(), seq=1) == 1  # a resend
+        assert client.finish("exec-eco", {"status": "success", "payload": ecosystem_payload()}, seq=2) == 2
+        rec = client.get("exec-eco")
+    assert [e.type for e in rec.events] == ["tool.requested", "FINAL_RESPONSE"]
+    check_ecosystem_payload(rec.events[0].payload)
+    check_ecosystem_payload(rec.finalResponse["payload"])
+    code, err = srv.terminate()
+    assert code == 0, err
+    assert files_holding(tdir, *secrets) == {}
+    assert [s for s in secrets if s in err] == []

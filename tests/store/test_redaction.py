@@ -219,3 +219,53 @@ def test_keys_inside_an_orjson_fragment_are_redacted_too(tmp_path):
         # A key that only looks like one in the caller's text (a backslash in a plain key) is kept.
         assert events[2].payload == {"deep": [{"ok": {"Pass\\u0077ord": 1}}], "n": 7}
     assert files_holding(str(tmp_path / "d"), "sekret-one-81723", "sekret-two-55120") == {}
+
+
+def test_the_ecosystems_key_forms_are_redacted_on_the_sync_asyncio_and_import_paths(tmp_path):
+    # OpenTelemetry's header attributes, dotted and camelCase names, header lists of pairs, and
+    # JSON text (OpenInference's llm.invocation_parameters), under the default rules.
+    from .redaction_config import (
+        ECOSYSTEM_SECRETS,
+        check_ecosystem_attributes,
+        check_ecosystem_payload,
+        ecosystem_payload,
+    )
+
+    secrets = tuple(ECOSYSTEM_SECRETS.values())
+    env = {"intent": "Research", "resource": ecosystem_payload()["otel"]["attributes"]}
+    data = str(tmp_path / "data")
+    with tracedb.open(data, config={"compact_interval_ms": 0, "idle_timeout_s": 0}) as store:
+        ex = store.start("Research", env)
+        ex.event("tool.requested", ecosystem_payload())
+        ex.finish({"status": "success", "payload": ecosystem_payload()})
+        assert files_holding(data, *secrets) == {}  # the WAL alone, before compaction
+        store.compact()
+        rec = store.get(ex.execution_id)
+    check_ecosystem_payload(rec.events[0].payload)
+    check_ecosystem_payload(rec.finalResponse["payload"])
+    check_ecosystem_attributes(rec.envelope["resource"])
+    assert rec.to_dict()["redacted"]["events"]["1"]
+
+    async def record_async():
+        async with await tracedb.open_async(str(tmp_path / "async"), config={"compact_interval_ms": 0}) as astore:
+            aex = await astore.start("Research", env)
+            await aex.event("tool.requested", ecosystem_payload())
+            await aex.finish({"status": "success"})
+            return (await astore.get(aex.execution_id)).events[0].payload
+
+    check_ecosystem_payload(asyncio.run(record_async()))
+
+    from tests.interop.test_intentusnet import record_dict
+
+    records = tmp_path / "records"
+    records.mkdir()
+    imported = record_dict("exec-eco")
+    imported["events"][0]["payload"] = ecosystem_payload()
+    (records / "exec-eco.json").write_text(json.dumps(imported, indent=2))
+    runner = CliRunner()
+    out = runner.invoke(main, ["--data-dir", data, "import", "intentusnet", str(records)])
+    assert out.exit_code == 0, out.output
+    exported = runner.invoke(main, ["--data-dir", data, "export", "--all", "--format", "intentusnet"]).stdout
+    assert "exec-eco" in exported and [s for s in secrets if s in exported] == []
+    for d in (data, str(tmp_path / "async")):
+        assert files_holding(d, *secrets) == {}

@@ -8,7 +8,7 @@ from typing import Optional
 
 import click
 
-from ..errors import EXIT_ERROR, InvalidInputError
+from ..errors import EXIT_ERROR
 from .main import config_of, emit_json, json_option, main, progress_bar, reading
 
 
@@ -65,14 +65,33 @@ def import_intentusnet(ctx, directory, workers, as_json):
         ctx.exit(EXIT_ERROR)
 
 
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_atomic(path: str, text: str) -> None:
-    # Written aside, flushed, then renamed: a reader (or IntentusNet) never sees half a file.
+    # Written aside, flushed, then renamed: a reader (or IntentusNet) never sees half a file;
+    # the directory is synced so that the rename itself survives a crash.
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def file_name_of(execution_id: str) -> Optional[str]:
+    """`<id>.json`, or None when that would not be a visible file inside the directory. Every id
+    accepted now is a safe name (tracedb.validation.validate_id); ids recorded under the looser
+    rule of earlier versions may not be ("a/b", "../x", ".hidden")."""
+    if "/" in execution_id or "\\" in execution_id or execution_id.startswith("."):
+        return None
+    return f"{execution_id}.json"
 
 
 @main.command("export")
@@ -123,19 +142,23 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
                                "does not exist")
 
     n = 0
+    skipped: list = []
     with reading(ctx) as reader, progress_bar("exporting") as progress:
         # With --all the ids come a page at a time: memory holds a page of ids and one record.
         ids = (i.execution_id for i in reader.each(judge=False)) if all_ else map(reader.resolve, execution_ids)
         total = reader.count() if all_ and progress is not None else len(execution_ids)
-        if to_dir is not None:
+        if to_dir is not None and not os.path.isdir(to_dir):
             os.makedirs(to_dir, exist_ok=True)
+            _fsync_dir(os.path.dirname(os.path.abspath(to_dir)))
         for eid in ids:
-            if to_dir is not None and ("/" in eid or "\\" in eid or eid.startswith(".")):
-                # The id becomes a file name: it must not point outside the directory.
-                raise InvalidInputError(
-                    f"execution id {eid!r} cannot be a file name in {to_dir}",
-                    hint="export it alone with --output FILE",
-                )
+            name = file_name_of(eid) if to_dir is not None else None
+            if to_dir is not None and name is None:
+                # The id becomes a file name: one that would point outside the directory (or
+                # hide there) is named and left out; the others are written.
+                skipped.append(eid)
+                click.echo(f"skipped: {eid!r} cannot be a file name in {to_dir}; "
+                           f"export it alone with --output FILE", err=True)
+                continue
             if fmt in ("otlp-json", "intentusnet"):
                 timeline = reader.timeline(eid)
                 times = {t.seq: t.recorded_at_ns for t in timeline.event_times}
@@ -153,7 +176,9 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
                 continue
             # IntentusNet's FileExecutionStore writes json.dump(..., ensure_ascii=False, indent=2).
             text = json.dumps(doc, ensure_ascii=False, indent=2)
-            _write_atomic(os.path.join(to_dir, f"{eid}.json") if to_dir else output, text)
+            _write_atomic(os.path.join(to_dir, name) if to_dir else output, text)
     if output is not None:
         where = to_dir if to_dir is not None else output
-        click.echo(f"wrote {n} execution(s) to {where}", err=True)
+        click.echo(f"wrote {n} execution(s) to {where}" + (f"; skipped {len(skipped)}" if skipped else ""), err=True)
+    if skipped:
+        ctx.exit(EXIT_ERROR)

@@ -76,6 +76,7 @@ from ..record import (
     normalize_envelope_hash,
     stored_envelope_hash,
 )
+from ..validation import MAX_DEPTH
 
 TYPE_PREFIX = "intentusnet."
 # The time an event was recorded, which tracedb's export adds to each event (IntentusNet's own
@@ -302,14 +303,21 @@ def _event_times(eid: str, raw_events: list) -> Optional[tuple]:
 
 def record_dict(record: Any) -> dict:
     """An IntentusNet ExecutionRecord (or its dict) as plain JSON values."""
-    if isinstance(record, dict):
+    if not isinstance(record, dict):
+        to_dict = getattr(record, "to_dict", None)
+        if to_dict is None:
+            raise InvalidInputError(
+                f"expected an IntentusNet ExecutionRecord or its dict, not {type(record).__name__}"
+            )
+        record = to_dict()
+    try:
         return to_plain(record)
-    to_dict = getattr(record, "to_dict", None)
-    if to_dict is None:
+    except RecursionError:
+        # Far deeper than any value the store takes (tracedb.validation.MAX_DEPTH): refused
+        # like one, not a crash of the whole import.
         raise InvalidInputError(
-            f"expected an IntentusNet ExecutionRecord or its dict, not {type(record).__name__}"
-        )
-    return to_plain(to_dict())
+            f"the record is nested deeper than {MAX_DEPTH} levels", hint="flatten the deep part of it"
+        ) from None
 
 
 HEADER_KEYS = ("createdUtcIso", "envelopeHash", "replayable", "replayableReason")
@@ -665,6 +673,8 @@ def _import_file(store, directory: str, name: str) -> tuple[str, int]:
             data = json.load(f)
     except (OSError, ValueError) as e:
         raise InvalidInputError(f"cannot read {name}: {e}") from None
+    except RecursionError:
+        raise InvalidInputError(f"cannot read {name}: it is nested deeper than {MAX_DEPTH} levels") from None
     eid = data.get("header", {}).get("executionId") if isinstance(data, dict) else None
     if isinstance(eid, str) and eid + ".json" != name:
         raise InvalidInputError(

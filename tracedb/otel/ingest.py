@@ -62,7 +62,7 @@ class IngestResult:
 class TraceEntry:
     """What the ingest knows of one trace."""
 
-    __slots__ = ("execution_id", "spans", "status", "ready", "start")
+    __slots__ = ("execution_id", "spans", "status", "ready", "start", "refused")
 
     def __init__(self, execution_id: str):
         self.execution_id = execution_id
@@ -70,6 +70,7 @@ class TraceEntry:
         self.status: Optional[str] = None  # None until resolved
         self.ready: Optional[asyncio.Future] = None  # set while it is looked up off the loop
         self.start = None  # a reserved StagedStart waiting to be staged
+        self.refused: Optional[str] = None  # why its execution cannot be started (intent, envelope)
 
 
 class SpanIngest:
@@ -188,6 +189,11 @@ class SpanIngest:
                     starts.append((entry, store.reserve_start(intent, M.envelope_of(group[0], intent), entry.execution_id)))
                 except ExecutionExistsError:
                     starts.append((entry, None))  # the store holds it: an execution this ingest forgot
+                except InvalidInputError as e:
+                    # Its resource or service name cannot be stored (the same rules as every
+                    # other way in): its spans are rejected, the rest of the request is not.
+                    entry.refused = str(e)
+                    entry.status = "refused"
             stored = self._in_database([e.execution_id for e, start in starts if start is not None])
         except BaseException:
             for _entry, start in starts:
@@ -235,6 +241,9 @@ class SpanIngest:
         store = self.store
         eid = entry.execution_id
         for span in group:
+            if entry.refused is not None:
+                result.rejected.append(f"span {span.span_id}: {entry.refused}")
+                continue
             if span.span_id in entry.spans:
                 result.duplicates += 1
                 continue

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Optional
 import orjson
 
 from ..record import LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED
-from ..validation import dumps_checked, payload_json
+from ..validation import check_response, payload_json
 
 EXECUTION_PREFIX = "otel-"
 SPAN_EVENT = "otel.span"
@@ -475,7 +475,7 @@ def check_storable(events: list[tuple[str, dict]], final: Optional[dict]) -> Non
     for type_, payload in events:
         payload_json(payload, type_)
     if final is not None:
-        dumps_checked(final, "final response")
+        check_response(final)
 
 
 def link_request_seq(events: list[tuple[str, dict]], first_seq: int) -> None:

@@ -12,6 +12,9 @@ from typing import Any, Optional
 
 import orjson
 
+from ..errors import InvalidInputError
+from ..validation import ID_LENGTH, INTENT_LENGTH, TYPE_LENGTH, validate_id_ref
+
 PROTOCOL_VERSION = 1
 
 # Limits, with the defaults documented in docs/protocol.md.
@@ -26,9 +29,10 @@ DEFAULT_SOCKET_NAME = "tracedb.sock"
 DEFAULT_TCP_PORT = 7411
 
 MAX_ID_CHARS = 256
-MAX_EXECUTION_ID_CHARS = 128
-MAX_TYPE_CHARS = 128
-MAX_INTENT_CHARS = 1024
+# The store's own limits (tracedb.validation): a value the wire takes, the store takes.
+MAX_EXECUTION_ID_CHARS = ID_LENGTH
+MAX_TYPE_CHARS = TYPE_LENGTH
+MAX_INTENT_CHARS = INTENT_LENGTH
 MAX_REASON_CHARS = 4096
 
 # Error codes: stable, documented, the only values of `error.code`.
@@ -60,7 +64,6 @@ ERROR_CODES = (
 OPS = ("hello", "ping", "start", "event", "finish", "invalidate", "abandon", "recording_failure", "get")
 WRITE_OPS = frozenset({"start", "event", "finish", "invalidate", "abandon", "recording_failure"})
 
-_EXECUTION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]*\Z")
 _OPT = orjson.OPT_APPEND_NEWLINE
 
 
@@ -213,13 +216,15 @@ def req_str(req: dict, name: str, max_chars: int, *, required: bool = True) -> O
 
 
 def req_execution_id(req: dict, name: str = "execution_id", *, required: bool = True) -> Optional[str]:
-    """An execution id field: 1..128 characters, letters, digits and ._:@/+=- (not first)."""
+    """An execution id field: a string that can name an execution (`validate_id_ref`). What a
+    new execution's id must be beyond that (`tracedb.validation.validate_id`) the store checks
+    as it checks an id given in-process: one rule, one message, on every way in."""
     v = req_str(req, name, MAX_EXECUTION_ID_CHARS, required=required)
-    if v is not None and not _EXECUTION_ID_RE.match(v):
-        raise _bad(
-            f"`{name}` may hold only letters, digits and . _ : @ / + = - "
-            "and must start with a letter or digit"
-        )
+    if v is not None:
+        try:
+            validate_id_ref(v, f"`{name}`")
+        except InvalidInputError as e:
+            raise _bad(e.message) from None
     return v
 
 

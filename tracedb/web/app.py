@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import hmac
 import os
+import re
 from datetime import datetime, timezone
 from typing import Optional, Sequence
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, unquote_to_bytes, urlencode
 
 import orjson
 from starlette.applications import Starlette
@@ -38,11 +39,13 @@ from ..errors import (
     AmbiguousExecutionIdError,
     DatabaseUnavailableError,
     ExecutionNotFoundError,
+    InvalidInputError,
     TraceDBError,
 )
 from ..paging import DEFAULT_PAGE_SIZE, decode_cursor
-from ..reads import AsyncReader, Filter
+from ..reads import NS_MAX, NS_MIN, AsyncReader, Filter
 from ..record import STATUS_RUNNING, STATUSES, utc_iso
+from ..validation import ID_LENGTH, INTENT_LENGTH
 from . import pages
 from .timeline import layout
 
@@ -81,22 +84,100 @@ def _json(value, status: int = 200) -> Response:
                     headers={"cache-control": "no-store"})
 
 
+_TIME_HINT = "give an ISO time (2026-01-15T10:30:00Z) or an age back from now (2h, 7d)"
+# What a time filter can be compared with: nanoseconds since the epoch in 64 bits.
+_TIME_RANGE_HINT = "give a time from 1677-09-22 to 2262-04-11 (what nanoseconds since 1970 in 64 bits hold)"
+
+
 def parse_time(text: str, name: str) -> datetime:
-    """An ISO time (no zone: UTC) or an age back from now (2h, 7d), as the CLI takes them."""
+    """An ISO time (no zone: UTC) or an age back from now (2h, 7d), as the CLI takes them, within
+    the times the store can hold."""
     try:
         dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+        dt = dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
     except ValueError:
-        pass
+        try:
+            seconds = datetime.now(timezone.utc).timestamp() - parse_duration_s(text)
+        except TraceDBError:
+            raise BadRequest(f"{name}={_shown(text)} is not a time", hint=_TIME_HINT) from None
+        try:
+            dt = datetime.fromtimestamp(seconds, tz=timezone.utc)
+        except (ValueError, OverflowError, OSError):
+            raise BadRequest(f"{name}={_shown(text)} is too long ago", hint=_TIME_RANGE_HINT) from None
     try:
-        return datetime.fromtimestamp(datetime.now(timezone.utc).timestamp() - parse_duration_s(text), tz=timezone.utc)
-    except TraceDBError:
-        raise BadRequest(f"{name}={text!r} is not a time",
-                         hint="give an ISO time (2026-01-15T10:30:00Z) or an age back from now (2h, 7d)") from None
+        # As the read API turns it into nanoseconds (reads.to_ns).
+        ns = int(dt.timestamp() * 1e9)
+    except (ValueError, OverflowError):
+        ns = None
+    if ns is None or not NS_MIN <= ns <= NS_MAX:
+        raise BadRequest(f"{name}={_shown(text)} is outside the times the store can hold", hint=_TIME_RANGE_HINT)
+    return dt
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """A parameter's value as a message quotes it: repr, cut short."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+# -- the query string ----------------------------------------------------------------------------
+
+_BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+
+
+def _decoded(raw: bytes, what: str) -> str:
+    """One percent-encoded part of a URL, strictly: well-formed escapes, UTF-8, no NUL."""
+    if _BAD_ESCAPE.search(raw) is not None:
+        raise BadRequest(f"{what} holds a malformed percent-escape", hint="escape '%' as %25")
+    try:
+        text = unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"{what} is not UTF-8 once percent-decoded", hint="encode the text as UTF-8") from None
+    if "\x00" in text:
+        raise BadRequest(f"{what} holds a NUL character", hint="no execution id, intent or time holds one")
+    return text
+
+
+def query_of(request: Request) -> dict:
+    """The query string as {name: value}: each parameter at most once (a repeated one would be
+    read one way here and another way by a proxy or a script), strictly decoded."""
+    params = request.scope.get("state", {}).get("tracedb_query")
+    if params is not None:
+        return params
+    params = {}
+    raw = request.scope.get("query_string", b"")
+    for part in raw.split(b"&"):
+        if not part:
+            continue
+        name_raw, _, value_raw = part.partition(b"=")
+        name = _decoded(name_raw.replace(b"+", b" "), "a parameter name")
+        value = _decoded(value_raw.replace(b"+", b" "), f"the {name[:40]!r} parameter")
+        if name in params:
+            raise BadRequest(f"{name[:40]!r} is given more than once", hint="give each parameter once")
+        params[name] = value
+    request.scope.setdefault("state", {})["tracedb_query"] = params
+    return params
+
+
+def check_path(request: Request) -> None:
+    """Refuse a path whose percent-encoding is malformed or not UTF-8 (the server decoded it
+    leniently before routing)."""
+    raw = request.scope.get("raw_path")
+    if raw is not None:
+        _decoded(raw, "the path")
+
+
+def _id_param(text: str, what: str) -> str:
+    """An execution id or a prefix of one, as given: within the longest id there can be."""
+    if len(text) > ID_LENGTH:
+        raise BadRequest(f"{what} is {len(text)} characters long; an execution id has at most {ID_LENGTH}",
+                         hint="give the id, or a unique prefix of it")
+    if "\x00" in text:
+        raise BadRequest(f"{what} holds a NUL character", hint="give the id, or a unique prefix of it")
+    return text
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    return _int_value(request.query_params.get(name), name, default, low, high)
+    return _int_value(query_of(request).get(name), name, default, low, high)
 
 
 def _int_value(raw: Optional[str], name: str, default: int, low: int, high: int) -> int:
@@ -105,32 +186,49 @@ def _int_value(raw: Optional[str], name: str, default: int, low: int, high: int)
     try:
         value = int(raw)
     except ValueError:
-        raise BadRequest(f"{name}={raw!r} is not a whole number", hint=f"give a number from {low} to {high}") from None
+        raise BadRequest(f"{name}={_shown(raw)} is not a whole number", hint=f"give a number from {low} to {high}") from None
     if not low <= value <= high:
         raise BadRequest(f"{name}={value} is out of range", hint=f"give a number from {low} to {high}")
     return value
 
 
+def _status(text: str, name: str = "status") -> str:
+    if text not in STATUSES:
+        raise BadRequest(f"{name}={_shown(text)} is not a status", hint="one of " + ", ".join(STATUSES))
+    return text
+
+
+def _cursor(text: str) -> str:
+    """A page cursor as a listing wrote it: a creation time that fits in 64 bits and an id."""
+    try:
+        ns, execution_id = decode_cursor(text)
+    except TraceDBError as e:
+        raise BadRequest(e.message if len(text) <= 200 else f"{_shown(text)} is not a page cursor",
+                         hint="follow the Older link of the previous page") from None
+    if not NS_MIN <= ns <= NS_MAX or len(execution_id) > ID_LENGTH or "\x00" in execution_id:
+        raise BadRequest(f"{_shown(text)} is not a page cursor", hint="follow the Older link of the previous page")
+    return text
+
+
 def list_params(request: Request) -> tuple[Filter, dict, Optional[str], int]:
     """The list page's filters from the query string; BadRequest for a malformed one."""
-    q = request.query_params
+    q = query_of(request)
     params = {k: q.get(k, "").strip() for k in ("status", "replayable", "intent", "q", "since", "until", "before", "limit")}
-    status = params["status"] or None
-    if status is not None and status not in STATUSES:
-        raise BadRequest(f"status={status!r} is not a status", hint="one of " + ", ".join(STATUSES))
+    status = _status(params["status"]) if params["status"] else None
     replayable = {"": None, "yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}.get(
         params["replayable"].lower(), "bad"
     )
     if replayable == "bad":
-        raise BadRequest(f"replayable={params['replayable']!r} is not yes or no", hint="replayable=yes or replayable=no")
+        raise BadRequest(f"replayable={_shown(params['replayable'])} is not yes or no",
+                         hint="replayable=yes or replayable=no")
+    for name, what in (("intent", "an intent"), ("q", "a search of the intent")):
+        # No intent is longer; a longer LIKE pattern is one SQLite may refuse as too complex.
+        if len(params[name]) > INTENT_LENGTH:
+            raise BadRequest(f"{name} is {len(params[name])} characters long",
+                             hint=f"{what} has at most {INTENT_LENGTH} characters")
     since = parse_time(params["since"], "since") if params["since"] else None
     until = parse_time(params["until"], "until") if params["until"] else None
-    before = params["before"] or None
-    if before is not None:
-        try:
-            decode_cursor(before)
-        except TraceDBError as e:
-            raise BadRequest(e.message, hint="follow the Older link of the previous page") from None
+    before = _cursor(params["before"]) if params["before"] else None
     limit = _int_param(request, "limit", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
     where = Filter(status=status, since=since, until=until, intent=params["intent"] or None,
                    search=params["q"] or None, replayable=replayable)
@@ -146,12 +244,14 @@ class Views:
 
     async def executions(self, request: Request) -> Response:
         # The counts come separately (/counts): on millions they take longer than the page.
+        check_path(request)
         where, params, before, limit = list_params(request)
         page = await self.reader.page(where, before=before, limit=limit)
         return _html(pages.list_page(page, params, first_page=before is None))
 
     async def counts(self, request: Request) -> Response:
         """Executions per status under the list's other filters, each counted up to COUNT_LIMIT."""
+        check_path(request)
         where, params, _before, _limit = list_params(request)
         counts = await self.reader.status_counts(where, at_most=COUNT_LIMIT)
         shown = {s: pages.fmt_count(n, COUNT_LIMIT) for s, n in counts.items()}
@@ -163,13 +263,16 @@ class Views:
         return _json({"counts": counts, "shown": shown, "limit": COUNT_LIMIT, "total": total})
 
     async def _exact(self, request: Request) -> str:
-        given = request.query_params.get("id")
+        check_path(request)
+        given = query_of(request).get("id")
         if not given:
             raise BadRequest("which execution? the id parameter is missing", hint="?id=EXECUTION_ID")
-        return await self.reader.resolve(given)
+        return await self.reader.resolve(_id_param(given, "id"))
 
     async def execution(self, request: Request) -> Response:
-        given = request.path_params["rest"]
+        check_path(request)
+        query_of(request)  # none is read, but a malformed one is still refused
+        given = _id_param(request.path_params["rest"], "the id in the path")
         eid = await self.reader.resolve(given)
         if eid != given:
             return RedirectResponse(pages.exec_path(eid), status_code=302)
@@ -205,7 +308,7 @@ class Views:
         timeline, or a status change (the page reloads to show the new header)."""
         eid = await self._exact(request)
         after = _int_param(request, "after", 0, 0, 2**31 - 1)
-        known = request.query_params.get("status", STATUS_RUNNING)
+        known = _status(query_of(request).get("status") or STATUS_RUNNING)
         progress = await self.reader.progress(eid, after, limit=1)
         if progress.status != known:
             return _json({"status": progress.status, "reload": True, "last_seq": progress.last_seq})
@@ -225,8 +328,10 @@ class Views:
         })
 
     async def diff(self, request: Request) -> Response:
-        a = request.query_params.get("a", "").strip()
-        b = request.query_params.get("b", "").strip()
+        check_path(request)
+        q = query_of(request)
+        a = _id_param(q.get("a", "").strip(), "a")
+        b = _id_param(q.get("b", "").strip(), "b")
         if not a and not b:
             return _html(pages.diff_start_page())
         if not a or not b:
@@ -238,27 +343,45 @@ class Views:
         return _html(pages.diff_page(d, pa.status, pb.status))
 
 
+def _is_api(request: Request) -> bool:
+    path = request.scope.get("path", "")
+    return path.startswith("/api/") or path == "/counts"
+
+
+def _error(request: Request, status: int, message: str, hint: Optional[str] = None) -> Response:
+    """The styled error page, or for the routes the page's script fetches, the same as JSON."""
+    if _is_api(request):
+        return _json({"error": {"status": status, "message": message, "hint": hint}}, status)
+    return _html(pages.error_page(status, message, hint), status)
+
+
 async def _bad_request(request: Request, exc: BadRequest) -> Response:
-    return _html(pages.error_page(400, exc.message, exc.hint), 400)
+    return _error(request, 400, exc.message, exc.hint)
 
 
 async def _tracedb_error(request: Request, exc: TraceDBError) -> Response:
     if isinstance(exc, ExecutionNotFoundError):
         status = 404
-    elif isinstance(exc, AmbiguousExecutionIdError):
-        status = 400
+    elif isinstance(exc, (AmbiguousExecutionIdError, InvalidInputError)):
+        status = 400  # what the request asked for, refused by the read API
     elif isinstance(exc, DatabaseUnavailableError):
         status = 503
     elif exc.exit_code == 2:
         status = 400
     else:
         status = 500
-    return _html(pages.error_page(status, exc.message, exc.hint), status)
+    return _error(request, status, exc.message, exc.hint)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    # A bug, or a database gone: still the styled page, and no traceback to the browser.
+    return _error(request, 500, "the view could not answer this request",
+                  "try again; if it persists, the recorder's logs say why")
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     if exc.status_code == 404:
-        return _html(pages.error_page(404, f"nothing at {request.url.path}", "start from the list of executions"), 404)
+        return _error(request, 404, f"nothing at {request.url.path}", "start from the list of executions")
     if exc.status_code == 405:
         resp = _html(pages.error_page(405, f"{request.method} is not allowed: this view only reads",
                                       "use GET; change executions with the tracedb command line"), 405)
@@ -346,7 +469,8 @@ def create_app(
     ]
     app = Starlette(
         routes=routes,
-        exception_handlers={BadRequest: _bad_request, TraceDBError: _tracedb_error, HTTPException: _http_error},
+        exception_handlers={BadRequest: _bad_request, TraceDBError: _tracedb_error, HTTPException: _http_error,
+                            Exception: _server_error},
     )
     app.add_middleware(SecurityHeaders)
     if token:
