@@ -14,6 +14,10 @@ import errno
 import ipaddress
 from typing import Optional
 
+# Set in the ASGI scope by a token check that let the request through with the token; a route
+# open without it (/health) reads it to decide how much to say.
+AUTHENTICATED = "tracedb.authenticated"
+
 
 def is_loopback(host: str) -> bool:
     """Whether a listening address stays on this machine (localhost, 127.0.0.0/8, ::1): the one
@@ -24,6 +28,15 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def bearer_token(headers) -> Optional[str]:
+    """The token of an `Authorization: Bearer TOKEN` header (the scheme in any case), or None."""
+    auth = headers.get("authorization", "")
+    scheme, _, token = auth.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
 
 
 class HttpEndpoint:

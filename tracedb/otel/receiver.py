@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import orjson
 
-from ..asgi import is_loopback
+from ..asgi import bearer_token, is_loopback
 from ..errors import ConfigError, RecordingFailedError, StoreClosedError, TraceDBError
 from . import mapping as M
 from .ingest import SpanIngest
@@ -156,10 +156,11 @@ class Receiver:
             return Response(_status_body(code, message, as_json), status_code=status, media_type=media, headers=headers)
 
         if self.token is not None:
-            auth = request.headers.get("authorization", "")
-            expected = f"Bearer {self.token}".encode()
-            if not hmac.compare_digest(auth.encode("utf-8", "surrogateescape"), expected):
-                return refuse(401, _UNAUTHENTICATED, "missing or wrong bearer token (Authorization: Bearer <token>)")
+            given = bearer_token(request.headers) or ""
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token.encode()):
+                return refuse(401, _UNAUTHENTICATED, "missing or wrong bearer token: send it with "
+                              "OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20<token> (the token "
+                              "is in the recorder's data directory, file token)")
         if ctype not in (JSON, PROTOBUF):
             return refuse(415, _INVALID_ARGUMENT, f"content type must be {PROTOBUF} or {JSON}, not {ctype or 'none'!r}")
         if self.draining():
@@ -255,7 +256,8 @@ class OtlpEndpoint:
 async def start_receiver(store, *, host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None,
                          draining: Callable[[], bool] = lambda: False, **limits):
     """Serve OTLP/HTTP for `store` on the running loop; returns (OtlpEndpoint, Receiver).
-    `await endpoint.close()` stops it. A busy port raises OSError."""
+    With `token`, every request must carry it. `await endpoint.close()` stops it. A busy port
+    raises OSError."""
     from ..asgi import HttpEndpoint
 
     receiver = Receiver(SpanIngest(store), token=token, draining=draining, **limits)

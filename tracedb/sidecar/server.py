@@ -53,6 +53,10 @@ class ServerConfig:
     tcp_port: Optional[int] = None
     allow_remote: bool = False
     token: Optional[str] = None
+    # The file the token was read from (what the logs name, never the token); None: TRACEDB_TOKEN.
+    token_file: Optional[str] = None
+    # A loopback listener takes no token: every local user may record (docs/security.md).
+    trust_local_users: bool = False
     metrics_port: Optional[int] = None
     max_frame_bytes: int = P.DEFAULT_MAX_FRAME_BYTES
     max_connections: int = P.DEFAULT_MAX_CONNECTIONS
@@ -70,8 +74,9 @@ class ServerConfigError(TraceDBError):
     code = "config"
 
 
-def check_config(config: ServerConfig) -> None:
-    """Refuse unsafe or impossible listening setups before anything is opened."""
+def check_config(config: ServerConfig, *, local_token: bool = False) -> None:
+    """Refuse unsafe or impossible listening setups before anything is opened. `local_token`:
+    the data directory's token is made for the loopback listeners once the checks pass."""
     if config.socket_path is None and config.tcp_port is None:
         raise ServerConfigError("nothing to listen on", hint="give --socket or --tcp")
     if not 1 <= config.max_frame_bytes <= P.MAX_FRAME_BYTES_LIMIT:
@@ -81,7 +86,15 @@ def check_config(config: ServerConfig) -> None:
         )
     if config.tcp_port is not None:
         host = config.tcp_host or "127.0.0.1"
-        if not is_loopback(host):
+        if is_loopback(host):
+            if not (config.token or local_token or config.trust_local_users):
+                raise ServerConfigError(
+                    f"the TCP listener on {host} needs a bearer token: other local users could "
+                    "record through it",
+                    hint="tracedb serve makes one in the data directory (token); give one with "
+                    "--token-file or TRACEDB_TOKEN, or pass --trust-local-users",
+                )
+        else:
             if not config.allow_remote:
                 raise ServerConfigError(
                     f"refusing to listen on non-loopback address {host}",
@@ -736,7 +749,7 @@ class SidecarServer:
             self._servers.append(srv)
         if cfg.tcp_port is not None:
             host = cfg.tcp_host or "127.0.0.1"
-            needs_token = bool(cfg.token)
+            needs_token = not (cfg.trust_local_users and is_loopback(host))
 
             def factory():
                 return Connection(self, needs_token=needs_token, peer="tcp")

@@ -1,8 +1,9 @@
 """`tracedb ui`: the web view on its own uvicorn server, until SIGINT or SIGTERM.
 
-A loopback address needs nothing more. Any other address follows the rules of the recorder's TCP
-listener: `--allow-remote` and a bearer token (TRACEDB_TOKEN or --token-file), which every
-request must then carry.
+Every request carries the bearer token (the printed address holds it once; the first visit turns
+it into a cookie), unless the operator trusts the local users (`--trust-local-users`) and the
+address is loopback. Any other address follows the rules of the recorder's TCP listener:
+`--allow-remote` and a bearer token given by TRACEDB_TOKEN or --token-file (docs/security.md).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from urllib.parse import quote
 
 from .. import db
 from ..asgi import HttpEndpoint, is_loopback
-from ..config import DEFAULT_DATA_DIR, Config
+from ..config import DEFAULT_DATA_DIR, Config, ensure_local_token
 from ..errors import ConfigError
 from ..reads import AsyncReader
 from .app import create_app
@@ -65,6 +66,17 @@ def cannot_listen(e: OSError, host: str, port: int, flag: str) -> ConfigError:
     )
 
 
+def view_token(cfg: Config) -> str:
+    """The token of a view given none: the data directory's (made the first time), or, with no
+    data directory (a fleet's database alone), one for this run, which only the printed address
+    carries."""
+    if os.path.isdir(cfg.data_dir):
+        return ensure_local_token(cfg.data_dir)
+    import secrets
+
+    return secrets.token_urlsafe(32)
+
+
 async def serve_ui(
     cfg: Config,
     *,
@@ -74,10 +86,11 @@ async def serve_ui(
     on_listening: Callable[[str], None] = print,
     stop: Optional[asyncio.Event] = None,
 ) -> None:
-    """Serve the web view of `cfg`'s store until SIGINT/SIGTERM (or `stop` is set)."""
+    """Serve the web view of `cfg`'s store until SIGINT/SIGTERM (or `stop` is set). With `token`,
+    every request must carry it."""
     reader = await AsyncReader.open(cfg)
     endpoint = HttpEndpoint(
-        create_app(reader, token=token if not is_loopback(host) else None, replay_command=replay_command(cfg)),
+        create_app(reader, token=token, replay_command=replay_command(cfg)),
         host=host, port=port, name="ui",
     )
     try:
@@ -94,7 +107,7 @@ async def serve_ui(
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
-        on_listening(address(host, bound, token if not is_loopback(host) else None))
+        on_listening(address(host, bound, token))
         await stop.wait()
     finally:
         await endpoint.close()
