@@ -1,9 +1,9 @@
 """Who may use a recorder: the owner of its data directory, not the other users of the machine.
 
 Loopback TCP, OTLP and HTTP take the bearer token, kept in the data directory's file `token`,
-where the owner's client and commands find it; the Unix socket is guarded by its mode. Real
-`tracedb serve` processes; the other local user is `nobody`, through runuser (skipped, saying
-why, where that cannot be had).
+where the owner's client and commands find it; the Unix socket is guarded by its mode. A
+loopback HTTP listener answers only to loopback Host names. Real `tracedb serve` processes; the
+other local user is `nobody`, through runuser (skipped, saying why, where that cannot be had).
 """
 
 from __future__ import annotations
@@ -363,12 +363,41 @@ def test_trusting_local_users_restores_token_free_loopback(recorders, shared_dir
     rec = recorders(shared_dir, "--trust-local-users")
     assert not os.path.exists(os.path.join(shared_dir, "token"))
     _record_a_secret(rec)
+    r = httpx.get(f"http://127.0.0.1:{rec.http}/", headers={"Host": "evil.example"}, timeout=30)
+    assert r.status_code == 403, "trusting the local users does not trust every web page"
     out = as_nobody(str(rec.tcp), str(rec.http), str(rec.otlp), os.path.join(shared_dir, "token"))
     assert out["tcp_start"]["ok"] is True, out
     assert {p: s for p, (s, _b) in out["web"].items()} == {p: 200 for p in out["web"]}
     assert "exec-secret" in out["web"]["/"][1]
     assert "open_executions" in json.loads(out["web"]["/health"][1])
     assert out["otlp"][0] == 200, out["otlp"]
+    assert rec.stop() == 0
+
+
+ROUTES = ["/", "/counts", "/e/exec-secret", "/api/event?id=exec-secret&seq=1", "/api/rows?id=exec-secret",
+          "/api/live?id=exec-secret", "/api/overview?id=exec-secret", "/diff", "/static/app.css", "/metrics",
+          "/health", "/nowhere"]
+
+
+def test_the_host_header_must_name_a_loopback_host_on_every_route(recorders, tdir):
+    rec = recorders(tdir, "--allowed-host", "tracedb.test")
+    _record_a_secret(rec)
+    auth = {"Authorization": f"Bearer {rec.token}"}
+    web, otlp = f"http://127.0.0.1:{rec.http}", f"http://127.0.0.1:{rec.otlp}/v1/traces"
+    with httpx.Client(timeout=30, headers=auth) as http:
+        for host in ("evil.example", f"evil.example:{rec.http}", "127.0.0.1.evil.example", "localhost.:1"):
+            for path in ROUTES:
+                r = http.get(web + path, headers={"Host": host})
+                assert r.status_code == 403, (host, path, r.status_code)
+                assert "Host header" in r.text and "--allowed-host" in r.text and "secret" not in r.text
+            r = http.post(otlp, content=b"{}", headers={"Host": host, "Content-Type": "application/json"})
+            assert r.status_code == 403, (host, "otlp")
+        for host in (f"localhost:{rec.http}", f"127.0.0.1:{rec.http}", f"[::1]:{rec.http}", "localhost",
+                     "LocalHost", "[::1]", "tracedb.test", f"TRACEDB.test:{rec.http}"):
+            r = http.get(web + "/", headers={"Host": host})
+            assert r.status_code == 200 and "exec-secret" in r.text, host
+            r = http.post(otlp, content=b"{}", headers={"Host": host, "Content-Type": "application/json"})
+            assert r.status_code == 200, host
     assert rec.stop() == 0
 
 

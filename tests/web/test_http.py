@@ -186,15 +186,41 @@ def test_the_view_needs_its_token_and_a_first_visit_turns_it_into_a_cookie(ui, w
         assert c.get(url).status_code == 401, "the cookie is the port's own"
 
 
-def test_trusting_local_users_drops_the_token(web_store):
+ROUTES = ["", "counts", "e/exec-ok-0001", "api/event?id=exec-ok-0001&seq=1", "api/rows?id=exec-ok-0001",
+          "api/live?id=exec-ok-0001", "api/overview?id=exec-ok-0001", "diff?a=exec-ok-0001&b=exec-other-0002",
+          "static/app.css", "static/app.js", "nowhere"]
+
+
+def test_the_host_header_must_name_a_loopback_host_on_every_route(ui):
+    url, ids = ui
+    port = url.split(":")[2].split("/")[0]
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.nip.io", "localhost.evil.example", "[::2]"):
+        for path in ROUTES:
+            r = _get(url + path, headers={"host": host})
+            assert r.status_code == 403, (host, path)
+            assert "Host header" in r.text and "--allowed-host" in r.text and "exec-ok" not in r.text
+        first = httpx.get(url, params={"token": TOKENS[url]}, headers={"host": host}, timeout=30)
+        assert first.status_code == 403 and "set-cookie" not in first.headers
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost", "127.0.0.1", "[::1]"):
+        for path in ROUTES[:-1]:
+            assert _get(url + path, headers={"host": host}).status_code == 200, (host, path)
+
+
+def test_an_allowed_host_is_answered_and_trusting_local_users_drops_the_token(web_store):
     data_dir, ids = web_store
-    ui = UiProcess("--data-dir", data_dir, ui_args=("--trust-local-users",))
+    ui = UiProcess("--data-dir", data_dir, ui_args=("--trust-local-users", "--allowed-host", "tracedb.test"))
     try:
         assert ui.token is None and "token" not in ui.printed
         r = httpx.get(ui.url + f"e/{ids['ok']}", timeout=30)
         assert r.status_code == 200 and ids["ok"] in r.text
+        port = ui.port
+        assert httpx.get(ui.url, headers={"host": f"tracedb.test:{port}"}, timeout=30).status_code == 200
+        assert httpx.get(ui.url, headers={"host": "evil.example"}, timeout=30).status_code == 403
     finally:
         assert ui.stop() == 0
+    r = subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", data_dir, "ui", "--port", "0",
+                        "--allowed-host", "bad host:1"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 2 and "--allowed-host" in r.stderr and "hint:" in r.stderr
 
 
 def test_a_missing_store_is_exit_3_and_nothing_is_created(tmp_path):
@@ -244,6 +270,9 @@ def test_a_remote_address_needs_allow_remote_and_a_token(web_store, tmp_path):
         assert _get(url, headers={"authorization": "Bearer wrong"}).status_code == 401
         assert _get(url + "metrics").status_code == 401
         assert _get(url, headers={"authorization": "Bearer s3cret-token"}).status_code == 200
+        # A remote listener answers to any Host name: every request carries the token there,
+        # which a page rebinding its own name to this address does not have.
+        assert _get(url, headers={"authorization": "Bearer s3cret-token", "host": "tracedb.internal"}).status_code == 200
         first = _get(url + f"e/{ids['ok']}?token=s3cret-token")
         assert first.status_code == 303 and first.headers["location"] == f"/e/{ids['ok']}"
         cookie = first.cookies.get(f"tracedb_token_{port}")

@@ -9,7 +9,7 @@ import click
 
 from ..errors import ConfigError
 from ..sidecar import protocol as P
-from .main import config_of, json_option, main, read_token
+from .main import config_of, host_names, json_option, main, read_token
 
 # [sidecar] keys of the configuration file (config/tracedb.toml), with their types.
 _FILE_KEYS = {
@@ -18,6 +18,7 @@ _FILE_KEYS = {
     "allow_remote": bool,
     "token_file": str,
     "trust_local_users": bool,
+    "allowed_hosts": list,
     "metrics_port": int,
     "http_port": int,
     "http_host": str,
@@ -43,6 +44,15 @@ def sidecar_file_settings(cfg) -> dict:
             value = float(value)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ConfigError(f"[sidecar] {key} must be a {kind.__name__}, got {value!r}")
+        if key == "allowed_hosts":
+            if not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"[sidecar] {key} must be a list of strings, got {value!r}")
+            from ..asgi import normalize_host
+
+            try:
+                value = [normalize_host(v) for v in value]
+            except ValueError as e:
+                raise ConfigError(f"[sidecar] {key}: {e}", hint="give host names or addresses, without a port") from None
         out[key] = value
     return out
 
@@ -73,6 +83,9 @@ def parse_tcp(text: str) -> tuple[str, int]:
 @click.option("--trust-local-users", is_flag=True, default=None,
               help="Loopback TCP, OTLP and HTTP take no token: every user of this machine may record "
               "and read (the Unix socket is the owner's alone either way).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", callback=host_names,
+              help="A Host name the HTTP listeners answer to besides 127.0.0.1, localhost and [::1] "
+              "(repeatable).")
 @click.option("--http-port", type=click.IntRange(0, 65535),
               help="Serve the web view (as `tracedb ui`), /metrics and /health on http://127.0.0.1:PORT "
               "(off by default; the token guards all but /health).")
@@ -99,7 +112,7 @@ def parse_tcp(text: str) -> tuple[str, int]:
 @click.option("--compact-in-process", is_flag=True,
               help="Compact in a thread of the recorder instead of a child process (slower ingest).")
 @click.pass_context
-def serve(ctx, socket_path, tcp, allow_remote, token_file, trust_local_users, http_port, http_host, metrics_port, otlp_port, otlp_host, max_frame_bytes,
+def serve(ctx, socket_path, tcp, allow_remote, token_file, trust_local_users, allowed_hosts, http_port, http_host, metrics_port, otlp_port, otlp_host, max_frame_bytes,
           max_connections, max_inflight_requests, log_level, log_format, compact_in_process):
     """Run the sidecar recorder: agents record through it over a Unix socket.
 
@@ -156,7 +169,8 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, trust_local_users, ht
     elif otlp_host:
         raise click.UsageError("--otlp-host needs --otlp-port")
     serve_forever(cfg, scfg, log_level=log_level or file.get("log_level", "info"), log_json={"json": True, "text": False}.get(log_format),
-                  otlp=otlp, http_host=http_host or file.get("http_host") or "127.0.0.1")
+                  otlp=otlp, http_host=http_host or file.get("http_host") or "127.0.0.1",
+                  allowed_hosts=allowed_hosts or tuple(file.get("allowed_hosts", ())))
 
 
 @main.command()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .main import config_of, emit_json, json_option, main, read_token
+from .main import config_of, emit_json, host_names, json_option, main, read_token
 
 DEFAULT_UI_PORT = 8470
 
@@ -30,13 +30,15 @@ def _recovery_note(cfg) -> str | None:
               "directory's file token, made at the first start).")
 @click.option("--trust-local-users", is_flag=True, default=None,
               help="On a loopback --host, take no token: every user of this machine may read the view.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", callback=host_names,
+              help="A Host name to answer to besides 127.0.0.1, localhost and [::1] (repeatable).")
 @click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
               help="The data directory to show (the same as the global --data-dir).")
 @click.option("--db", "db_url", metavar="URL", default=None,
               help="A fleet's PostgreSQL database to show (the same as the global --db).")
 @json_option("Print the address as one JSON line ({\"url\": ...}); errors as JSON too.")
 @click.pass_context
-def ui(ctx, host, port, allow_remote, token_file, trust_local_users, data_dir, db_url, as_json):
+def ui(ctx, host, port, allow_remote, token_file, trust_local_users, allowed_hosts, data_dir, db_url, as_json):
     """Browse executions in a web page: the list, timelines, payloads, diffs and forks.
 
     Read-only: it reads the store next to a running recorder (`tracedb serve`) and never
@@ -61,9 +63,10 @@ def ui(ctx, host, port, allow_remote, token_file, trust_local_users, data_dir, d
         cfg = cfg.replace(data_dir=data_dir, db_path="")
     if db_url is not None:
         cfg = cfg.replace(db_url=db_url)
-    file = sidecar_file_settings(cfg)  # the recorder's key that is the view's too
+    file = sidecar_file_settings(cfg)  # the recorder's two keys that are the view's too
     if trust_local_users is None:
         trust_local_users = file.get("trust_local_users", False)
+    allowed_hosts = allowed_hosts or tuple(file.get("allowed_hosts", ()))
     token = read_token(token_file)
     check_listen(host, allow_remote=allow_remote, token=token)
     note = _recovery_note(cfg)  # a missing store exits 3 here: no token is made for it
@@ -83,4 +86,5 @@ def ui(ctx, host, port, allow_remote, token_file, trust_local_users, data_dir, d
 
     import asyncio
 
-    asyncio.run(serve_ui(cfg, host=host, port=port, token=token, on_listening=listening))
+    asyncio.run(serve_ui(cfg, host=host, port=port, token=token, allowed_hosts=allowed_hosts,
+                         on_listening=listening))

@@ -11,8 +11,9 @@ import os
 import shlex
 import sys
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
+from ..asgi import allowed_hosts as allowed_host_names
 from ..asgi import is_loopback
 from ..config import ensure_local_token, token_path
 from ..errors import ConfigError
@@ -67,8 +68,9 @@ class HttpServer:
     """`--http-port`: the web view, /metrics and /health on one uvicorn server on the loop."""
 
     def __init__(self, cfg, metrics: SidecarMetrics, host: str, port: int, token, *,
-                 token_file: Optional[str] = None):
+                 allowed_hosts=None, token_file: Optional[str] = None):
         self.cfg, self.metrics, self.host, self.port, self.token = cfg, metrics, host, port, token
+        self.allowed_hosts = allowed_hosts
         self.token_file = token_file
         self.reader = None
         self.endpoint = None
@@ -85,7 +87,7 @@ class HttpServer:
         self.reader = await AsyncReader.open(self.cfg)
         app = create_app(
             self.reader, replay_command=replay_command(self.cfg), extra_routes=routes(self.metrics),
-            token=self.token, open_paths=OPEN_PATHS,
+            token=self.token, open_paths=OPEN_PATHS, allowed_hosts=self.allowed_hosts,
         )
         self.endpoint = HttpEndpoint(app, host=self.host, port=self.port, name="http")
         self.port = await self.endpoint.start()
@@ -125,9 +127,11 @@ def _needs_token(host: str, scfg: ServerConfig) -> bool:
     return not (scfg.trust_local_users and is_loopback(host))
 
 
-async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_host: str = "127.0.0.1") -> int:
+async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_host: str = "127.0.0.1",
+                allowed_hosts: Sequence[str] = ()) -> int:
     """Open the store on `cfg.data_dir`, serve until SIGTERM/SIGINT, shut down cleanly.
-    `otlp` ({"host", "port"}) also serves OTLP/HTTP traces there (tracedb.otel.receiver)."""
+    `otlp` ({"host", "port"}) also serves OTLP/HTTP traces there (tracedb.otel.receiver).
+    `allowed_hosts`: Host names the HTTP listeners answer to besides the loopback ones."""
     from .store_backend import open_backend
 
     hosts = [h for h, on in ((scfg.tcp_host or "127.0.0.1", scfg.tcp_port is not None),
@@ -137,6 +141,11 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
     local_token = not scfg.token and any(is_loopback(h) and _needs_token(h, scfg) for h in hosts)
     # Refuse a bad listening setup before anything is made, or recovery does any work.
     check_config(scfg, local_token=local_token)
+    try:
+        http_allowed = allowed_host_names(http_host, allowed_hosts)
+        otlp_allowed = allowed_host_names(otlp["host"], allowed_hosts) if otlp else None
+    except ValueError as e:
+        raise ConfigError(str(e), hint="give a host name or an address, without a port (--allowed-host)") from None
     if scfg.metrics_port is not None:  # --http-port: the web view, /metrics, /health
         from ..web.run import check_listen as check_http
 
@@ -171,7 +180,7 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
         if scfg.metrics_port is not None:
             http = HttpServer(cfg, metrics, http_host, scfg.metrics_port,
                               scfg.token if _needs_token(http_host, scfg) else None,
-                              token_file=scfg.token_file)
+                              allowed_hosts=http_allowed, token_file=scfg.token_file)
             await http.start()
         listening = "the socket or TCP port"
         server.install_signal_handlers()
@@ -184,7 +193,7 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
             otlp_token = scfg.token if _needs_token(otlp["host"], scfg) else None
             otlp_http, _receiver = await start_receiver(
                 backend.store, host=otlp["host"], port=otlp["port"], token=otlp_token,
-                draining=lambda: server.draining,
+                draining=lambda: server.draining, allowed_hosts=otlp_allowed,
             )
             fields = {"otlp": address(otlp["host"], otlp_http.port) + "v1/traces"}
             if otlp_token:
@@ -216,7 +225,8 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
 
 
 def serve_forever(cfg, scfg: ServerConfig, *, log_level: str = "info", log_json: Optional[bool] = None,
-                  otlp: Optional[dict] = None, http_host: str = "127.0.0.1") -> None:
+                  otlp: Optional[dict] = None, http_host: str = "127.0.0.1",
+                  allowed_hosts: Sequence[str] = ()) -> None:
     """Run `serve` in a fresh event loop (the CLI entry point)."""
     configure_logging(log_level, json_format=log_json)
-    asyncio.run(serve(cfg, scfg, otlp, http_host=http_host))
+    asyncio.run(serve(cfg, scfg, otlp, http_host=http_host, allowed_hosts=allowed_hosts))

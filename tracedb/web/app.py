@@ -22,7 +22,7 @@ from __future__ import annotations
 import hmac
 import os
 from datetime import datetime, timezone
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 from urllib.parse import parse_qsl, urlencode
 
 import orjson
@@ -33,7 +33,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..asgi import AUTHENTICATED, bearer_token
+from ..asgi import AUTHENTICATED, HostCheck, bearer_token
 from ..config import parse_duration_s
 from ..errors import (
     AmbiguousExecutionIdError,
@@ -343,10 +343,11 @@ def create_app(
     token: Optional[str] = None,
     extra_routes: Sequence[BaseRoute] = (),
     open_paths: Sequence[str] = (),
+    allowed_hosts: Optional[Iterable[str]] = None,
 ) -> Starlette:
     """The web view over `reader` (not closed by the app). `extra_routes` go first (the
     recorder's /metrics and /health); with `token`, every request must carry it but those to
-    `open_paths`."""
+    `open_paths`; with `allowed_hosts`, a request naming another Host gets 403."""
     v = Views(reader, replay_command)
     get = ["GET", "HEAD"]
     routes = [
@@ -367,8 +368,10 @@ def create_app(
         routes=routes,
         exception_handlers={BadRequest: _bad_request, TraceDBError: _tracedb_error, HTTPException: _http_error},
     )
-    # The last added runs first: the headers (on a 401 page too), then the token.
+    # The last added runs first: the Host check, then the headers (on a 401 page too), then the token.
     if token:
         app.add_middleware(TokenGate, token=token, open_paths=open_paths)
     app.add_middleware(SecurityHeaders)
+    if allowed_hosts is not None:
+        app.add_middleware(HostCheck, allowed=allowed_hosts)
     return app

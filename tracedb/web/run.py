@@ -2,7 +2,8 @@
 
 Every request carries the bearer token (the printed address holds it once; the first visit turns
 it into a cookie), unless the operator trusts the local users (`--trust-local-users`) and the
-address is loopback. Any other address follows the rules of the recorder's TCP listener:
+address is loopback. A loopback address answers only to loopback Host names (and those added with
+`--allowed-host`). Any other address follows the rules of the recorder's TCP listener:
 `--allow-remote` and a bearer token given by TRACEDB_TOKEN or --token-file (docs/security.md).
 """
 
@@ -13,11 +14,12 @@ import errno
 import os
 import shlex
 import signal
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 from urllib.parse import quote
 
 from .. import db
 from ..asgi import HttpEndpoint, is_loopback
+from ..asgi import allowed_hosts as allowed_host_names
 from ..config import DEFAULT_DATA_DIR, Config, ensure_local_token
 from ..errors import ConfigError
 from ..reads import AsyncReader
@@ -83,14 +85,16 @@ async def serve_ui(
     host: str = "127.0.0.1",
     port: int = 8470,
     token: Optional[str] = None,
+    allowed_hosts: Sequence[str] = (),
     on_listening: Callable[[str], None] = print,
     stop: Optional[asyncio.Event] = None,
 ) -> None:
     """Serve the web view of `cfg`'s store until SIGINT/SIGTERM (or `stop` is set). With `token`,
-    every request must carry it."""
+    every request must carry it; the Host names answered are `tracedb.asgi.allowed_hosts`'."""
+    allowed = allowed_host_names(host, allowed_hosts)
     reader = await AsyncReader.open(cfg)
     endpoint = HttpEndpoint(
-        create_app(reader, token=token, replay_command=replay_command(cfg)),
+        create_app(reader, token=token, allowed_hosts=allowed, replay_command=replay_command(cfg)),
         host=host, port=port, name="ui",
     )
     try:
