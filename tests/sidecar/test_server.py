@@ -88,6 +88,23 @@ def test_loopback_tcp_serves_without_a_token_when_local_users_are_trusted(tdir):
         srv.stop()
 
 
+def test_a_browsers_request_to_the_tcp_port_records_nothing(tdir):
+    # Any web page may POST to a loopback port; a body of protocol lines must not be read as
+    # requests, even where loopback takes no token.
+    srv = make_server(tdir, ServerConfig(tcp_host="127.0.0.1", tcp_port=0, trust_local_users=True))
+    try:
+        body = b'{"id": 1, "op": "start", "intent": "FromAPage", "envelope": {}, "execution_id": "e-page"}\n'
+        c = LineClient(tcp=srv.server.tcp_address)
+        c.send_raw(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert c.at_eof() and bytes(c.buf) == b"", "closed without an answer"
+        c = LineClient(tcp=srv.server.tcp_address)
+        r = c.call({"id": 2, "op": "event", "execution_id": "e-page", "type": "t.x", "payload": {}})
+        assert r["error"]["code"] == "unknown_execution"
+    finally:
+        srv.stop()
+
+
 def test_tcp_with_a_token_requires_hello_with_that_token(tdir):
     srv = make_server(tdir, ServerConfig(tcp_host="127.0.0.1", tcp_port=0, token="s3cret"))
     try:

@@ -19,6 +19,7 @@ import errno
 import hmac
 import logging
 import os
+import re
 import signal
 import socket
 import stat
@@ -42,6 +43,8 @@ _dumps = orjson.dumps
 _JSONDecodeError = orjson.JSONDecodeError
 _NL = orjson.OPT_APPEND_NEWLINE
 _TOO_LARGE = P.FrameSplitter.TOO_LARGE
+# The request line of an HTTP request ("POST / HTTP/1.1"): never a frame of this protocol.
+_HTTP_REQUEST = re.compile(rb"[A-Z]+ \S+ HTTP/\d")
 
 
 @dataclass
@@ -278,6 +281,14 @@ class Connection(asyncio.Protocol):
                 try:
                     req = _loads(frame)
                 except _JSONDecodeError as e:
+                    if self.peer == "tcp" and _HTTP_REQUEST.match(frame):
+                        # A browser's request: any web page may send one to a loopback port, and
+                        # the lines of its body would read as requests. None of it is read.
+                        self.closing = closing = True
+                        self.authenticated = False
+                        if self.transport is not None:
+                            self.transport.pause_reading()
+                        break
                     raise P.ProtocolError(P.BAD_JSON, f"frame is not valid UTF-8 JSON: {e}") from None
                 if type(req) is not dict:
                     raise P.ProtocolError(P.BAD_REQUEST, "a request is a JSON object")
