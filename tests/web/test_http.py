@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -201,6 +202,11 @@ def test_the_host_header_must_name_a_loopback_host_on_every_route(ui):
             assert "Host header" in r.text and "--allowed-host" in r.text and "exec-ok" not in r.text
         first = httpx.get(url, params={"token": TOKENS[url]}, headers={"host": host}, timeout=30)
         assert first.status_code == 403 and "set-cookie" not in first.headers
+    # No Host at all (HTTP/1.0 allows it): refused too.
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=30) as s:
+        s.sendall(b"GET / HTTP/1.0\r\nAuthorization: Bearer " + TOKENS[url].encode() + b"\r\n\r\n")
+        answer = s.makefile("rb").read()
+    assert answer.startswith(b"HTTP/1.1 403") and b"missing" in answer
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost", "127.0.0.1", "[::1]"):
         for path in ROUTES[:-1]:
             assert _get(url + path, headers={"host": host}).status_code == 200, (host, path)
