@@ -151,10 +151,11 @@ def native_frames(spans: list) -> bytes:
     return b"\n".join(out) + b"\n"
 
 
-async def _drive_otlp(port: int, bodies: list[bytes], seconds: float, warmup: float) -> dict:
+async def _drive_otlp(port: int, bodies: list[bytes], seconds: float, warmup: float, token: str) -> dict:
     import httpx
 
     url = f"http://127.0.0.1:{port}/v1/traces"
+    headers = {"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {token}"}
     lat: list[float] = []
     spans = [0]
     errors = [0]
@@ -168,7 +169,7 @@ async def _drive_otlp(port: int, bodies: list[bytes], seconds: float, warmup: fl
             counter[0] += 1
             payload = body.replace(TAG, request_tag(counter[0]))
             t0 = time.perf_counter()
-            r = await http.post(url, content=payload, headers={"Content-Type": "application/x-protobuf"})
+            r = await http.post(url, content=payload, headers=headers)
             t1 = time.perf_counter()
             if r.status_code != 200:
                 errors[0] += 1
@@ -231,7 +232,9 @@ def run(workdir: str, seconds: float = 3.0, warmup: float = 1.0, exporters: int 
         proc, _sock = start_server(os.path.join(d, "otlp"), extra_args=["--otlp-port", str(port)])
         try:
             _wait_port(port)
-            out["otlp"] = asyncio.run(_drive_otlp(port, [(b, len(s)) for b, s in made], seconds, warmup))
+            with open(os.path.join(d, "otlp", "token")) as f:  # made by the recorder for its OTLP port
+                token = f.read().strip()
+            out["otlp"] = asyncio.run(_drive_otlp(port, [(b, len(s)) for b, s in made], seconds, warmup, token))
         finally:
             stop_server(proc)
         proc, sock = start_server(os.path.join(d, "native"))

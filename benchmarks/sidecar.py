@@ -255,12 +255,15 @@ def free_port() -> int:
         s.close()
 
 
-def _health(port: int) -> dict:
+def _health(port: int, data_dir: str) -> dict:
     """The server's /health document (compaction lag at the end of the run); {} if unreachable."""
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+        with open(os.path.join(data_dir, "token")) as f:  # the whole document needs the token
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/health",
+                                         headers={"Authorization": f"Bearer {f.read().strip()}"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
             return orjson.loads(resp.read())
     except Exception:  # noqa: BLE001 - a missing figure, not a failed benchmark
         return {}
@@ -311,7 +314,7 @@ def run(clients: Sequence[int] = DEFAULT_CLIENTS, seconds: float = 3.0, *, windo
                                       events_per_execution=events_per_execution, on_measure=mark))
                 r["server_cpu_s"] = _cpu_s(proc.pid) - cpu0[0]
                 r["rss_mb"], r["rss_peak_mb"] = _rss_mb(proc.pid)
-                health = _health(port)
+                health = _health(port, data_dir)
                 r["compaction_lag_records"] = health.get("compaction_lag_records")
                 r["compaction_lag_s"] = health.get("compaction_lag_s")
             finally:

@@ -183,10 +183,16 @@ async def _ingest(data_dir: str, seconds: float, producers: int = 32) -> float:
 
 def _ui_load(url: str, paths: list, stop: threading.Event, counts: list, per_s: float | None) -> None:
     """Request the view's pages until `stop`, `per_s` a second (None: one after another, as fast
-    as it answers); counts[0] answered, counts[1] failed."""
+    as it answers); counts[0] answered, counts[1] failed. `url` is the address the view printed,
+    its token in the query: sent as a bearer header instead."""
+    from urllib.parse import parse_qs, urlsplit
+
     import httpx
 
-    with httpx.Client(timeout=30) as c:
+    parts = urlsplit(url)
+    url = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    token = parse_qs(parts.query).get("token", [""])[0]
+    with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {token}"}) as c:
         i = 0
         t0 = time.perf_counter()
         while not stop.is_set():

@@ -314,7 +314,7 @@ def invalidate(config: Config, execution_id: str, reason: str) -> Invalidated:
 def _invalidate_through(address: str, config: Config, execution_id: str, reason: str) -> Invalidated:
     from .sidecar.client import Client
 
-    with Client(address) as client:
+    with Client(address, data_dir=config.data_dir) as client:
         try:
             with Reader.open(config) as reader:
                 full_id = reader.resolve(execution_id)
@@ -441,7 +441,7 @@ def fork(
 
     address = resolve_sidecar(None, config.data_dir)
     if address is not None:
-        with Client(address, token=token) as client:
+        with Client(address, token=token, data_dir=config.data_dir) as client:
             return Forked(fork_execution(client, execution_id, at_seq, new_execution_id=new_execution_id), True)
     store = _open_store(config)
     try:

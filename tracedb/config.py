@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -21,6 +22,9 @@ DEFAULT_DATA_DIR = ".tracedb"
 AUTO_WORKER_RATE = 5000
 DB_FILE = "traces.db"
 WAL_DIR = "wal"
+# The bearer token of the recorder's TCP, OTLP and HTTP listeners, made by the first one that
+# needs it; the owner's own tools read it from here (docs/security.md).
+TOKEN_FILE = "token"
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,112 @@ def find_data_dir(start: str) -> Optional[str]:
         if parent == here:
             return None
         here = parent
+
+
+def token_path(data_dir: str) -> str:
+    """Where the data directory keeps its listeners' bearer token."""
+    return os.path.join(data_dir, TOKEN_FILE)
+
+
+def read_local_token(data_dir: str) -> Optional[str]:
+    """The data directory's token, or None when it has none or this user cannot read it (the
+    listener then answers unauthorized, whose hint says where the token lives)."""
+    try:
+        with open(token_path(data_dir), encoding="ascii") as f:
+            return f.read().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def ensure_local_token(data_dir: str) -> str:
+    """The data directory's token, made the first time a listener needs it: random
+    (`secrets.token_urlsafe`), 0600 whatever the umask, and durable before it is used. A token
+    file that other users can read is refused, not used."""
+    import secrets
+    import tempfile
+
+    path = token_path(data_dir)
+    try:
+        _make_private_dirs(data_dir)
+        existing = _read_private_token(path)
+        if existing is not None:
+            return existing
+        fd, tmp = tempfile.mkstemp(prefix=".token.", dir=data_dir)
+        try:
+            try:
+                os.fchmod(fd, 0o600)  # mkstemp's 0600 goes through the umask; this does not
+                os.write(fd, (secrets.token_urlsafe(32) + "\n").encode("ascii"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                # A link, not a rename: it never replaces a token that another listener made
+                # meanwhile (and that its clients may hold); that one is read below instead.
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
+        _fsync_dir(data_dir)
+    except OSError as e:
+        # An fsync that failed is not tried again: the listener does not start.
+        raise ConfigError(
+            f"cannot make the token file {path}: {e.strerror or e}",
+            hint="check the data directory's permissions and disk, or give a token with "
+            "--token-file / TRACEDB_TOKEN",
+        ) from None
+    token = _read_private_token(path)
+    if token is None:  # pragma: no cover - linked above, and a token file is never removed
+        raise ConfigError(f"the token file {path} disappeared while it was made")
+    return token
+
+
+def _read_private_token(path: str) -> Optional[str]:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ConfigError(
+            f"cannot read the token file {path}: {e.strerror}",
+            hint="it belongs to another user, or is not a file: remove it (a new one is made), "
+            "or give a token with --token-file / TRACEDB_TOKEN",
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+            raise ConfigError(
+                f"the token file {path} can be read by other users (mode {stat.S_IMODE(st.st_mode):04o})",
+                hint=f"chmod 600 {path}, or remove it and a new one is made",
+            )
+        text = os.read(fd, 4096).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    if not text:
+        raise ConfigError(f"the token file {path} is empty", hint="remove it and a new one is made")
+    return text
+
+
+def _make_private_dirs(path: str) -> None:
+    """Create `path` and its missing parents 0700, each new one fsynced into its parent."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    _make_private_dirs(parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return
+    os.chmod(path, 0o700)  # mkdir's mode went through the umask
+    _fsync_dir(parent)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def as_config(config: Any, data_dir: Optional[str]) -> Config:

@@ -155,12 +155,12 @@ def run_demo(cfg, *, sidecar: Optional[str], start_server: bool, executions: int
         address = resolve_sidecar(None, data_dir)
     rows = []
     try:
-        with Client(address) as client:
+        with Client(address, data_dir=data_dir) as client:
             for i in range(executions):
                 question, tool, args = QUESTIONS[i % len(QUESTIONS)]
                 eid, _resp = run_agent(client, question, tool, args)
                 rows.append(eid)
-            rows.append(_run_crash(address, client))
+            rows.append(_run_crash(address, client, data_dir))
             records = [client.get(eid) for eid in rows]
     finally:
         if server is not None:
@@ -183,13 +183,14 @@ def run_demo(cfg, *, sidecar: Optional[str], start_server: bool, executions: int
     )
 
 
-def _run_crash(address: str, client: Client) -> str:
+def _run_crash(address: str, client: Client, data_dir: str) -> str:
     """Run the crashing agent in a child process, SIGKILL it mid tool call, report it abandoned."""
     child = subprocess.Popen(
         [sys.executable, "-m", "tracedb.demo", "crashing-agent", address],
         stdout=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
+        env=dict(os.environ, TRACEDB_DATA_DIR=data_dir),  # where its client finds a TCP listener's token
     )
     try:
         line = child.stdout.readline()

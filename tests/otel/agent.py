@@ -1,5 +1,6 @@
 """An agent instrumented the usual OpenTelemetry way, and nothing else: the SDK with its OTLP/HTTP
-exporter (endpoint from OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), the official OpenAI instrumentation,
+exporter (endpoint from OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, the recorder's token from
+OTEL_EXPORTER_OTLP_HEADERS), the official OpenAI instrumentation,
 the real `openai` client. Run as a process by the tests:
 
     python -m tests.otel.agent BASE_URL finish|hang

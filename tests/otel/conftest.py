@@ -33,6 +33,7 @@ class OtlpServe:
     def __init__(self, data_dir: str, *args: str, env: Optional[dict] = None,
                  otlp_args: tuple = ("--otlp-port", "0")):
         self.data_dir = data_dir
+        self.env = env or {}
         self.port: Optional[int] = None
         self.log: list[dict] = []
         self.proc = subprocess.Popen(
@@ -65,6 +66,26 @@ class OtlpServe:
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1/traces"
+
+    @property
+    def token(self) -> str:
+        """The receiver's bearer token: TRACEDB_TOKEN when it was started with one, else the
+        data directory's token file, which it made."""
+        if self.env.get("TRACEDB_TOKEN"):
+            return self.env["TRACEDB_TOKEN"]
+        with open(os.path.join(self.data_dir, "token")) as f:
+            return f.read().strip()
+
+    @property
+    def auth(self) -> dict:
+        """The header an exporter sends the token in."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    @property
+    def exporter_headers(self) -> str:
+        """OTEL_EXPORTER_OTLP_HEADERS for an exporter of this receiver, as docs/otel.md writes
+        it (the recorder's own log line writes the space as %20, which the SDK takes too)."""
+        return f"Authorization=Bearer {self.token}"
 
     def terminate(self) -> int:
         if self.proc.poll() is None:

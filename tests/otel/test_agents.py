@@ -1,6 +1,6 @@
 """An unmodified OpenTelemetry-instrumented agent (the official OpenAI instrumentation on the real
 `openai` client, against a fake OpenAI server on 127.0.0.1) records into `tracedb serve` by its
-endpoint alone; killed mid-trace, its execution is incomplete and not replayable."""
+endpoint and token alone; killed mid-trace, its execution is incomplete and not replayable."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ pytestmark = pytest.mark.timeout(180)
 def agent_env(srv, data_dir: str) -> dict:
     return env_for(
         data_dir,
-        # The one change to the agent: where its traces go.
+        # The one change to the agent: where its traces go, and the recorder's token.
         OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=srv.endpoint,
+        OTEL_EXPORTER_OTLP_HEADERS=srv.exporter_headers,
         OTEL_SERVICE_NAME="weather-agent",
         # Messages ride on the spans (the instrumentation's default records no content).
         OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental",
@@ -39,7 +40,7 @@ def start_agent(fake: FakeOpenAI, srv, data_dir: str, mode: str) -> subprocess.P
                             env=agent_env(srv, data_dir))
 
 
-def test_an_instrumented_openai_agent_records_by_setting_its_endpoint(otlp_serve, data_dir):
+def test_an_instrumented_openai_agent_records_by_setting_its_endpoint_and_token(otlp_serve, data_dir):
     srv = otlp_serve()
     with FakeOpenAI() as fake:
         agent = start_agent(fake, srv, data_dir, "finish")
@@ -69,6 +70,27 @@ def test_an_instrumented_openai_agent_records_by_setting_its_endpoint(otlp_serve
     assert rec["finalResponse"]["payload"]["span"] == "answer_question"
     out = tracedb_cli(data_dir, "replay", f"otel-{tid}")
     assert out.returncode == 0, out.stderr
+
+
+def test_an_agent_records_with_the_token_command_the_recorder_logs(otlp_serve, data_dir):
+    # The recorder logs how an exporter gets the token, reading it from its file (the log holds
+    # no token): that command, run in the agent's shell, is all it needs besides the endpoint.
+    srv = otlp_serve()
+    prefix = "exporters send the token with: "
+    wait_until(lambda: any(d.get("msg", "").startswith(prefix) for d in srv.log), 30, "the token command in the log")
+    command = next(d["msg"] for d in srv.log if d.get("msg", "").startswith(prefix))[len(prefix):]
+    assert command.startswith("export OTEL_EXPORTER_OTLP_HEADERS=") and srv.token not in command
+    env = agent_env(srv, data_dir)
+    del env["OTEL_EXPORTER_OTLP_HEADERS"]
+    with FakeOpenAI() as fake:
+        fake.push_chat(tool_calls=[{"name": "get_weather", "arguments": {"city": "Paris"}}])
+        fake.push_chat("It is sunny in Paris.")
+        agent = subprocess.run(["bash", "-c", command + ' && exec "$0" -m tests.otel.agent "$1" finish',
+                                sys.executable, fake.base_url],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert agent.returncode == 0, agent.stderr
+    rec = record_of(data_dir, f"otel-{agent.stdout.split()[0]}")
+    assert rec["status"] == "completed" and len(rec["events"]) == 8
 
 
 def test_an_agent_killed_mid_trace_leaves_an_incomplete_execution_that_replay_refuses(otlp_serve, data_dir):

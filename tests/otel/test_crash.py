@@ -29,7 +29,7 @@ def test_every_acknowledged_span_survives_a_recorder_sigkill(otlp_serve, data_di
     stop = threading.Event()
 
     def exporter() -> None:
-        with httpx.Client(timeout=30) as http:
+        with httpx.Client(timeout=30, headers=srv.auth) as http:
             while not stop.is_set():
                 with lock:
                     tag = next(counter)

@@ -39,7 +39,7 @@ def as_proto(doc: dict):
 def test_an_otel_execution_exports_its_spans_back(otlp_serve, data_dir, tmp_path):
     srv = otlp_serve()
     spans = agent_run()
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=srv.auth) as http:
         assert http.post(srv.endpoint, content=protobuf_body(spans),
                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
     eid = f"otel-{trace_hex(spans)}"
@@ -80,7 +80,7 @@ def test_an_otel_execution_exports_its_spans_back(otlp_serve, data_dir, tmp_path
     other = str(tmp_path / "other")
     srv2 = OtlpServe(other)
     try:
-        with httpx.Client(timeout=30) as http:
+        with httpx.Client(timeout=30, headers=srv2.auth) as http:
             r = http.post(srv2.endpoint, content=out.stdout.encode(), headers={"Content-Type": "application/json"})
             assert r.status_code == 200 and r.json() == {}
         a, b = record_of(data_dir, eid), record_of(other, eid)

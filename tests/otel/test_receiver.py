@@ -43,8 +43,9 @@ def events_of(record: dict) -> list[tuple[str, dict]]:
     return [(e["type"], e["payload"]) for e in record["events"]]
 
 
-def test_the_official_exporter_records_a_genai_trace_as_one_replayable_execution(otlp_serve, data_dir):
+def test_the_official_exporter_records_a_genai_trace_as_one_replayable_execution(otlp_serve, data_dir, monkeypatch):
     srv = otlp_serve()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", srv.exporter_headers)  # the token, as docs/otel.md says
     provider = sdk_provider(srv.endpoint, service="weather-service")
     tracer = provider.get_tracer("agent")
     with tracer.start_as_current_span("invoke_agent WeatherBot", attributes={
@@ -97,7 +98,7 @@ def test_children_before_their_root_in_separate_requests_make_one_execution(otlp
     spans = agent_run(service="weather-service")
     children, root = spans[:-1], spans[-1:]
     tid = trace_hex(spans)
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=srv.auth) as http:
         for span in children:  # one request per child, as a SimpleSpanProcessor would
             r = http.post(srv.endpoint, content=protobuf_body([span]), headers=PB)
             assert r.status_code == 200, r.text
@@ -117,7 +118,7 @@ def test_the_same_batch_sent_twice_is_stored_once(otlp_serve, data_dir):
     spans = agent_run()
     half = spans[:2]  # the trace stays open: a retry of a batch of an unfinished trace
     body = protobuf_body(half)
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=srv.auth) as http:
         first = http.post(srv.endpoint, content=body, headers=PB)
         again = http.post(srv.endpoint, content=body, headers=PB)
         json_again = http.post(srv.endpoint, content=json_body(half), headers=JS)
@@ -133,7 +134,7 @@ def test_the_same_batch_sent_twice_is_stored_once(otlp_serve, data_dir):
 def test_json_and_gzip_bodies_are_recorded_and_answered_in_their_encoding(otlp_serve, data_dir):
     srv = otlp_serve()
     a, b = agent_run("one"), agent_run("two", fail_tool=True)
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=srv.auth) as http:
         r1 = http.post(srv.endpoint, content=json_body(a), headers=JS)
         r2 = http.post(srv.endpoint, content=gz(protobuf_body(b)), headers={**PB, "Content-Encoding": "gzip"})
     assert r1.status_code == 200 and r1.headers["content-type"].startswith("application/json")
@@ -163,7 +164,7 @@ def test_bad_bodies_are_refused_and_the_receiver_keeps_serving(otlp_serve, data_
         ("gzip that inflates past the limit", gzip.compress(b"\x00" * big), {**PB, "Content-Encoding": "gzip"}, 413),
         ("another content type", b"hello", {"Content-Type": "text/plain"}, 415),
     ]
-    with httpx.Client(timeout=60) as http:
+    with httpx.Client(timeout=60, headers=srv.auth) as http:
         for what, body, headers, status in cases:
             r = http.post(srv.endpoint, content=body, headers=headers)
             assert r.status_code == status, (what, r.status_code, r.content[:200])
@@ -187,7 +188,7 @@ def test_spans_with_bad_ids_or_for_a_closed_trace_are_a_partial_success(otlp_ser
     doc = json_doc(spans)
     bad = dict(doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0], traceId="abc", name="short id")
     doc["resourceSpans"][0]["scopeSpans"][0]["spans"].append(bad)
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=srv.auth) as http:
         r = http.post(srv.endpoint, content=orjson.dumps(doc), headers=JS)
         assert r.status_code == 200
         ps = r.json()["partialSuccess"]
@@ -208,11 +209,11 @@ def test_after_a_recorder_crash_stored_spans_are_acknowledged_again_and_the_trac
     spans = agent_run()
     tid = trace_hex(spans)
     srv = otlp_serve()
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=srv.auth) as http:
         assert http.post(srv.endpoint, content=protobuf_body(spans[:2]), headers=PB).status_code == 200
     srv.kill()  # SIGKILL: what was acknowledged is in the WAL
     srv = otlp_serve()  # recovery marks the unfinished trace incomplete
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=srv.auth) as http:
         # The exporter's retry of the acknowledged batch: stored already, acknowledged again.
         r = http.post(srv.endpoint, content=protobuf_body(spans[:2]), headers=PB)
         assert r.status_code == 200 and partial(r) == (0, "")
@@ -281,7 +282,7 @@ def test_a_span_that_cannot_be_stored_is_refused_whole_and_the_rest_recorded(otl
         deep = {"arrayValue": {"values": [deep]}}
     chat = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
     chat["attributes"].append({"key": "app.deep", "value": deep})
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=srv.auth) as http:
         r = http.post(srv.endpoint, content=json.dumps(doc).encode(), headers=JS)
     assert r.status_code == 200
     ps = r.json()["partialSuccess"]
@@ -300,7 +301,7 @@ def test_the_configuration_file_can_turn_the_receiver_on_and_otlp_host_needs_a_p
     conf.write_text('[sidecar]\notlp_port = 0\notlp_host = "127.0.0.1"\n')
     srv = OtlpServe(str(tmp_path / "viaconf"), env={"TRACEDB_CONFIG": str(conf)}, otlp_args=())
     try:
-        with httpx.Client(timeout=30) as http:
+        with httpx.Client(timeout=30, headers=srv.auth) as http:
             r = http.post(srv.endpoint, content=protobuf_body(agent_run()), headers=PB)
         assert r.status_code == 200
     finally:
@@ -315,7 +316,7 @@ def test_a_request_whose_spans_are_all_refused_leaves_no_execution(otlp_serve, d
     doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{
         "traceId": tid, "spanId": "1111111111111111", "name": "x", "startTimeUnixNano": "1",
         "endTimeUnixNano": "2", "attributes": [{"key": "a", "value": {"doubleValue": "NaN"}}]}]}]}]}
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=srv.auth) as http:
         r = http.post(srv.endpoint, content=orjson.dumps(doc), headers=JS)
         assert r.status_code == 200 and r.json()["partialSuccess"]["rejectedSpans"] == "1", r.text
         # The same trace's next, storable span starts the execution then.

@@ -91,21 +91,21 @@ def test_the_pages_render_from_postgresql(open_pg_store, pg_url):
 
 
 def test_tracedb_ui_with_db_serves_a_fleets_database(open_pg_store, pg_url, tmp_path):
-    import httpx
-
-    from tests.web.conftest import UiProcess
+    from tests.web.conftest import UiProcess, owner_get
 
     store = open_pg_store()
     ids = _record(store)
     # Run where no data directory is: the database alone is what the view reads.
     ui = UiProcess("--db", pg_url, cwd=str(tmp_path))
     try:
-        page = httpx.get(ui.url, timeout=30)
+        page = owner_get(ui.url)
         assert page.status_code == 200 and ids["crash"] in page.text and ids["fork"] in page.text
-        crash = httpx.get(ui.url + f"e/{ids['crash']}", timeout=30)
+        crash = owner_get(ui.url + f"e/{ids['crash']}")
         assert crash.status_code == 200 and "Summarize" in crash.text
-        counts = httpx.get(ui.url + "counts", timeout=30).json()["counts"]
+        counts = owner_get(ui.url + "counts").json()["counts"]
         assert counts == {"running": 1, "completed": 2, "incomplete": 0, "invalidated": 1}
+        # No data directory here: the token is this run's, in the printed address alone.
+        assert ui.token and not (tmp_path / ".tracedb").exists() and not list(tmp_path.rglob("token"))
     finally:
         assert ui.stop() == 0
 

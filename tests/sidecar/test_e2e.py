@@ -166,6 +166,14 @@ def test_sigkill_mid_execution_then_restart_recovers(serve_process, tdir):
     assert code == 0, err
 
 
+def _owner_get(srv, url: str) -> bytes:
+    """GET as the recorder's owner: with the data directory's token, as Prometheus sends it."""
+    with open(os.path.join(srv.data_dir, "token")) as f:
+        token = f.read().strip()
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    return urllib.request.urlopen(req, timeout=10).read()
+
+
 def test_metrics_and_health(serve_process):
     port = _free_port()
     srv = serve_process("--metrics-port", str(port))
@@ -177,7 +185,7 @@ def test_metrics_and_health(serve_process):
             client.event("exec-nope", "tool.requested", {})
         except tracedb.ExecutionNotFoundError:
             pass
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = _owner_get(srv, f"http://127.0.0.1:{port}/metrics").decode()
     for name in (
         "tracedb_events_acked_total", "tracedb_events_per_second", "tracedb_wal_fsync_seconds_bucket",
         "tracedb_wal_group_records_bucket", "tracedb_wal_uncompacted_bytes", "tracedb_compaction_lag_seconds",
@@ -187,10 +195,10 @@ def test_metrics_and_health(serve_process):
     assert 'tracedb_errors_total{code="unknown_execution"} 1.0' in text
     assert "tracedb_open_executions 1.0" in text
     assert "tracedb_events_acked_total 6.0" in text
-    health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read())
+    health = json.loads(_owner_get(srv, f"http://127.0.0.1:{port}/health"))
     assert health["status"] == "ok" and health["open_executions"] == 1
     with pytest.raises(urllib.error.HTTPError) as nf:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/nope", timeout=10)
+        _owner_get(srv, f"http://127.0.0.1:{port}/nope")
     assert nf.value.code == 404
     code, err = srv.terminate()
     assert code == 0, err
@@ -204,17 +212,19 @@ def test_the_http_port_serves_the_web_view_metrics_and_health_on_one_server(serv
         ex.event("tool.requested", {"name": "<script>x</script>"})
         eid = ex.execution_id
     base = f"http://127.0.0.1:{port}"
-    assert "tracedb_events_acked_total 2.0" in urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
-    assert json.loads(urllib.request.urlopen(base + "/health", timeout=10).read())["status"] == "ok"
+    assert "tracedb_events_acked_total 2.0" in _owner_get(srv, base + "/metrics").decode()
+    assert json.loads(_owner_get(srv, base + "/health"))["status"] == "ok"
 
     def listed() -> bool:  # the recorder compacts in the background
-        return eid in urllib.request.urlopen(base + "/", timeout=10).read().decode()
+        return eid in _owner_get(srv, base + "/").decode()
 
     wait_for(listed, 30, "the execution on the list page")
-    page = urllib.request.urlopen(f"{base}/e/{eid}", timeout=10).read().decode()
+    page = _owner_get(srv, f"{base}/e/{eid}").decode()
     assert "ProcessIntent" in page and "&lt;script&gt;x&lt;/script&gt;" in page and "<script>x" not in page
+    token = open(os.path.join(srv.data_dir, "token")).read().strip()
     with pytest.raises(urllib.error.HTTPError) as post:
-        urllib.request.urlopen(urllib.request.Request(base + "/metrics", data=b"x", method="POST"), timeout=10)
+        urllib.request.urlopen(urllib.request.Request(base + "/metrics", data=b"x", method="POST",
+                                                      headers={"Authorization": f"Bearer {token}"}), timeout=10)
     assert post.value.code == 405
     code, err = srv.terminate()
     assert code == 0, err

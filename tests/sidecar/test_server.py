@@ -63,16 +63,44 @@ def test_non_loopback_tcp_needs_allow_remote_and_a_token():
     with pytest.raises(ServerConfigError, match="token"):
         check_config(ServerConfig(tcp_host="0.0.0.0", tcp_port=0, allow_remote=True))
     check_config(ServerConfig(tcp_host="0.0.0.0", tcp_port=0, allow_remote=True, token="s3cret"))
-    check_config(ServerConfig(tcp_host="127.0.0.1", tcp_port=0))
-    check_config(ServerConfig(tcp_host="::1", tcp_port=0))
+    # Trusting the local users opens loopback only: a public address still needs the token.
+    with pytest.raises(ServerConfigError, match="token"):
+        check_config(ServerConfig(tcp_host="0.0.0.0", tcp_port=0, allow_remote=True, trust_local_users=True))
 
 
-def test_loopback_tcp_serves_without_a_token(tdir):
-    srv = make_server(tdir, ServerConfig(tcp_host="127.0.0.1", tcp_port=0))
+def test_loopback_tcp_needs_a_token_unless_local_users_are_trusted():
+    for host in ("127.0.0.1", "::1", "localhost"):
+        with pytest.raises(ServerConfigError, match="needs a bearer token") as e:
+            check_config(ServerConfig(tcp_host=host, tcp_port=0))
+        assert "--trust-local-users" in e.value.hint
+        check_config(ServerConfig(tcp_host=host, tcp_port=0, token="s3cret"))
+        check_config(ServerConfig(tcp_host=host, tcp_port=0, trust_local_users=True))
+        check_config(ServerConfig(tcp_host=host, tcp_port=0), local_token=True)
+
+
+def test_loopback_tcp_serves_without_a_token_when_local_users_are_trusted(tdir):
+    srv = make_server(tdir, ServerConfig(tcp_host="127.0.0.1", tcp_port=0, trust_local_users=True))
     try:
         c = LineClient(tcp=srv.server.tcp_address)
         assert c.call({"id": 1, "op": "start", "intent": "I", "envelope": {}, "execution_id": "e1"})["ok"]
         assert c.call({"id": 2, "op": "event", "execution_id": "e1", "type": "t.x", "payload": {}})["seq"] == 1
+    finally:
+        srv.stop()
+
+
+def test_a_browsers_request_to_the_tcp_port_records_nothing(tdir):
+    # Any web page may POST to a loopback port; a body of protocol lines must not be read as
+    # requests, even where loopback takes no token.
+    srv = make_server(tdir, ServerConfig(tcp_host="127.0.0.1", tcp_port=0, trust_local_users=True))
+    try:
+        body = b'{"id": 1, "op": "start", "intent": "FromAPage", "envelope": {}, "execution_id": "e-page"}\n'
+        c = LineClient(tcp=srv.server.tcp_address)
+        c.send_raw(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert c.at_eof() and bytes(c.buf) == b"", "closed without an answer"
+        c = LineClient(tcp=srv.server.tcp_address)
+        r = c.call({"id": 2, "op": "event", "execution_id": "e-page", "type": "t.x", "payload": {}})
+        assert r["error"]["code"] == "unknown_execution"
     finally:
         srv.stop()
 

@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import httpx
 import orjson
 import pytest
 
@@ -88,26 +90,56 @@ def web_store(tmp_path_factory) -> tuple[str, dict]:
     return data_dir, build_store(data_dir)
 
 
-class UiProcess:
-    """`tracedb ui --port 0 --json` in a process of its own; `url` is the address it printed."""
+# The token each running view printed, by its base URL: what the owner's requests carry.
+TOKENS: dict[str, str] = {}
 
-    def __init__(self, *args: str, env: dict | None = None, cwd: str | None = None):
+
+def owner_get(url: str, **kw) -> httpx.Response:
+    """GET as the owner's scripts do: with the view's token (Authorization: Bearer), unless the
+    request names its own Authorization."""
+    headers = dict(kw.pop("headers", None) or {})
+    token = next((t for base, t in TOKENS.items() if url.startswith(base)), None)
+    if token and "authorization" not in {k.lower() for k in headers}:
+        headers["authorization"] = f"Bearer {token}"
+    return httpx.get(url, headers=headers, timeout=30, **kw)
+
+
+def with_token(url: str) -> str:
+    """`url` carrying its view's token once, as the address `tracedb ui` prints does: what a
+    browser opens first (the view turns it into a cookie and redirects without it)."""
+    token = next(t for base, t in TOKENS.items() if url.startswith(base))
+    return url + ("&" if "?" in url else "?") + urlencode({"token": token})
+
+
+class UiProcess:
+    """`tracedb ui --port 0 --json` in a process of its own; `printed` is the address it printed,
+    `url` the same without its token, `token` the token (None with --trust-local-users)."""
+
+    def __init__(self, *args: str, ui_args: tuple = (), env: dict | None = None, cwd: str | None = None):
         full_env = dict(os.environ, **(env or {}))
         full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+        full_env.pop("TRACEDB_TOKEN", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tracedb", *args, "ui", "--port", "0", "--json"],
+            [sys.executable, "-m", "tracedb", *args, "ui", "--port", "0", "--json", *ui_args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=cwd or REPO,
         )
         line = self.proc.stdout.readline()
         if not line:
             raise AssertionError(f"tracedb ui did not start: {self.proc.stderr.read()}")
-        self.url = orjson.loads(line)["url"]
+        self.printed = orjson.loads(line)["url"]
+        parts = urlsplit(self.printed)
+        self.url = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        self.token = dict(parse_qsl(parts.query)).get("token")
+        self.port = parts.port
+        if self.token:
+            TOKENS[self.url] = self.token
 
     def stop(self) -> int:
         """SIGTERM, then the exit status; what it wrote on stderr is kept in `stderr_text`."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(30)
+        TOKENS.pop(self.url, None)
         self.stderr_text = self.proc.stderr.read()
         for f in (self.proc.stdout, self.proc.stderr):
             f.close()

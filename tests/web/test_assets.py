@@ -9,11 +9,9 @@ import os
 import re
 import tomllib
 
-import httpx
-
 from tracedb.web.app import STATIC_DIR
 
-from .conftest import REPO
+from .conftest import REPO, owner_get
 
 
 def test_every_static_file_is_package_data():
@@ -29,10 +27,10 @@ def test_pages_name_only_assets_that_ship_and_no_other_host(ui):
     url, ids = ui
     shipped = set(os.listdir(STATIC_DIR))
     for path in ("", f"e/{ids['ok']}", f"diff?a={ids['ok']}&b={ids['other']}", "nowhere"):
-        page = httpx.get(url + path, timeout=30).text
+        page = owner_get(url + path).text
         named = set(re.findall(r'(?:href|src)="/static/([^"]+)"', page))
         assert named == {"app.css", "app.js"} and named <= shipped, path
         assert not re.search(r'(?:href|src)="(?:https?:)?//', page), path
     for name in shipped:
-        r = httpx.get(url + "static/" + name, timeout=30)
+        r = owner_get(url + "static/" + name)
         assert r.status_code == 200 and "http://" not in r.text and "https://" not in r.text

@@ -18,7 +18,7 @@ import pytest
 import tracedb
 from tests.waiting import wait_until
 
-from .conftest import REPO, UiProcess
+from .conftest import REPO, UiProcess, with_token
 
 CHROMIUM = os.environ.get("TRACEDB_CHROMIUM", "/usr/bin/chromium")
 
@@ -62,7 +62,8 @@ def shots(tmp_path):
 
 def test_list_filter_open_an_execution_see_its_timeline_and_where_it_stopped(ui, page, shots):
     url, ids = ui
-    page.goto(url)
+    page.goto(with_token(url))
+    assert page.url == url  # the token left the address bar: the view keeps it in a cookie
     assert page.locator("table.executions tbody tr").count() == len(ids)
     page.locator(".counts.loaded").wait_for()  # the counts per status come after the page
     assert page.locator(".chip[data-status=incomplete] .n").inner_text() == "1"
@@ -94,9 +95,41 @@ def test_list_filter_open_an_execution_see_its_timeline_and_where_it_stopped(ui,
     shots(page, "execution-incomplete.png")
 
 
+def test_the_printed_address_opens_and_later_pages_ride_on_the_cookie(web_store, browser):
+    data_dir, ids = web_store
+    ui = UiProcess("--data-dir", data_dir)
+    context = browser.new_context()
+    try:
+        assert "?token=" in ui.printed
+        page = context.new_page()
+        page.goto(ui.printed)
+        # The token left the address bar (and the history): the view keeps it in a cookie that
+        # scripts cannot read and other sites' pages do not send.
+        assert page.url == ui.url and "token" not in page.evaluate("location.href")
+        assert page.evaluate("document.cookie") == ""
+        (cookie,) = context.cookies()
+        assert cookie["name"] == f"tracedb_token_{ui.port}" and cookie["value"] == ui.token
+        assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+        assert page.locator("table.executions tbody tr").count() == len(ids)
+        page.click(f"a[href='/e/{ids['ok']}']")
+        page.wait_for_url(f"**/e/{ids['ok']}")
+        page.click("tr#ev-4")  # the payload viewer fetches /api/event with the cookie
+        page.locator("tr.payload .jtree").wait_for()
+        page.goto(ui.url + f"diff?a={ids['ok']}&b={ids['other']}")
+        assert "First divergence" in page.locator("[data-testid=verdict]").inner_text()
+        # Without the cookie (another browser profile, or a page that guessed the address): refused.
+        other = browser.new_context().new_page()
+        answer = other.goto(ui.url)
+        assert answer.status == 401 and ids["ok"] not in other.content()
+        other.context.close()
+    finally:
+        context.close()
+        assert ui.stop() == 0
+
+
 def test_a_replayable_execution_offers_its_replay_command_to_copy(ui, page, shots):
     url, ids = ui
-    page.goto(url + f"e/{ids['ok']}")
+    page.goto(with_token(url + f"e/{ids['ok']}"))
     assert page.locator("svg.timeline rect.bar.llm").count() == 2
     assert page.locator("svg.timeline rect.bar.tool").count() == 1
     assert page.locator("[data-testid=stopped-marker]").count() == 0
@@ -111,7 +144,7 @@ def test_a_replayable_execution_offers_its_replay_command_to_copy(ui, page, shot
 
 def test_recorded_script_renders_as_text_and_never_runs(ui, page):
     url, ids = ui
-    page.goto(url)
+    page.goto(with_token(url))
     page.goto(url + f"e/{ids['xss']}")
     assert page.evaluate("window.__pwned") is None
     assert page.locator("h1.intent").inner_text() == "<img src=x onerror=window.__pwned=1>"
@@ -124,7 +157,7 @@ def test_recorded_script_renders_as_text_and_never_runs(ui, page):
 
 def test_follow_a_fork_and_open_the_diff(ui, page, shots):
     url, ids = ui
-    page.goto(url + f"e/{ids['ok']}")
+    page.goto(with_token(url + f"e/{ids['ok']}"))
     page.click(f"[data-testid=lineage] a[href='/e/{ids['fork']}']")
     page.wait_for_url(f"**/e/{ids['fork']}")
     lineage = page.locator("[data-testid=lineage]").inner_text()
@@ -163,7 +196,7 @@ def test_a_running_execution_receives_an_event_without_a_reload(tmp_path, page, 
         run(ex.event, "llm.requested", {"prompt_hash": "sha256:9", "request": {"model": "m"}})
         run(store.compact)
         ui = UiProcess("--data-dir", data_dir)
-        page.goto(ui.url + "e/exec-live-0001")
+        page.goto(with_token(ui.url + "e/exec-live-0001"))
         assert page.locator(".status-now .badge").inner_text() == "running"
         page.evaluate("window.__sameDocument = true")
         run(ex.event, "llm.responded", {"prompt_hash": "sha256:9", "request_seq": 2, "response": {"content": "hi"}})
@@ -197,6 +230,7 @@ def test_a_10000_event_timeline_paints_within_a_second(tmp_path, page):
         t.submit(build).result(120)
     ui = UiProcess("--data-dir", str(data_dir))
     try:
+        page.goto(with_token(ui.url))  # the cookie, before the timed loads
         # Milliseconds from the start of navigation to the first contentful paint (the page is not
         # streamed: that is when the header and the timeline appear); the median of three loads,
         # the machine being shared.
@@ -242,7 +276,7 @@ def test_a_newcomer_sees_the_crashed_demo_execution_stop_on_its_timeline(tmp_pat
         crashed = orjson.loads(demo.stdout)["executions"][-1]
         assert crashed["status"] == "incomplete"
         ui = UiProcess(cwd=str(tmp_path))
-        page.goto(ui.url)
+        page.goto(ui.printed)  # the address it printed, token and all
 
         def listed() -> bool:
             page.goto(ui.url)  # the recorder compacts in the background: look again until it shows

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
+import stat
 import subprocess
 import sys
 
@@ -12,11 +14,8 @@ import httpx
 import orjson
 import pytest
 
-from .conftest import REPO, XSS_INTENT, UiProcess
-
-
-def _get(url: str, **kw) -> httpx.Response:
-    return httpx.get(url, timeout=30, **kw)
+from .conftest import REPO, TOKENS, XSS_INTENT, UiProcess
+from .conftest import owner_get as _get
 
 
 def _db_digest(data_dir: str) -> str:
@@ -142,7 +141,8 @@ def test_no_request_writes(ui, web_store):
     before = _db_digest(data_dir)
     for path in ("", f"e/{ids['ok']}", f"api/event?id={ids['ok']}&seq=1", f"api/live?id={ids['ok']}", "counts", "diff"):
         for method in ("POST", "PUT", "DELETE", "PATCH"):
-            r = httpx.request(method, url + path, timeout=30, content=b"status=invalidated")
+            r = httpx.request(method, url + path, timeout=30, content=b"status=invalidated",
+                              headers={"authorization": _get(url).request.headers["authorization"]})
             assert r.status_code == 405, (method, path)
             assert "only reads" in r.text
     assert _db_digest(data_dir) == before
@@ -157,6 +157,79 @@ def test_live_answers_nothing_new_cheaply_and_a_status_change_as_reload(ui):
     doc = _get(url + "api/live", params={"id": eid, "after": 2, "status": "incomplete"}).json()
     assert doc["changed"] and doc["last_seq"] == 4 and 'id="ev-4"' in doc["rows"] and 'id="ev-2"' in doc["rows"]
     assert "<svg" in doc["overview"]
+
+
+def test_the_view_needs_its_token_and_a_first_visit_turns_it_into_a_cookie(ui, web_store):
+    url, ids = ui
+    data_dir, _ = web_store
+    token = TOKENS[url]
+    # The data directory's token: made by the view's first start, readable by its owner alone.
+    token_file = os.path.join(data_dir, "token")
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600 and open(token_file).read().strip() == token
+    for path in ("", "counts", f"e/{ids['ok']}", f"api/event?id={ids['ok']}&seq=1", f"api/rows?id={ids['ok']}",
+                 f"diff?a={ids['ok']}&b={ids['other']}", "static/app.css", "nowhere"):
+        r = httpx.get(url + path, timeout=30)
+        assert r.status_code == 401, path
+        assert r.headers["www-authenticate"] == "Bearer" and ids["ok"] not in r.text
+        assert "content-security-policy" in r.headers
+    assert httpx.get(url, params={"token": "a-guess"}, timeout=30).status_code == 401
+    assert _get(url, headers={"authorization": "Bearer a-guess"}).status_code == 401
+    # The first visit: the token goes into a cookie and the redirect drops it from the address.
+    first = httpx.get(url + f"e/{ids['ok']}", params={"token": token}, timeout=30)
+    assert first.status_code == 303 and first.headers["location"] == f"/e/{ids['ok']}"
+    cookie = first.headers["set-cookie"]
+    port = url.split(":")[2].split("/")[0]
+    assert cookie.startswith(f"tracedb_token_{port}={token};")
+    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower() and "path=/" in cookie.lower()
+    kept = httpx.get(url, params={"status": "incomplete", "token": token}, timeout=30)
+    assert kept.status_code == 303 and kept.headers["location"] == "/?status=incomplete"
+    with httpx.Client(cookies={f"tracedb_token_{port}": token}, timeout=30) as c:
+        assert ids["crashed"] in c.get(url, params={"status": "incomplete"}).text
+        assert c.get(url + f"api/event?id={ids['ok']}&seq=1").json()["seq"] == 1
+    with httpx.Client(cookies={"tracedb_token": token}, timeout=30) as c:
+        assert c.get(url).status_code == 401, "the cookie is the port's own"
+
+
+ROUTES = ["", "counts", "e/exec-ok-0001", "api/event?id=exec-ok-0001&seq=1", "api/rows?id=exec-ok-0001",
+          "api/live?id=exec-ok-0001", "api/overview?id=exec-ok-0001", "diff?a=exec-ok-0001&b=exec-other-0002",
+          "static/app.css", "static/app.js", "nowhere"]
+
+
+def test_the_host_header_must_name_a_loopback_host_on_every_route(ui):
+    url, ids = ui
+    port = url.split(":")[2].split("/")[0]
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.nip.io", "localhost.evil.example", "[::2]"):
+        for path in ROUTES:
+            r = _get(url + path, headers={"host": host})
+            assert r.status_code == 403, (host, path)
+            assert "Host header" in r.text and "--allowed-host" in r.text and "exec-ok" not in r.text
+        first = httpx.get(url, params={"token": TOKENS[url]}, headers={"host": host}, timeout=30)
+        assert first.status_code == 403 and "set-cookie" not in first.headers
+    # No Host at all (HTTP/1.0 allows it): refused too.
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=30) as s:
+        s.sendall(b"GET / HTTP/1.0\r\nAuthorization: Bearer " + TOKENS[url].encode() + b"\r\n\r\n")
+        answer = s.makefile("rb").read()
+    assert answer.startswith(b"HTTP/1.1 403") and b"missing" in answer
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost", "127.0.0.1", "[::1]"):
+        for path in ROUTES[:-1]:
+            assert _get(url + path, headers={"host": host}).status_code == 200, (host, path)
+
+
+def test_an_allowed_host_is_answered_and_trusting_local_users_drops_the_token(web_store):
+    data_dir, ids = web_store
+    ui = UiProcess("--data-dir", data_dir, ui_args=("--trust-local-users", "--allowed-host", "tracedb.test"))
+    try:
+        assert ui.token is None and "token" not in ui.printed
+        r = httpx.get(ui.url + f"e/{ids['ok']}", timeout=30)
+        assert r.status_code == 200 and ids["ok"] in r.text
+        port = ui.port
+        assert httpx.get(ui.url, headers={"host": f"tracedb.test:{port}"}, timeout=30).status_code == 200
+        assert httpx.get(ui.url, headers={"host": "evil.example"}, timeout=30).status_code == 403
+    finally:
+        assert ui.stop() == 0
+    r = subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", data_dir, "ui", "--port", "0",
+                        "--allowed-host", "bad host:1"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 2 and "--allowed-host" in r.stderr and "hint:" in r.stderr
 
 
 def test_a_missing_store_is_exit_3_and_nothing_is_created(tmp_path):
@@ -206,11 +279,14 @@ def test_a_remote_address_needs_allow_remote_and_a_token(web_store, tmp_path):
         assert _get(url, headers={"authorization": "Bearer wrong"}).status_code == 401
         assert _get(url + "metrics").status_code == 401
         assert _get(url, headers={"authorization": "Bearer s3cret-token"}).status_code == 200
+        # A remote listener answers to any Host name: every request carries the token there,
+        # which a page rebinding its own name to this address does not have.
+        assert _get(url, headers={"authorization": "Bearer s3cret-token", "host": "tracedb.internal"}).status_code == 200
         first = _get(url + f"e/{ids['ok']}?token=s3cret-token")
         assert first.status_code == 303 and first.headers["location"] == f"/e/{ids['ok']}"
-        cookie = first.cookies.get("tracedb_token")
+        cookie = first.cookies.get(f"tracedb_token_{port}")
         assert cookie == "s3cret-token"
-        with httpx.Client(cookies={"tracedb_token": cookie}, timeout=30) as c:
+        with httpx.Client(cookies={f"tracedb_token_{port}": cookie}, timeout=30) as c:
             assert c.get(url + f"e/{ids['ok']}").status_code == 200
     finally:
         ui.terminate()
@@ -247,6 +323,9 @@ def test_ids_with_slashes_and_url_characters_have_pages(tmp_path):
             assert f'href="/{path}"' in listing
             page = _get(ui.url + path)
             assert page.status_code == 200 and f'data-id="{eid.replace("&", "&amp;")}"' in page.text, eid
+            # The first visit's redirect keeps the path as it was sent, still encoded.
+            first = httpx.get(ui.url + path + "?token=" + ui.token, timeout=30)
+            assert first.status_code == 303 and first.headers["location"] == "/" + path, eid
             assert _get(ui.url + "api/event", params={"id": eid, "seq": 1}).json()["payload"] == {"id": eid}
             assert _get(ui.url + "api/rows", params={"id": eid}).json()["last_seq"] == 2
             # The page's own fragment addresses work for it (they carry the id in the query).

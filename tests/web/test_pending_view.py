@@ -11,11 +11,11 @@ import sqlite3
 import subprocess
 import sys
 
-import httpx
 import orjson
 import pytest
 
 from .conftest import REPO, UiProcess
+from .conftest import owner_get as _get
 
 pytestmark = pytest.mark.timeout(180)
 TAMPERED = "exec-done-1"
@@ -58,8 +58,6 @@ def crashed_ui(tmp_path_factory):
     assert "tracedb recover" in note
 
 
-def _get(url: str, **kw) -> httpx.Response:
-    return httpx.get(url, timeout=30, **kw)
 
 
 def _rows(html: str) -> dict:

@@ -188,6 +188,18 @@ def read_token(token_file: Optional[str]) -> Optional[str]:
     return token
 
 
+def host_names(_ctx, _param, names: tuple) -> tuple:
+    """The --allowed-host names as a Host header gives them; a usage error for one that is not."""
+    if not names:
+        return names
+    from ..asgi import normalize_host
+
+    try:
+        return tuple(normalize_host(n) for n in names)
+    except ValueError as e:
+        raise click.BadParameter(f"{e}: give a name or an address, without a port") from None
+
+
 class DurationParam(click.ParamType):
     """An age: 30d, 12h, 90m, 45s, 2w, or a bare number of days."""
 

@@ -12,7 +12,7 @@ from ..config import DEFAULT_DATA_DIR
 from ..errors import ConfigError
 from ..program import program
 from ..sidecar import protocol as P
-from .main import config_of, json_option, main, read_token
+from .main import config_of, host_names, json_option, main, read_token
 
 # [sidecar] keys of the configuration file (config/tracedb.toml), with their types.
 _FILE_KEYS = {
@@ -20,6 +20,8 @@ _FILE_KEYS = {
     "tcp": str,
     "allow_remote": bool,
     "token_file": str,
+    "trust_local_users": bool,
+    "allowed_hosts": list,
     "metrics_port": int,
     "http_port": int,
     "http_host": str,
@@ -34,7 +36,7 @@ _FILE_KEYS = {
 }
 
 
-def _sidecar_file_settings(cfg) -> dict:
+def sidecar_file_settings(cfg) -> dict:
     table = dict((getattr(cfg, "extra", None) or {}).get("sidecar") or {})
     out = {}
     for key, value in table.items():
@@ -45,6 +47,15 @@ def _sidecar_file_settings(cfg) -> dict:
             value = float(value)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ConfigError(f"[sidecar] {key} must be a {kind.__name__}, got {value!r}")
+        if key == "allowed_hosts":
+            if not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"[sidecar] {key} must be a list of strings, got {value!r}")
+            from ..asgi import normalize_host
+
+            try:
+                value = [normalize_host(v) for v in value]
+            except ValueError as e:
+                raise ConfigError(f"[sidecar] {key}: {e}", hint="give host names or addresses, without a port") from None
         out[key] = value
     return out
 
@@ -70,10 +81,17 @@ def parse_tcp(text: str) -> tuple[str, int]:
 @click.option("--allow-remote", is_flag=True, default=None,
               help="Allow a non-loopback --tcp address; a bearer token is then required.")
 @click.option("--token-file", type=click.Path(dir_okay=False),
-              help="File holding the bearer token for TCP clients (or env TRACEDB_TOKEN).")
+              help="File holding the bearer token of the TCP, OTLP and HTTP listeners (or env "
+              "TRACEDB_TOKEN; default: the data directory's file token, made at the first start).")
+@click.option("--trust-local-users", is_flag=True, default=None,
+              help="Loopback TCP, OTLP and HTTP take no token: every user of this machine may record "
+              "and read (the Unix socket is the owner's alone either way).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", callback=host_names,
+              help="A Host name the HTTP listeners answer to besides 127.0.0.1, localhost and [::1] "
+              "(repeatable).")
 @click.option("--http-port", type=click.IntRange(0, 65535),
               help="Serve the web view (as `tracedb ui`), /metrics and /health on http://127.0.0.1:PORT "
-              "(off by default).")
+              "(off by default; the token guards all but /health).")
 @click.option("--http-host", help="Address for --http-port (default 127.0.0.1; another needs --allow-remote "
               "and a token, which every request must then carry).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
@@ -81,7 +99,7 @@ def parse_tcp(text: str) -> tuple[str, int]:
 @click.option("--otlp-port", type=click.IntRange(0, 65535),
               help="Also receive OpenTelemetry traces (OTLP/HTTP, POST /v1/traces) on this port; "
               "point an agent at it with OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:PORT/v1/traces "
-              "(needs the otel extra; docs/otel.md).")
+              "and the token in OTEL_EXPORTER_OTLP_HEADERS, as the log says (needs the otel extra; docs/otel.md).")
 @click.option("--otlp-host", help="Address for --otlp-port (default 127.0.0.1; another needs --allow-remote and a token).")
 @click.option("--max-frame-bytes", type=click.IntRange(1, P.MAX_FRAME_BYTES_LIMIT),
               help=f"Largest request line (default {P.DEFAULT_MAX_FRAME_BYTES}).")
@@ -97,7 +115,7 @@ def parse_tcp(text: str) -> tuple[str, int]:
 @click.option("--compact-in-process", is_flag=True,
               help="Compact in a thread of the recorder instead of a child process (slower ingest).")
 @click.pass_context
-def serve(ctx, socket_path, tcp, allow_remote, token_file, http_port, http_host, metrics_port, otlp_port, otlp_host, max_frame_bytes,
+def serve(ctx, socket_path, tcp, allow_remote, token_file, trust_local_users, allowed_hosts, http_port, http_host, metrics_port, otlp_port, otlp_host, max_frame_bytes,
           max_connections, max_inflight_requests, log_level, log_format, compact_in_process):
     """Run the sidecar recorder: agents record through it over a Unix socket.
 
@@ -105,6 +123,10 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, http_port, http_host,
     then serves the wire protocol of docs/protocol.md, compacting into SQLite in the background
     (in a child process, so that compaction never delays an acknowledgment).
     SIGTERM or Ctrl-C: stops accepting, answers every pending request, exits 0.
+
+    The Unix socket is the owner's alone (0600). TCP, OTLP and HTTP listeners need a bearer
+    token, kept in the data directory's file `token` (made at the first start, 0600), where
+    the owner's client and commands find it (docs/security.md).
 
     \b
     Example:
@@ -120,7 +142,7 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, http_port, http_host,
     cfg = config_of(ctx)
     # The compactor's CPU would otherwise come out of the interpreter that acknowledges events.
     cfg = cfg.replace(compact_worker=not compact_in_process)
-    file = _sidecar_file_settings(cfg)
+    file = sidecar_file_settings(cfg)
     tcp = tcp or file.get("tcp")
     host, port = parse_tcp(tcp) if tcp else (None, None)
     scfg = ServerConfig(
@@ -129,6 +151,9 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, http_port, http_host,
         tcp_port=port,
         allow_remote=bool(allow_remote if allow_remote is not None else file.get("allow_remote", False)),
         token=read_token(token_file or file.get("token_file")),
+        token_file=token_file or file.get("token_file"),
+        trust_local_users=bool(trust_local_users if trust_local_users is not None
+                               else file.get("trust_local_users", False)),
         metrics_port=next((p for p in (http_port, metrics_port, file.get("http_port"), file.get("metrics_port"))
                            if p is not None), None),
         max_frame_bytes=max_frame_bytes or file.get("max_frame_bytes", P.DEFAULT_MAX_FRAME_BYTES),
@@ -147,7 +172,8 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, http_port, http_host,
     elif otlp_host:
         raise click.UsageError("--otlp-host needs --otlp-port")
     serve_forever(cfg, scfg, log_level=log_level or file.get("log_level", "info"), log_json={"json": True, "text": False}.get(log_format),
-                  otlp=otlp, http_host=http_host or file.get("http_host") or "127.0.0.1")
+                  otlp=otlp, http_host=http_host or file.get("http_host") or "127.0.0.1",
+                  allowed_hosts=allowed_hosts or tuple(file.get("allowed_hosts", ())))
 
 
 @main.command()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..program import as_invoked
-from .main import config_of, emit_json, json_option, main, read_token
+from .main import config_of, emit_json, host_names, json_option, main, read_token
 
 DEFAULT_UI_PORT = 8470
 
@@ -27,38 +27,56 @@ def _recovery_note(cfg) -> str | None:
 @click.option("--allow-remote", is_flag=True,
               help="Allow a non-loopback --host; every request must then carry the bearer token.")
 @click.option("--token-file", type=click.Path(dir_okay=False),
-              help="File holding the bearer token for a non-loopback --host (or env TRACEDB_TOKEN).")
+              help="File holding the bearer token (or env TRACEDB_TOKEN; default: the data "
+              "directory's file token, made at the first start).")
+@click.option("--trust-local-users", is_flag=True, default=None,
+              help="On a loopback --host, take no token: every user of this machine may read the view.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", callback=host_names,
+              help="A Host name to answer to besides 127.0.0.1, localhost and [::1] (repeatable).")
 @click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
               help="The data directory to show (the same as the global --data-dir).")
 @click.option("--db", "db_url", metavar="URL", default=None,
               help="A fleet's PostgreSQL database to show (the same as the global --db).")
 @json_option("Print the address as one JSON line ({\"url\": ...}); errors as JSON too.")
 @click.pass_context
-def ui(ctx, host, port, allow_remote, token_file, data_dir, db_url, as_json):
+def ui(ctx, host, port, allow_remote, token_file, trust_local_users, allowed_hosts, data_dir, db_url, as_json):
     """Browse executions in a web page: the list, timelines, payloads, diffs and forks.
 
     Read-only: it reads the store next to a running recorder (`tracedb serve`) and never
-    writes. With no recorder running it also shows what only the WAL holds (executions left
+    writes to it. With no recorder running it also shows what only the WAL holds (executions left
     running read as incomplete), as the read commands do. Prints the address to open; Ctrl-C (or SIGTERM) stops it. A running execution's
     new events appear on its page as they are recorded.
 
+    The address carries the access token once (?token=); the first visit keeps it in a
+    cookie. The token is the data directory's file `token`, made at the first start.
+
     \b
     Example:
-      tracedb ui                                   # then open http://127.0.0.1:8470/
+      tracedb ui                                   # then open the address it prints
       tracedb ui --db postgresql+psycopg://tracedb@db.internal/traces --port 0
     """
-    from ..web.run import check_listen, serve_ui
+    from ..asgi import is_loopback
+    from ..web.run import check_listen, serve_ui, view_token
+    from .serve import sidecar_file_settings
 
     cfg = config_of(ctx)
     if data_dir is not None:
         cfg = cfg.replace(data_dir=data_dir, db_path="")
     if db_url is not None:
         cfg = cfg.replace(db_url=db_url)
-    token = read_token(token_file) if allow_remote or token_file else None
+    file = sidecar_file_settings(cfg)  # the recorder's two keys that are the view's too
+    if trust_local_users is None:
+        trust_local_users = file.get("trust_local_users", False)
+    allowed_hosts = allowed_hosts or tuple(file.get("allowed_hosts", ()))
+    token = read_token(token_file)
     check_listen(host, allow_remote=allow_remote, token=token)
-    note = _recovery_note(cfg)
+    note = _recovery_note(cfg)  # a missing store exits 3 here: no token is made for it
     if note:
         click.echo(as_invoked(note), err=True)
+    if trust_local_users and is_loopback(host):
+        token = None
+    elif token is None:
+        token = view_token(cfg)
 
     def listening(url: str) -> None:
         if as_json:
@@ -69,4 +87,5 @@ def ui(ctx, host, port, allow_remote, token_file, data_dir, db_url, as_json):
 
     import asyncio
 
-    asyncio.run(serve_ui(cfg, host=host, port=port, token=token, on_listening=listening))
+    asyncio.run(serve_ui(cfg, host=host, port=port, token=token, allowed_hosts=allowed_hosts,
+                         on_listening=listening))

@@ -9,7 +9,7 @@ OTLP/HTTP specification:
   `partial_success` with a message;
 - 400 for a body that cannot be decoded (garbage, truncated, broken gzip), 413 for one above the
   size limit (compressed or not), 415 for another content type, 401 for a missing or wrong bearer
-  token: an exporter does not retry these;
+  token, 403 for a Host header that names another host: an exporter does not retry these;
 - 429 when too many requests are in flight and 503 while the recorder shuts down, both with
   `Retry-After`, which exporters honour.
 
@@ -22,11 +22,11 @@ import asyncio
 import hmac
 import logging
 import zlib
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import orjson
 
-from ..asgi import is_loopback
+from ..asgi import bearer_token, is_loopback
 from ..errors import ConfigError, RecordingFailedError, StoreClosedError, TraceDBError
 from ..program import extra_hint
 from . import mapping as M
@@ -157,10 +157,11 @@ class Receiver:
             return Response(_status_body(code, message, as_json), status_code=status, media_type=media, headers=headers)
 
         if self.token is not None:
-            auth = request.headers.get("authorization", "")
-            expected = f"Bearer {self.token}".encode()
-            if not hmac.compare_digest(auth.encode("utf-8", "surrogateescape"), expected):
-                return refuse(401, _UNAUTHENTICATED, "missing or wrong bearer token (Authorization: Bearer <token>)")
+            given = bearer_token(request.headers) or ""
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token.encode()):
+                return refuse(401, _UNAUTHENTICATED, "missing or wrong bearer token: send it with "
+                              "OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20<token> (the token "
+                              "is in the recorder's data directory, file token)")
         if ctype not in (JSON, PROTOBUF):
             return refuse(415, _INVALID_ARGUMENT, f"content type must be {PROTOBUF} or {JSON}, not {ctype or 'none'!r}")
         if self.draining():
@@ -254,13 +255,16 @@ class OtlpEndpoint:
 
 
 async def start_receiver(store, *, host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None,
-                         draining: Callable[[], bool] = lambda: False, **limits):
+                         draining: Callable[[], bool] = lambda: False,
+                         allowed_hosts: Optional[Iterable[str]] = None, **limits):
     """Serve OTLP/HTTP for `store` on the running loop; returns (OtlpEndpoint, Receiver).
-    `await endpoint.close()` stops it. A busy port raises OSError."""
-    from ..asgi import HttpEndpoint
+    With `token`, every request must carry it; with `allowed_hosts`, one naming another Host gets
+    403. `await endpoint.close()` stops it. A busy port raises OSError."""
+    from ..asgi import HostCheck, HttpEndpoint
 
     receiver = Receiver(SpanIngest(store), token=token, draining=draining, **limits)
-    http = HttpEndpoint(receiver.app, host=host, port=port, name="otlp")
+    app = receiver.app if allowed_hosts is None else HostCheck(receiver.app, allowed_hosts)
+    http = HttpEndpoint(app, host=host, port=port, name="otlp")
     try:
         await http.start()
     except BaseException:

@@ -12,6 +12,10 @@ Where the recording goes (`connect(sidecar=None, data_dir=None)`):
 3. the default socket `<data dir>/tracedb.sock` when a server listens there, else
 4. in-process: the embedded store in the data directory (`tracedb.open`).
 
+A TCP listener needs its bearer token; the client sends `token=`, else TRACEDB_TOKEN, else the
+data directory's token file (`<data dir>/token`, made by `tracedb serve`), so that the owner's
+agents need not be told it. The Unix socket needs none.
+
 Reconnecting without duplicates: every request is idempotent, so after a transient failure (the
 connection drops, the server restarts gracefully, answers `unavailable` or `overloaded`) the client
 reconnects and resends every request not yet answered, in order, until `reconnect_timeout_s`
@@ -127,6 +131,10 @@ def error_from_wire(error: dict, execution_id: Optional[str] = None) -> E.TraceD
     code = str(error.get("code") or P.INTERNAL)
     message = str(error.get("message") or code)
     cls = _WIRE_ERRORS.get(code)
+    if code == P.UNAUTHORIZED:
+        return SidecarError(code, message, hint=(
+            "the recorder's TCP listener needs its token: run from its data directory (the "
+            "client reads the file token there; or pass data_dir=), set TRACEDB_TOKEN, or pass token="))
     if cls is None:
         return SidecarError(code, message)
     err = cls.__new__(cls)
@@ -200,6 +208,20 @@ def resolve_sidecar(sidecar: Optional[str], data_dir: Optional[str]) -> Optional
         finally:
             probe.close()
     return None
+
+
+def _token_for(address: str, token: Optional[str], data_dir: Optional[str]) -> Optional[str]:
+    """The token a connection to `address` sends: `token`, else TRACEDB_TOKEN, else, for TCP, the
+    data directory's token file: the owner's own agents are not told it. (The Unix socket
+    needs none: its file mode keeps other users out.)"""
+    if token is not None:
+        return token
+    env = os.environ.get("TRACEDB_TOKEN")
+    if env or parse_address(address)[0] != "tcp":
+        return env or None
+    from ..config import read_local_token
+
+    return read_local_token(default_data_dir(data_dir))
 
 
 def _address_for(policy: str, sidecar: Optional[str], data_dir: Optional[str], embedded: Optional[bool]) -> Optional[str]:
@@ -489,8 +511,8 @@ class Client:
             # Waiting for an answer, then reconnecting and waiting again: outage_timeout_s in all.
             timeout_s = min(timeout_s, outage_timeout_s / 2)
             reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s / 2)
-        kwargs = dict(token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s,
-                      connect_timeout_s=connect_timeout_s)
+        kwargs = dict(token=_token_for(self.address, token, data_dir), timeout_s=timeout_s,
+                      reconnect_timeout_s=reconnect_timeout_s, connect_timeout_s=connect_timeout_s)
         try:
             self._remote = _SyncSidecar(self.address, **kwargs)
         except RecorderUnavailableError as e:
@@ -1042,8 +1064,8 @@ class AsyncClient:
             timeout_s = min(timeout_s, outage_timeout_s / 2)
             reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s / 2)
         self._remote = _AsyncSidecar(
-            self.address, token=token, timeout_s=timeout_s, reconnect_timeout_s=reconnect_timeout_s,
-            connect_timeout_s=connect_timeout_s,
+            self.address, token=_token_for(self.address, token, data_dir), timeout_s=timeout_s,
+            reconnect_timeout_s=reconnect_timeout_s, connect_timeout_s=connect_timeout_s,
         )
         try:
             await self._remote.connect()

@@ -2,7 +2,9 @@
 
 Opt-in (`tracedb serve --http-port N`): `/metrics` in the Prometheus text format
 (prometheus-client's own ASGI app) and `/health` as JSON, served by uvicorn on the recorder's
-event loop next to the web view (`tracedb.web`), one server on 127.0.0.1.
+event loop next to the web view (`tracedb.web`), one server on 127.0.0.1. `/metrics` needs the
+listener's bearer token as the web view does (Prometheus sends it); `/health` answers without it
+with the status alone (docs/security.md).
 
 The hot path only bumps plain integers (`server.Counters`); a custom collector turns them into
 metric families at scrape time. Histograms are observed once per WAL group and once per response
@@ -215,15 +217,25 @@ class _AsgiApp:
         await self.app(scope, receive, send)
 
 
+# Served without the token where one guards the rest (a load balancer's probe has none): it then
+# says whether the recorder can write, and nothing about what it records.
+OPEN_PATHS = ("/health",)
+
+
 def routes(metrics: SidecarMetrics) -> list:
     """Starlette routes: GET /metrics (prometheus-client's ASGI app on the metrics' registry) and
-    GET /health (JSON; 200 when the recorder can write, else 503)."""
+    GET /health (JSON; 200 when the recorder can write, else 503; only the status to a request
+    without the token, where a token is needed)."""
     from prometheus_client import make_asgi_app
     from starlette.responses import Response
     from starlette.routing import Route
 
-    async def health(_request):
+    from ..asgi import AUTHENTICATED
+
+    async def health(request):
         status, body = metrics.health()
+        if not request.scope.get(AUTHENTICATED, True):
+            body = {"status": body["status"]}
         return Response(orjson.dumps(body) + b"\n", status_code=status, media_type="application/json",
                         headers={"cache-control": "no-store"})
 

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import gc
 import logging
+import os
+import shlex
 import sys
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
+from ..asgi import allowed_hosts as allowed_host_names
+from ..asgi import is_loopback
+from ..config import ensure_local_token, token_path
 from ..errors import ConfigError
 from .metrics import SidecarMetrics, configure_logging, routes, sample_forever
 from .server import ServerConfig, SidecarServer, check_config
@@ -61,8 +67,11 @@ def _cannot_listen(e: OSError, what: str, scfg: ServerConfig) -> ConfigError:
 class HttpServer:
     """`--http-port`: the web view, /metrics and /health on one uvicorn server on the loop."""
 
-    def __init__(self, cfg, metrics: SidecarMetrics, host: str, port: int, token):
+    def __init__(self, cfg, metrics: SidecarMetrics, host: str, port: int, token, *,
+                 allowed_hosts=None, token_file: Optional[str] = None):
         self.cfg, self.metrics, self.host, self.port, self.token = cfg, metrics, host, port, token
+        self.allowed_hosts = allowed_hosts
+        self.token_file = token_file
         self.reader = None
         self.endpoint = None
         self._sampler = None
@@ -71,18 +80,26 @@ class HttpServer:
         from ..asgi import HttpEndpoint
         from ..reads import AsyncReader
         from ..web import create_app
-        from ..web.run import is_loopback, replay_command
+        from ..web.run import address, replay_command
+        from .metrics import OPEN_PATHS
 
         self._sampler = asyncio.get_running_loop().create_task(sample_forever(self.metrics))
         self.reader = await AsyncReader.open(self.cfg)
         app = create_app(
             self.reader, replay_command=replay_command(self.cfg), extra_routes=routes(self.metrics),
-            token=None if is_loopback(self.host) else self.token,
+            token=self.token, open_paths=OPEN_PATHS, allowed_hosts=self.allowed_hosts,
         )
         self.endpoint = HttpEndpoint(app, host=self.host, port=self.port, name="http")
         self.port = await self.endpoint.start()
-        log.info("http listening", extra={"ui": f"http://{self.host}:{self.port}/",
-                                          "metrics": f"http://{self.host}:{self.port}/metrics"})
+        fields = {"ui": address(self.host, self.port), "metrics": address(self.host, self.port) + "metrics"}
+        if self.token:
+            if sys.stderr.isatty():
+                # The owner's terminal: the address to open, as `tracedb ui` prints it. A log
+                # that others may read (a file, the journal) names where the token is instead.
+                fields["ui"] = address(self.host, self.port, self.token)
+            else:
+                fields["token"] = token_where(self.token_file)
+        log.info("http listening", extra=fields)
         return self.port
 
     async def close(self) -> None:
@@ -94,12 +111,41 @@ class HttpServer:
             await self.reader.close()
 
 
-async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_host: str = "127.0.0.1") -> int:
+def token_where(token_file: Optional[str]) -> str:
+    """Where the token is, for a log line: its file, or the variable that holds it."""
+    return os.path.abspath(token_file) if token_file else "$TRACEDB_TOKEN"
+
+
+def otlp_headers(token_file: Optional[str]) -> str:
+    """The command that hands an exporter the token, reading it where it is (a log line must
+    not hold the token itself)."""
+    value = f"$(cat {shlex.quote(os.path.abspath(token_file))})" if token_file else "${TRACEDB_TOKEN}"
+    return f'OTEL_EXPORTER_OTLP_HEADERS="Authorization=Bearer%20{value}"'
+
+
+def _needs_token(host: str, scfg: ServerConfig) -> bool:
+    return not (scfg.trust_local_users and is_loopback(host))
+
+
+async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_host: str = "127.0.0.1",
+                allowed_hosts: Sequence[str] = ()) -> int:
     """Open the store on `cfg.data_dir`, serve until SIGTERM/SIGINT, shut down cleanly.
-    `otlp` ({"host", "port"}) also serves OTLP/HTTP traces there (tracedb.otel.receiver)."""
+    `otlp` ({"host", "port"}) also serves OTLP/HTTP traces there (tracedb.otel.receiver).
+    `allowed_hosts`: Host names the HTTP listeners answer to besides the loopback ones."""
     from .store_backend import open_backend
 
-    check_config(scfg)  # refuse a bad listening setup before recovery does any work
+    hosts = [h for h, on in ((scfg.tcp_host or "127.0.0.1", scfg.tcp_port is not None),
+                             (http_host, scfg.metrics_port is not None),
+                             (otlp["host"] if otlp else "", otlp is not None)) if on]
+    # A loopback listener that needs a token and was given none gets the data directory's.
+    local_token = not scfg.token and any(is_loopback(h) and _needs_token(h, scfg) for h in hosts)
+    # Refuse a bad listening setup before anything is made, or recovery does any work.
+    check_config(scfg, local_token=local_token)
+    try:
+        http_allowed = allowed_host_names(http_host, allowed_hosts)
+        otlp_allowed = allowed_host_names(otlp["host"], allowed_hosts) if otlp else None
+    except ValueError as e:
+        raise ConfigError(str(e), hint="give a host name or an address, without a port (--allowed-host)") from None
     if scfg.metrics_port is not None:  # --http-port: the web view, /metrics, /health
         from ..web.run import check_listen as check_http
 
@@ -109,6 +155,8 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
 
         require_otel()
         check_listen(otlp["host"], scfg.allow_remote, scfg.token)
+    if local_token:
+        scfg = dataclasses.replace(scfg, token=ensure_local_token(cfg.data_dir), token_file=token_path(cfg.data_dir))
     t0 = time.perf_counter()
     backend = await open_backend(cfg.data_dir, config=cfg)
     rec = getattr(backend.store, "last_recovery", None)
@@ -130,20 +178,29 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
         metrics = SidecarMetrics()
         metrics.attach(server)
         if scfg.metrics_port is not None:
-            http = HttpServer(cfg, metrics, http_host, scfg.metrics_port, scfg.token)
+            http = HttpServer(cfg, metrics, http_host, scfg.metrics_port,
+                              scfg.token if _needs_token(http_host, scfg) else None,
+                              allowed_hosts=http_allowed, token_file=scfg.token_file)
             await http.start()
         listening = "the socket or TCP port"
         server.install_signal_handlers()
         await server.start()
         if otlp is not None:
             from ..otel.receiver import start_receiver
+            from ..web.run import address
 
             listening = f"the OTLP port {otlp['host']}:{otlp['port']} (--otlp-port)"
+            otlp_token = scfg.token if _needs_token(otlp["host"], scfg) else None
             otlp_http, _receiver = await start_receiver(
-                backend.store, host=otlp["host"], port=otlp["port"], token=scfg.token,
-                draining=lambda: server.draining,
+                backend.store, host=otlp["host"], port=otlp["port"], token=otlp_token,
+                draining=lambda: server.draining, allowed_hosts=otlp_allowed,
             )
-            log.info("otlp listening", extra={"otlp": f"http://{otlp['host']}:{otlp_http.port}/v1/traces"})
+            fields = {"otlp": address(otlp["host"], otlp_http.port) + "v1/traces"}
+            if otlp_token:
+                fields["token"] = token_where(scfg.token_file)
+            log.info("otlp listening", extra=fields)
+            if otlp_token:
+                log.info("exporters send the token with: export %s", otlp_headers(scfg.token_file))
     except BaseException as e:
         if otlp_http is not None:
             await otlp_http.close()
@@ -168,7 +225,8 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
 
 
 def serve_forever(cfg, scfg: ServerConfig, *, log_level: str = "info", log_json: Optional[bool] = None,
-                  otlp: Optional[dict] = None, http_host: str = "127.0.0.1") -> None:
+                  otlp: Optional[dict] = None, http_host: str = "127.0.0.1",
+                  allowed_hosts: Sequence[str] = ()) -> None:
     """Run `serve` in a fresh event loop (the CLI entry point)."""
     configure_logging(log_level, json_format=log_json)
-    asyncio.run(serve(cfg, scfg, otlp, http_host=http_host))
+    asyncio.run(serve(cfg, scfg, otlp, http_host=http_host, allowed_hosts=allowed_hosts))

@@ -19,6 +19,7 @@ import errno
 import hmac
 import logging
 import os
+import re
 import signal
 import socket
 import stat
@@ -42,6 +43,8 @@ _dumps = orjson.dumps
 _JSONDecodeError = orjson.JSONDecodeError
 _NL = orjson.OPT_APPEND_NEWLINE
 _TOO_LARGE = P.FrameSplitter.TOO_LARGE
+# The request line of an HTTP request ("POST / HTTP/1.1"): never a frame of this protocol.
+_HTTP_REQUEST = re.compile(rb"[A-Z]+ \S+ HTTP/\d")
 
 
 @dataclass
@@ -53,6 +56,10 @@ class ServerConfig:
     tcp_port: Optional[int] = None
     allow_remote: bool = False
     token: Optional[str] = None
+    # The file the token was read from (what the logs name, never the token); None: TRACEDB_TOKEN.
+    token_file: Optional[str] = None
+    # A loopback listener takes no token: every local user may record (docs/security.md).
+    trust_local_users: bool = False
     metrics_port: Optional[int] = None
     max_frame_bytes: int = P.DEFAULT_MAX_FRAME_BYTES
     max_connections: int = P.DEFAULT_MAX_CONNECTIONS
@@ -70,8 +77,9 @@ class ServerConfigError(TraceDBError):
     code = "config"
 
 
-def check_config(config: ServerConfig) -> None:
-    """Refuse unsafe or impossible listening setups before anything is opened."""
+def check_config(config: ServerConfig, *, local_token: bool = False) -> None:
+    """Refuse unsafe or impossible listening setups before anything is opened. `local_token`:
+    the data directory's token is made for the loopback listeners once the checks pass."""
     if config.socket_path is None and config.tcp_port is None:
         raise ServerConfigError("nothing to listen on", hint="give --socket or --tcp")
     if not 1 <= config.max_frame_bytes <= P.MAX_FRAME_BYTES_LIMIT:
@@ -81,7 +89,15 @@ def check_config(config: ServerConfig) -> None:
         )
     if config.tcp_port is not None:
         host = config.tcp_host or "127.0.0.1"
-        if not is_loopback(host):
+        if is_loopback(host):
+            if not (config.token or local_token or config.trust_local_users):
+                raise ServerConfigError(
+                    f"the TCP listener on {host} needs a bearer token: other local users could "
+                    "record through it",
+                    hint="tracedb serve makes one in the data directory (token); give one with "
+                    "--token-file or TRACEDB_TOKEN, or pass --trust-local-users",
+                )
+        else:
             if not config.allow_remote:
                 raise ServerConfigError(
                     f"refusing to listen on non-loopback address {host}",
@@ -265,6 +281,14 @@ class Connection(asyncio.Protocol):
                 try:
                     req = _loads(frame)
                 except _JSONDecodeError as e:
+                    if self.peer == "tcp" and _HTTP_REQUEST.match(frame):
+                        # A browser's request: any web page may send one to a loopback port, and
+                        # the lines of its body would read as requests. None of it is read.
+                        self.closing = closing = True
+                        self.authenticated = False
+                        if self.transport is not None:
+                            self.transport.pause_reading()
+                        break
                     raise P.ProtocolError(P.BAD_JSON, f"frame is not valid UTF-8 JSON: {e}") from None
                 if type(req) is not dict:
                     raise P.ProtocolError(P.BAD_REQUEST, "a request is a JSON object")
@@ -736,7 +760,7 @@ class SidecarServer:
             self._servers.append(srv)
         if cfg.tcp_port is not None:
             host = cfg.tcp_host or "127.0.0.1"
-            needs_token = bool(cfg.token)
+            needs_token = not (cfg.trust_local_users and is_loopback(host))
 
             def factory():
                 return Connection(self, needs_token=needs_token, peer="tcp")

@@ -23,7 +23,7 @@ import hmac
 import os
 import re
 from datetime import datetime, timezone
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 from urllib.parse import parse_qsl, unquote_to_bytes, urlencode
 
 import orjson
@@ -34,6 +34,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..asgi import AUTHENTICATED, HostCheck, bearer_token
 from ..config import parse_duration_s
 from ..errors import (
     AmbiguousExecutionIdError,
@@ -410,11 +411,14 @@ class SecurityHeaders:
 
 class TokenGate:
     """Lets a request through only with the bearer token: an `Authorization: Bearer` header, the
-    cookie a first visit with `?token=` sets, or that visit itself (redirected without it)."""
+    cookie a first visit with `?token=` sets, or that visit itself (redirected without it, so
+    that the token leaves the address bar and the history). `open_paths` pass without it, marked
+    unauthenticated in the scope (/health says less then)."""
 
-    def __init__(self, app, token: str):
+    def __init__(self, app, token: str, open_paths: Sequence[str] = ()):
         self.app = app
         self.token = token.encode()
+        self.open_paths = frozenset(open_paths)
 
     def _ok(self, given: Optional[str]) -> bool:
         return given is not None and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self.token)
@@ -423,23 +427,36 @@ class TokenGate:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         request = Request(scope)
-        auth = request.headers.get("authorization", "")
-        if auth.lower().startswith("bearer ") and self._ok(auth[7:].strip()):
-            return await self.app(scope, receive, send)
-        if self._ok(request.cookies.get(TOKEN_COOKIE)):
-            return await self.app(scope, receive, send)
+        cookie = token_cookie(scope)
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         given = next((v for k, v in query if k == "token"), None)
         if self._ok(given):
             rest = urlencode([(k, v) for k, v in query if k != "token"])
-            resp = RedirectResponse(request.url.path + (f"?{rest}" if rest else ""), status_code=303)
-            resp.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite="strict")
+            # The path as it was sent (still percent-encoded): an id may hold "?" or "#".
+            path = (scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
+            path = "/" + path.lstrip("/")  # "//host/..." would send the browser to another host
+            resp = RedirectResponse(path + (f"?{rest}" if rest else ""), status_code=303)
+            resp.set_cookie(cookie, given, httponly=True, samesite="strict")
             return await resp(scope, receive, send)
+        if self._ok(bearer_token(request.headers)) or self._ok(request.cookies.get(cookie)):
+            scope[AUTHENTICATED] = True
+            return await self.app(scope, receive, send)
+        if scope["path"] in self.open_paths:
+            scope[AUTHENTICATED] = False
+            return await self.app(scope, receive, send)
         resp = _html(pages.error_page(401, "this view needs the access token",
                                       "open the address tracedb ui printed (it carries ?token=), "
-                                      "or send Authorization: Bearer TOKEN"), 401)
+                                      "or send Authorization: Bearer TOKEN; the token is in the "
+                                      "data directory's token file"), 401)
         resp.headers["www-authenticate"] = "Bearer"
         await resp(scope, receive, send)
+
+
+def token_cookie(scope) -> str:
+    """The cookie holding the token: one per port, since a browser sends a host's cookies to
+    every port of it, and two views on one host may have two tokens."""
+    server = scope.get("server")
+    return f"{TOKEN_COOKIE}_{server[1]}" if server and server[1] else TOKEN_COOKIE
 
 
 def create_app(
@@ -448,9 +465,12 @@ def create_app(
     replay_command: str = "tracedb replay",
     token: Optional[str] = None,
     extra_routes: Sequence[BaseRoute] = (),
+    open_paths: Sequence[str] = (),
+    allowed_hosts: Optional[Iterable[str]] = None,
 ) -> Starlette:
     """The web view over `reader` (not closed by the app). `extra_routes` go first (the
-    recorder's /metrics and /health); with `token`, every request must carry it."""
+    recorder's /metrics and /health); with `token`, every request must carry it but those to
+    `open_paths`; with `allowed_hosts`, a request naming another Host gets 403."""
     v = Views(reader, replay_command)
     get = ["GET", "HEAD"]
     routes = [
@@ -472,7 +492,10 @@ def create_app(
         exception_handlers={BadRequest: _bad_request, TraceDBError: _tracedb_error, HTTPException: _http_error,
                             Exception: _server_error},
     )
-    app.add_middleware(SecurityHeaders)
+    # The last added runs first: the Host check, then the headers (on a 401 page too), then the token.
     if token:
-        app.add_middleware(TokenGate, token=token)
+        app.add_middleware(TokenGate, token=token, open_paths=open_paths)
+    app.add_middleware(SecurityHeaders)
+    if allowed_hosts is not None:
+        app.add_middleware(HostCheck, allowed=allowed_hosts)
     return app

@@ -1,8 +1,10 @@
 """`tracedb ui`: the web view on its own uvicorn server, until SIGINT or SIGTERM.
 
-A loopback address needs nothing more. Any other address follows the rules of the recorder's TCP
-listener: `--allow-remote` and a bearer token (TRACEDB_TOKEN or --token-file), which every
-request must then carry.
+Every request carries the bearer token (the printed address holds it once; the first visit turns
+it into a cookie), unless the operator trusts the local users (`--trust-local-users`) and the
+address is loopback. A loopback address answers only to loopback Host names (and those added with
+`--allowed-host`). Any other address follows the rules of the recorder's TCP listener:
+`--allow-remote` and a bearer token given by TRACEDB_TOKEN or --token-file (docs/security.md).
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import errno
 import os
 import shlex
 import signal
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 from urllib.parse import quote
 
 from .. import db
 from ..asgi import HttpEndpoint, is_loopback
-from ..config import DEFAULT_DATA_DIR, Config
+from ..asgi import allowed_hosts as allowed_host_names
+from ..config import DEFAULT_DATA_DIR, Config, ensure_local_token
 from ..errors import ConfigError
 from ..program import program
 from ..reads import AsyncReader
@@ -66,19 +69,33 @@ def cannot_listen(e: OSError, host: str, port: int, flag: str) -> ConfigError:
     )
 
 
+def view_token(cfg: Config) -> str:
+    """The token of a view given none: the data directory's (made the first time), or, with no
+    data directory (a fleet's database alone), one for this run, which only the printed address
+    carries."""
+    if os.path.isdir(cfg.data_dir):
+        return ensure_local_token(cfg.data_dir)
+    import secrets
+
+    return secrets.token_urlsafe(32)
+
+
 async def serve_ui(
     cfg: Config,
     *,
     host: str = "127.0.0.1",
     port: int = 8470,
     token: Optional[str] = None,
+    allowed_hosts: Sequence[str] = (),
     on_listening: Callable[[str], None] = print,
     stop: Optional[asyncio.Event] = None,
 ) -> None:
-    """Serve the web view of `cfg`'s store until SIGINT/SIGTERM (or `stop` is set)."""
+    """Serve the web view of `cfg`'s store until SIGINT/SIGTERM (or `stop` is set). With `token`,
+    every request must carry it; the Host names answered are `tracedb.asgi.allowed_hosts`'."""
+    allowed = allowed_host_names(host, allowed_hosts)
     reader = await AsyncReader.open(cfg)
     endpoint = HttpEndpoint(
-        create_app(reader, token=token if not is_loopback(host) else None, replay_command=replay_command(cfg)),
+        create_app(reader, token=token, allowed_hosts=allowed, replay_command=replay_command(cfg)),
         host=host, port=port, name="ui",
     )
     try:
@@ -95,7 +112,7 @@ async def serve_ui(
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
-        on_listening(address(host, bound, token if not is_loopback(host) else None))
+        on_listening(address(host, bound, token))
         await stop.wait()
     finally:
         await endpoint.close()
