@@ -246,10 +246,13 @@ def test_the_commented_http_and_otlp_listeners_serve_inside_the_units_sandbox(sa
             urls.update({k: v for k, v in json.loads(line).items() if k in ("ui", "otlp")})
         with urllib.request.urlopen(urls["ui"] + "health", timeout=30) as r:
             assert r.status == 200
-        with urllib.request.urlopen(urls["ui"], timeout=30) as r:
+        # The listeners take the token the recorder keeps in its data directory (docs/security.md).
+        bearer = {"Authorization": "Bearer " + (data_dir / "token").read_text().strip()}
+        ui = urls["ui"].split("?", 1)[0]
+        with urllib.request.urlopen(urllib.request.Request(ui, headers=bearer), timeout=30) as r:
             assert r.status == 200 and "tracedb" in r.read().decode()
         request = urllib.request.Request(urls["otlp"], data=b'{"resourceSpans": []}', method="POST",
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", **bearer})
         with urllib.request.urlopen(request, timeout=30) as r:
             assert r.status == 200
     finally:
