@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import shutil
 from dataclasses import dataclass
 from typing import Optional
 
 from . import format as fmt
 from .dir_lock import acquire_dir_lock
 from .errors import WalCorruptionError
-from .fs import OsFileSystem, write_all, write_file_atomic
+from .fs import OsFileSystem, copy_to_new_file, write_all, write_file_atomic
 from .reader import (
     APPLIED_FILE,
     GAPS_FILE,
@@ -178,12 +177,11 @@ def _keep_copy(fs, path: str) -> str:
     while os.path.exists(dst):
         n += 1
         dst = f"{path}.broken.{n}"
-    shutil.copyfile(path, dst)
-    fd = fs.open(dst, os.O_RDONLY)
+    src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        fs.fsync(fd)
+        copy_to_new_file(fs, src, dst)
     finally:
-        fs.close(fd)
+        os.close(src)
     return dst
 
 
@@ -195,7 +193,7 @@ def repair(directory: str, *, fs=None, applied_lsn: Optional[int] = None) -> Rep
     writer can continue: then the segments left (every record in them applied, their damaged
     one copied) are removed and `APPLIED` is set to `applied_lsn`, so the log continues there."""
     fs = fs or OsFileSystem()
-    lock_fd = acquire_dir_lock(os.path.abspath(directory))
+    lock_fd = acquire_dir_lock(os.path.abspath(directory), fs)
     try:
         reader = WalReader(directory, mode=RecoveryMode.POINT_IN_TIME)
         reader.skip_to_end()
