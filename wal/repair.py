@@ -185,6 +185,51 @@ def _keep_copy(fs, path: str) -> str:
     return dst
 
 
+_SEAL_SIZE = len(fmt.encode_seal(0, 0, 0))
+
+
+def seal_intact(path: str, first_lsn: int, next_first_lsn: int, gaps: dict) -> bool:
+    """Whether the sealed segment `path` (its name says it starts at `first_lsn`) ends with the
+    SEAL the writer wrote: a valid CRC, the segment's last LSN, its count of records, and the
+    next segment starting right after (or where a gap the log recorded ends). Two short reads:
+    the check made before a segment is deleted as applied. A reader that applied every record
+    of a segment reports damage in its SEAL only after that, when the segment may be gone."""
+    try:
+        with open(path, "rb") as f:
+            head = fmt.decode_segment_header(f.read(fmt.SEGMENT_HEADER_SIZE))
+            size = os.fstat(f.fileno()).st_size
+            if isinstance(head, str) or head.first_lsn != first_lsn or size < fmt.SEGMENT_HEADER_SIZE + _SEAL_SIZE:
+                return False
+            f.seek(size - _SEAL_SIZE)
+            tail = f.read(_SEAL_SIZE)
+    except FileNotFoundError:
+        return True  # nothing left to keep
+    last = fmt.REC_HEAD.unpack_from(tail)[2]
+    if next_first_lsn not in (last + 1, gaps.get(last)):
+        return False
+    return tail == fmt.encode_seal(fmt.salt_seed(head.salt), last, last - first_lsn + 1)
+
+
+def move_aside(fs, path: str) -> str:
+    """Keep the damaged segment `path`, which the log is about to delete as applied, as
+    `<path>.broken` (`.broken.N` when that name is taken): renamed, not deleted, so that the
+    evidence of damage stays. When a copy holding these very bytes exists (recovery copied it),
+    `path` is deleted. Returns the copy; the directory is the caller's to fsync."""
+    with open(path, "rb") as f:
+        data = f.read()
+    dst, done = _kept_name(path + ".broken", data)
+    if done:
+        fs.unlink(path)
+    else:
+        fs.rename(path, dst)
+    log.error(
+        "WAL segment %s is damaged (its SEAL record does not check); its records were applied "
+        "already, and it is moved aside as %s instead of deleted",
+        os.path.basename(path), os.path.basename(dst),
+    )
+    return dst
+
+
 def repair(directory: str, *, fs=None, applied_lsn: Optional[int] = None) -> RepairResult:
     """Cut the log at its first damage (torn tail or corruption). A clean log is left alone.
 

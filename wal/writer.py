@@ -32,7 +32,7 @@ from .fs import OsFileSystem, make_dirs, make_private, write_all, write_file_ato
 from .futures import GroupGate, acknowledge, running_loop
 from .loop_flusher import LoopFlusher
 from .reader import APPLIED_FILE, list_segments, read_applied_lsn, read_gaps, scan_last_segment
-from .repair import continue_at, keep_torn_tail
+from .repair import continue_at, keep_torn_tail, move_aside, seal_intact
 from .retained_records import RetainedRecords
 from .spares import SpareSegments
 
@@ -723,11 +723,15 @@ class Wal(LoopFlusher):
                     write_file_atomic(self.fs, self.directory, APPLIED_FILE, f"{lsn}\n".encode())
                 lsn = max(lsn, applied)  # the applied LSN never moves backwards
                 segs = list_segments(self.directory)
+                gaps = read_gaps(self.directory)
                 deleted = 0
                 for seg, nxt in zip(segs, segs[1:]):
                     if seg.number >= current or nxt.first_lsn > lsn:
                         break
-                    self.fs.unlink(seg.path)
+                    if seal_intact(seg.path, seg.first_lsn, nxt.first_lsn, gaps):
+                        self.fs.unlink(seg.path)
+                    else:
+                        move_aside(self.fs, seg.path)  # the evidence of damage is never deleted
                     deleted += 1
                 if deleted:
                     self.fs.fsync_dir(self.directory)

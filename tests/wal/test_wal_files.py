@@ -1,5 +1,5 @@
 """The log's files and directories: private whatever the umask, a new directory durable in its
-parent."""
+parent, and a sealed segment with a damaged SEAL kept rather than deleted as applied."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 import wal
 from faultfs import FaultFS
-from helpers import read_all, write_log
+from helpers import flip_bit, read_all, read_bytes, record_spans, write_log
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -120,3 +120,24 @@ def test_reopening_a_log_makes_the_files_it_goes_on_writing_private(wal_dir):
     mode = lambda path: stat.S_IMODE(os.stat(path).st_mode)  # noqa: E731
     assert mode(segs[-1].path) == 0o600 and mode(os.path.join(wal_dir, "LOCK")) == 0o600
     assert {mode(s.path) for s in segs[:-1]} == {0o644}
+
+
+def test_a_sealed_segment_with_a_damaged_seal_is_moved_aside_not_deleted_as_applied(wal_dir, caplog):
+    """Its records all read back (a reader hands them over before it reaches the SEAL), so the
+    consumer applies them and marks them applied; the damage must not go with the segment."""
+    write_log(wal_dir, [b"record %d" % i + b"y" * 40 for i in range(40)], segment_size_bytes=512)
+    segs = wal.list_segments(wal_dir)
+    assert len(segs) >= 4
+    victim, intact = segs[1], segs[0]
+    seal = record_spans(victim.path)[-1]
+    flip_bit(victim.path, seal.offset + 9)  # the SEAL's LSN field
+    damaged = read_bytes(victim.path)
+    with wal.Wal(wal_dir, segment_size_bytes=512) as w:
+        deleted = w.mark_applied(segs[2].first_lsn)
+    assert deleted == 2
+    assert not os.path.exists(intact.path) and not os.path.exists(intact.path + ".broken")
+    assert not os.path.exists(victim.path)
+    assert read_bytes(victim.path + ".broken") == damaged
+    assert [r.levelname for r in caplog.records if victim.name in r.getMessage()] == ["ERROR"]
+    # What is left of the log reads on from the next segment.
+    assert [r.lsn for r in read_all(wal_dir, from_lsn=segs[2].first_lsn)][0] == segs[2].first_lsn
