@@ -385,7 +385,9 @@ def restore_command(ctx, backup_dir, as_json):
     """Make the data directory (--data-dir, which must be new or empty) from a backup.
 
     Open it as usual afterwards (`tracedb serve`, `tracedb recover`): the first open compacts
-    the backed-up WAL into the backed-up database, as recovery does.
+    the backed-up WAL into the backed-up database, as recovery does. Only the regular files a
+    backup is made of are copied: anything else in it (a symbolic link, a device, a FIFO, a
+    socket, another file) is refused by name (exit 4) before anything is written.
 
     \b
     Example:
