@@ -95,7 +95,10 @@ def recover(ctx, rebuild, partial, as_json):
         for eid in r.incomplete_ids:
             click.echo(f"incomplete: {eid}")
         for c in r.kept_copies:
-            click.echo(f"kept {os.path.basename(c)}: a damaged segment whose records were applied already")
+            click.echo(
+                f"kept {c}: a damaged WAL segment, moved out of the log (`tracedb wal repair --salvage "
+                "--dry-run` says whether it holds records the database lacks; remove it once looked at)"
+            )
 
 
 @main.command()
