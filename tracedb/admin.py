@@ -181,7 +181,9 @@ def _require_wal_dir(config: Config) -> None:
 def _open_store(config: Config, progress: Progress = None) -> Store:
     _require_data_dir(config)
     # No background threads: this process does one job and closes the store.
-    return Store(config.replace(compact_interval_ms=0, idle_timeout_s=0), recovery_progress=progress)
+    return Store(
+        config.replace(compact_interval_ms=0, idle_timeout_s=0), recovery_progress=progress, warn_if_shared=False
+    )
 
 
 @dataclass(frozen=True)
@@ -208,11 +210,33 @@ def compact(config: Config, progress: Progress = None) -> CompactReport:
 
 def recover(config: Config, progress: Progress = None) -> RecoverResult:
     """Repair a torn WAL tail, compact, mark unfinished executions incomplete; retry nothing."""
-    store = _open_store(config, progress)
+    try:
+        store = _open_store(config, progress)
+    except wal.WalCorruptionError as e:
+        moved = _moved_aside(e.path)
+        if moved is None:
+            raise
+        # The damage lies after every record of the segment (its SEAL): the records were applied,
+        # and the log moved the segment aside before the reader reached its end.
+        raise e.with_hint(
+            f"every record in it was applied before the damage was found, and it was moved out of "
+            f"the log as {moved}: run `tracedb recover` again, which goes on after it"
+        ) from None
     try:
         return store.last_recovery
     finally:
         store.close()
+
+
+def _moved_aside(path: str) -> Optional[str]:
+    """The `.broken` copy the log moved the segment `path` aside to (the newest, when there are
+    several), if the segment is gone; else None."""
+    if os.path.exists(path):
+        return None
+    copies = [path + ".broken"]
+    while os.path.exists(copies[-1]):
+        copies.append(f"{path}.broken.{len(copies)}")
+    return copies[-2] if len(copies) > 1 else None
 
 
 def prune(
@@ -340,7 +364,7 @@ def migrate(config: Config, *, create: bool = False) -> Migrated:
     if not db.is_url(config.database):
         if not create:
             _require_data_dir(config)
-        os.makedirs(os.path.dirname(os.path.abspath(config.database)), exist_ok=True)
+        wal.fs.make_dirs(wal.OsFileSystem(), os.path.dirname(os.path.abspath(config.database)))
     engine = db.create_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
     try:
         before = db.migrate(engine)
@@ -456,7 +480,7 @@ def import_intentusnet(config: Config, directory: str, *, workers: int = 8, prog
 
     try:
         # The idle sweeper stays off: it must not mark an import in progress incomplete.
-        store = Store(config.replace(idle_timeout_s=0))
+        store = Store(config.replace(idle_timeout_s=0), warn_if_shared=False)
     except StoreInUseError as e:
         raise StoreInUseError(
             e.message,
