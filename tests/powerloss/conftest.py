@@ -39,12 +39,12 @@ def lazy_root(fuse_mount_works):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def seed_for(name: str) -> int:
+def seed_for(request, name: str) -> int:
     """TRACEDB_POWERLOSS_SEED when set (to rerun a failure), else a fixed seed per scenario."""
     env = os.environ.get("TRACEDB_POWERLOSS_SEED", "").strip()
     seed = int(env) if env else zlib.crc32(name.encode())
     print(f"\npower-loss scenario {name}: seed {seed} (rerun: TRACEDB_POWERLOSS_SEED={seed} "
-          f".venv/bin/python -m pytest -p no:cacheprovider tests/powerloss -k '{name}')")
+          f".venv/bin/python -m pytest -p no:cacheprovider '{request.node.nodeid}')")
     return seed
 
 

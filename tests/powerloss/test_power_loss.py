@@ -147,7 +147,7 @@ class Scenario:
 
 
 @pytest.fixture
-def scenario(lazy_root, request):
+def scenario(lazy_root):
     made: list[Scenario] = []
 
     def make(name: str, seed: int) -> Scenario:
@@ -181,14 +181,14 @@ def _run_on_prepared(scenario, prepared, name: str, seed: int, trigger: Optional
 
 
 @pytest.mark.parametrize("name", sorted(TRIGGERS))
-def test_a_cut_right_after_a_chosen_call_loses_nothing_acknowledged(scenario, prepared, name):
-    _run_on_prepared(scenario, prepared, name, seed_for(name), TRIGGERS[name], "random")
+def test_a_cut_right_after_a_chosen_call_loses_nothing_acknowledged(request, scenario, prepared, name):
+    _run_on_prepared(scenario, prepared, name, seed_for(request, name), TRIGGERS[name], "random")
 
 
 @pytest.mark.parametrize("policy", ["worst", "random"])
-def test_a_cut_at_a_random_moment_loses_nothing_acknowledged(scenario, prepared, policy):
+def test_a_cut_at_a_random_moment_loses_nothing_acknowledged(request, scenario, prepared, policy):
     name = f"random-moment-{policy}"
-    _run_on_prepared(scenario, prepared, name, seed_for(name), None, policy)
+    _run_on_prepared(scenario, prepared, name, seed_for(request, name), None, policy)
 
 
 SLOW_SEEDS = range(1, 11)
@@ -196,15 +196,15 @@ SLOW_SEEDS = range(1, 11)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n", SLOW_SEEDS)
-def test_many_cuts_at_random_moments_lose_nothing_acknowledged(scenario, prepared, n):
+def test_many_cuts_at_random_moments_lose_nothing_acknowledged(request, scenario, prepared, n):
     name = f"random-moment-{n}"
-    _run_on_prepared(scenario, prepared, name, seed_for(name), None, "random" if n % 3 else "worst")
+    _run_on_prepared(scenario, prepared, name, seed_for(request, name), None, "random" if n % 3 else "worst")
 
 
-def test_a_cut_in_the_first_second_of_a_new_data_directory_loses_nothing_acknowledged(scenario):
+def test_a_cut_in_the_first_second_of_a_new_data_directory_loses_nothing_acknowledged(request, scenario):
     """The first run ever: the recorder makes the data directory and its wal/ inside the mount."""
     name = "new-data-directory"
-    s = scenario(name, seed_for(name))
+    s = scenario(name, seed_for(request, name))
     s.mount_fs()
     trigger = {"op": "fdatasync", "glob": "/data/wal/*.wal", "nth": 25}
     s.mount.arm(trigger)
@@ -218,10 +218,10 @@ def test_a_cut_in_the_first_second_of_a_new_data_directory_loses_nothing_acknowl
     s.judge(report, harness.check_store(s.config, s.backing("data"), expected))
 
 
-def test_a_cut_right_after_restore_keeps_the_restored_directory(scenario, prepared, backup_dir):
+def test_a_cut_right_after_restore_keeps_the_restored_directory(request, scenario, prepared, backup_dir):
     """`tracedb restore` returned 0: the directory it made must open after a power cut."""
     name = "restore-then-cut"
-    s = scenario(name, seed_for(name))
+    s = scenario(name, seed_for(request, name))
     s.mount_fs()
     r = harness.run_tracedb(s.config, s.inside("restored"), "restore", backup_dir)
     assert r.returncode == 0, r.stderr
@@ -233,9 +233,9 @@ def test_a_cut_right_after_restore_keeps_the_restored_directory(scenario, prepar
                                         backup_records=prepared.recent, pruned=False))
 
 
-def test_a_cut_while_recording_into_a_restored_directory_loses_nothing(scenario, prepared, backup_dir):
+def test_a_cut_while_recording_into_a_restored_directory_loses_nothing(request, scenario, prepared, backup_dir):
     name = "restore-then-record"
-    s = scenario(name, seed_for(name))
+    s = scenario(name, seed_for(request, name))
     s.mount_fs()
     r = harness.run_tracedb(s.config, s.inside("data"), "restore", backup_dir)
     assert r.returncode == 0, r.stderr
