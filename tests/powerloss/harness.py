@@ -213,16 +213,19 @@ def run_tracedb(config: str, data_dir: str, *args: str, timeout_s: float = 300) 
 
 
 def start_recorder(procs: Processes, config: str, data_dir: str) -> subprocess.Popen:
-    p = procs.start("serve", tracedb_argv(config, data_dir, "serve", "--log-level", "warning"))
+    """`tracedb serve` on `data_dir`, started; `wait_listening` waits for its socket."""
+    return procs.start("serve", tracedb_argv(config, data_dir, "serve", "--log-level", "warning"))
+
+
+def wait_listening(procs: Processes, recorder: subprocess.Popen, data_dir: str) -> None:
     sock = os.path.join(data_dir, "tracedb.sock")
 
     def listening() -> bool:
-        if p.poll() is not None:
-            raise AssertionError(f"tracedb serve exited {p.returncode}:\n{procs.log('serve')[-3000:]}")
+        if recorder.poll() is not None:
+            raise AssertionError(f"tracedb serve exited {recorder.returncode}:\n{procs.log('serve')[-3000:]}")
         return accepts(sock)
 
     wait_until(listening, 120, "tracedb serve to listen")
-    return p
 
 
 def start_clients(procs: Processes, data_dir: str, ledgers: str, n: int, seed: int) -> list[str]:

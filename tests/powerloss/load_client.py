@@ -25,6 +25,8 @@ import sys
 
 import orjson
 
+from benchmarks.sidecar import accepts
+from tests.waiting import wait_until
 from tracedb.client import connect
 
 
@@ -42,6 +44,8 @@ def main(socket_path: str, ledger_path: str, worker: int, seed: int) -> int:
         os.fdatasync(fd)
 
     try:
+        # Started with the recorder: connect as soon as it listens.
+        wait_until(lambda: accepts(socket_path), 120, "tracedb serve to listen")
         with connect("unix:" + socket_path, reconnect_timeout_s=5.0) as client:
             n = 0
             while True:
