@@ -181,7 +181,9 @@ def _require_wal_dir(config: Config) -> None:
 def _open_store(config: Config, progress: Progress = None) -> Store:
     _require_data_dir(config)
     # No background threads: this process does one job and closes the store.
-    return Store(config.replace(compact_interval_ms=0, idle_timeout_s=0), recovery_progress=progress)
+    return Store(
+        config.replace(compact_interval_ms=0, idle_timeout_s=0), recovery_progress=progress, warn_if_shared=False
+    )
 
 
 @dataclass(frozen=True)
@@ -340,7 +342,7 @@ def migrate(config: Config, *, create: bool = False) -> Migrated:
     if not db.is_url(config.database):
         if not create:
             _require_data_dir(config)
-        os.makedirs(os.path.dirname(os.path.abspath(config.database)), exist_ok=True)
+        wal.fs.make_dirs(wal.OsFileSystem(), os.path.dirname(os.path.abspath(config.database)))
     engine = db.create_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
     try:
         before = db.migrate(engine)
@@ -456,7 +458,7 @@ def import_intentusnet(config: Config, directory: str, *, workers: int = 8, prog
 
     try:
         # The idle sweeper stays off: it must not mark an import in progress incomplete.
-        store = Store(config.replace(idle_timeout_s=0))
+        store = Store(config.replace(idle_timeout_s=0), warn_if_shared=False)
     except StoreInUseError as e:
         raise StoreInUseError(
             e.message,

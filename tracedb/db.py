@@ -7,6 +7,9 @@ SQLite settings, and why:
 - `synchronous=FULL`: each commit is fsynced. The projection can be rebuilt from the tracedb WAL only
   until `mark_applied` deletes segments, so the rows and the applied LSN must be durable before
   that call. Commits are batches of thousands of records, so the fsync is amortised.
+- The file is made private (0600) before SQLite opens it, and a writer makes an existing one
+  private: SQLite gives the `-wal`, `-shm` and journal files it creates the database file's mode,
+  and makes the database file itself with a mode of its own (0644 less the umask).
 - `busy_timeout`: a writer (prune from cron, `tracedb invalidate`) waits for the other instead of
   failing at once.
 - `auto_vacuum=INCREMENTAL`: must be set before the first table exists; lets prune give space back
@@ -39,6 +42,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from wal.fs import PRIVATE_FILE, OsFileSystem, make_private
 
 from . import models
 from .errors import ConfigError, DatabaseUnavailableError, StoreNotFoundError
@@ -204,7 +208,41 @@ def undecoded(column, dialect: str):
     return sa.type_coerce(column, sa.Text).label(column.name)
 
 
+# The files SQLite keeps beside a database file, made with its mode.
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def make_private_database(path: str) -> None:
+    """Create the SQLite file `path` (empty, 0600, its directory fsynced) before SQLite does, or
+    make an existing one and the files SQLite keeps beside it 0600 when they are ours: new
+    traces go on being written into them, and SQLite makes each new -wal or -shm file with the
+    database file's mode."""
+    path = os.path.abspath(path)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
+    except FileExistsError:
+        for name in (path, *(path + side for side in SQLITE_SIDE_FILES)):
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue  # none (most often), or not ours to read: SQLite says what it finds
+            try:
+                make_private(fd)
+            finally:
+                os.close(fd)
+        return
+    except OSError:
+        return  # SQLite cannot make it either, and reports why as it always has
+    try:
+        make_private(fd)
+    finally:
+        os.close(fd)
+    OsFileSystem().fsync_dir(os.path.dirname(path))
+
+
 def _create_sqlite_engine(path: str, busy_timeout_ms: int, write: bool) -> Engine:
+    if write:
+        make_private_database(path)
     engine = sa.create_engine(
         "sqlite:///" + os.path.abspath(path),
         json_serializer=_json_serializer,

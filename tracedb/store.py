@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -92,8 +93,24 @@ RECORDER_ID_FILE = "RECORDER_ID"
 # in memory for the compactor (see Store._keep_records_in_memory).
 RETAIN_BATCHES = 8
 _TOO_LARGE_HINT = "store large blobs elsewhere and record a reference"
+_WARNED_OPEN: set = set()  # data directories this process warned about (once each)
 
 
+def _make_data_dir(path: str, warn: bool) -> None:
+    """Make the data directory private (0700), each new level fsynced into its parent. One that
+    exists keeps its mode (it is its owner's choice); when other local users may enter it
+    (group or other bits), `warn` says so once per process: they may read what is recorded."""
+    if wal.fs.make_dirs(wal.OsFileSystem(), path) or not warn:
+        return
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    real = os.path.realpath(path)
+    if mode & 0o077 and real not in _WARNED_OPEN:
+        _WARNED_OPEN.add(real)
+        log.warning(
+            "the data directory %s is open to other local users (mode %04o): they may read what is "
+            "recorded in it; `chmod 700` it to keep them out (a directory tracedb makes is 0700)",
+            real, mode,
+        )
 
 
 def _resolve_recorder_id(cfg: Config) -> str:
@@ -198,6 +215,9 @@ class Store:
         *,
         clock: Optional[Callable[[], int]] = None,
         recovery_progress: Optional[Callable[[int, int], None]] = None,
+        # False for one-shot maintenance (the CLI's commands, which cron or a loop may run): the
+        # recorder (`tracedb serve`, the library) warns about a data directory open to others.
+        warn_if_shared: bool = True,
     ):
         self.config = config
         self.clock = clock or time.time_ns
@@ -218,7 +238,7 @@ class Store:
         self.background_error: Optional[BaseException] = None
         self._disabled_seqs: dict[str, int] = {}
         self._redactor = config.redactor()
-        os.makedirs(self.data_dir, exist_ok=True)
+        _make_data_dir(self.data_dir, warn_if_shared)
         try:
             self._wal = wal.open_wal(
                 config.wal_dir,

@@ -8,17 +8,19 @@ import os
 import socket
 
 from .errors import WalLockedError
+from .fs import PRIVATE_FILE, OsFileSystem
 
 LOCK_FILE = "LOCK"
 
 
-def acquire_dir_lock(directory: str) -> int:
-    """flock the directory's LOCK file and write our pid and host into it; return its fd.
+def acquire_dir_lock(directory: str, fs=None) -> int:
+    """flock the directory's LOCK file (made through `fs`, private) and write our pid and host
+    into it; return its fd.
 
     Closing the fd releases the lock. Raises WalLockedError, naming the holder, when another
     process holds it."""
     path = os.path.join(directory, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = (fs or OsFileSystem()).open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

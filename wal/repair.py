@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import shutil
 from dataclasses import dataclass
 from typing import Optional
 
 from . import format as fmt
 from .dir_lock import acquire_dir_lock
 from .errors import WalCorruptionError
-from .fs import OsFileSystem, write_all, write_file_atomic
+from .fs import OsFileSystem, copy_to_new_file, write_all, write_file_atomic
 from .reader import (
     APPLIED_FILE,
     GAPS_FILE,
@@ -178,12 +177,56 @@ def _keep_copy(fs, path: str) -> str:
     while os.path.exists(dst):
         n += 1
         dst = f"{path}.broken.{n}"
-    shutil.copyfile(path, dst)
-    fd = fs.open(dst, os.O_RDONLY)
+    src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        fs.fsync(fd)
+        copy_to_new_file(fs, src, dst)
     finally:
-        fs.close(fd)
+        os.close(src)
+    return dst
+
+
+_SEAL_SIZE = len(fmt.encode_seal(0, 0, 0))
+
+
+def seal_intact(path: str, first_lsn: int, next_first_lsn: int, gaps: dict) -> bool:
+    """Whether the sealed segment `path` (its name says it starts at `first_lsn`) ends with the
+    SEAL the writer wrote: a valid CRC, the segment's last LSN, its count of records, and the
+    next segment starting right after (or where a gap the log recorded ends). Two short reads:
+    the check made before a segment is deleted as applied. A reader that applied every record
+    of a segment reports damage in its SEAL only after that, when the segment may be gone."""
+    try:
+        with open(path, "rb") as f:
+            head = fmt.decode_segment_header(f.read(fmt.SEGMENT_HEADER_SIZE))
+            size = os.fstat(f.fileno()).st_size
+            if isinstance(head, str) or head.first_lsn != first_lsn or size < fmt.SEGMENT_HEADER_SIZE + _SEAL_SIZE:
+                return False
+            f.seek(size - _SEAL_SIZE)
+            tail = f.read(_SEAL_SIZE)
+    except FileNotFoundError:
+        return True  # nothing left to keep
+    last = fmt.REC_HEAD.unpack_from(tail)[2]
+    if next_first_lsn not in (last + 1, gaps.get(last)):
+        return False
+    return tail == fmt.encode_seal(fmt.salt_seed(head.salt), last, last - first_lsn + 1)
+
+
+def move_aside(fs, path: str) -> str:
+    """Keep the damaged segment `path`, which the log is about to delete as applied, as
+    `<path>.broken` (`.broken.N` when that name is taken): renamed, not deleted, so that the
+    evidence of damage stays. When a copy holding these very bytes exists (recovery copied it),
+    `path` is deleted. Returns the copy; the directory is the caller's to fsync."""
+    with open(path, "rb") as f:
+        data = f.read()
+    dst, done = _kept_name(path + ".broken", data)
+    if done:
+        fs.unlink(path)
+    else:
+        fs.rename(path, dst)
+    log.error(
+        "WAL segment %s is damaged (its SEAL record does not check); its records were applied "
+        "already, and it is moved aside as %s instead of deleted",
+        os.path.basename(path), os.path.basename(dst),
+    )
     return dst
 
 
@@ -195,7 +238,7 @@ def repair(directory: str, *, fs=None, applied_lsn: Optional[int] = None) -> Rep
     writer can continue: then the segments left (every record in them applied, their damaged
     one copied) are removed and `APPLIED` is set to `applied_lsn`, so the log continues there."""
     fs = fs or OsFileSystem()
-    lock_fd = acquire_dir_lock(os.path.abspath(directory))
+    lock_fd = acquire_dir_lock(os.path.abspath(directory), fs)
     try:
         reader = WalReader(directory, mode=RecoveryMode.POINT_IN_TIME)
         reader.skip_to_end()

@@ -6,7 +6,7 @@ import os
 import threading
 from typing import Callable
 
-from .fs import write_all
+from .fs import PRIVATE_FILE, write_all
 
 SPARE_FILE = "preallocated.tmp"
 _ZERO_CHUNK = bytes(1 << 20)
@@ -97,7 +97,7 @@ class SpareSegments:
             self.ready_event.set()
 
     def _write_spare(self, size: int) -> None:
-        fd = self.fs.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = self.fs.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
         try:
             left = size
             unsynced = 0

@@ -28,11 +28,11 @@ from . import format as fmt
 from .dir_lock import acquire_dir_lock
 from .doorbell import Doorbell
 from .errors import PayloadTooLargeError, WalClosedError, WalFailedError, WalUsageError
-from .fs import OsFileSystem, write_all, write_file_atomic
+from .fs import OsFileSystem, make_dirs, make_private, write_all, write_file_atomic
 from .futures import GroupGate, acknowledge, running_loop
 from .loop_flusher import LoopFlusher
 from .reader import APPLIED_FILE, list_segments, read_applied_lsn, read_gaps, scan_last_segment
-from .repair import continue_at, keep_torn_tail
+from .repair import continue_at, keep_torn_tail, move_aside, seal_intact
 from .retained_records import RetainedRecords
 from .spares import SpareSegments
 
@@ -157,8 +157,8 @@ class Wal(LoopFlusher):
         self._prealloc = False  # the open segment was zero-filled ahead of its writes
         self._bound = segment_size_bytes  # the open segment is sealed once this long
         self._rate_mark = (0.0, 0)  # (time, segment length) the fill rate is measured from
-        os.makedirs(self.directory, exist_ok=True)
-        self._lock_fd = acquire_dir_lock(self.directory)
+        make_dirs(self.fs, self.directory)
+        self._lock_fd = acquire_dir_lock(self.directory, self.fs)
         try:
             self.open_result = self._recover()
         except BaseException:
@@ -211,6 +211,7 @@ class Wal(LoopFlusher):
         floor = read_gaps(self.directory).get(next_lsn - 1, next_lsn)
         fd = self.fs.open(last.path, os.O_WRONLY)
         try:
+            make_private(fd)  # written to from now on: a segment an older version made may be 0644
             if truncated:
                 self.fs.ftruncate(fd, end)
             # Bytes a killed process left in the page cache are durable only once synced.
@@ -722,11 +723,15 @@ class Wal(LoopFlusher):
                     write_file_atomic(self.fs, self.directory, APPLIED_FILE, f"{lsn}\n".encode())
                 lsn = max(lsn, applied)  # the applied LSN never moves backwards
                 segs = list_segments(self.directory)
+                gaps = read_gaps(self.directory)
                 deleted = 0
                 for seg, nxt in zip(segs, segs[1:]):
                     if seg.number >= current or nxt.first_lsn > lsn:
                         break
-                    self.fs.unlink(seg.path)
+                    if seal_intact(seg.path, seg.first_lsn, nxt.first_lsn, gaps):
+                        self.fs.unlink(seg.path)
+                    else:
+                        move_aside(self.fs, seg.path)  # the evidence of damage is never deleted
                     deleted += 1
                 if deleted:
                     self.fs.fsync_dir(self.directory)

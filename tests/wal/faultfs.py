@@ -6,7 +6,9 @@ files, while it models what a power loss would keep:
 
 * per file (identified like an inode, so renames and unlinks are followed), the content covered by
   the last successful `fsync`/`fdatasync`;
-* per directory entry, the state made durable by the last `fsync_dir`.
+* per directory entry, the state made durable by the last `fsync_dir`;
+* the directory's own entry in its parent, when it is made through this layer (`mkdir`): lost in
+  a crash until its parent is fsynced.
 
 It can fail one call with an errno (`fail={"fdatasync": (3, errno.EIO)}`), fill the disk after a
 number of bytes (`disk_full_after=`), or simulate a crash at the Nth call (`crash_at=`): that call
@@ -21,6 +23,7 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 import random
+import shutil
 import threading
 from collections import Counter
 from typing import Callable, Optional
@@ -91,6 +94,7 @@ class FaultFS:
         disk_full_after: Optional[int] = None,
         before: Optional[Callable[[str, int], None]] = None,
         async_syncer: bool = True,
+        create: bool = True,
     ):
         self.directory = os.path.abspath(directory)
         self.real = OsFileSystem()
@@ -110,7 +114,11 @@ class FaultFS:
         self._durable: dict[int, bytes] = {}
         self._unlinked: dict[int, bytes] = {}
         self._fd_path: dict[int, str] = {}
-        os.makedirs(self.directory, exist_ok=True)
+        if create:
+            os.makedirs(self.directory, exist_ok=True)
+        # A directory that exists already is durable; one the code under test makes (`mkdir`)
+        # is lost in a crash until its parent is fsynced.
+        self._entry_durable = os.path.isdir(self.directory)
         self._durable_dir: dict[str, int] = self._listing()
         for name, fid in self._durable_dir.items():
             self._durable[fid] = _read(os.path.join(self.directory, name))
@@ -135,6 +143,8 @@ class FaultFS:
 
     def _listing(self) -> dict[str, int]:
         out = {}
+        if not os.path.isdir(self.directory):
+            return out
         for name in os.listdir(self.directory):
             path = os.path.join(self.directory, name)
             if name in IGNORED_NAMES or not os.path.isfile(path):
@@ -170,7 +180,7 @@ class FaultFS:
         return len(self.ops)
 
     # -- OsFileSystem's methods ------------------------------------------------------------
-    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
         self._step("open", os.path.basename(path))
         fd = self.real.open(path, flags, mode)
         with self._lock:
@@ -240,12 +250,21 @@ class FaultFS:
         and injected errors. None when made with `async_syncer=False`."""
         return ThreadSyncer(self) if self.loop_sync else None
 
+    def mkdir(self, path: str, mode: int = 0o700) -> None:
+        self._step("mkdir", os.path.basename(path))
+        self.real.mkdir(path, mode)
+        with self._lock:
+            if os.path.abspath(path) == self.directory:
+                self._entry_durable = False
+
     def fsync_dir(self, path: str) -> None:
         self._step("fsync_dir", os.path.basename(path))
         self.real.fsync_dir(path)
         with self._lock:
             if os.path.abspath(path) == self.directory:
                 self._durable_dir = self._listing()
+            elif os.path.abspath(path) == os.path.dirname(self.directory) and os.path.isdir(self.directory):
+                self._entry_durable = True
 
     # -- the crash -------------------------------------------------------------------------
     def pending_dir_changes(self) -> list[set[str]]:
@@ -282,13 +301,19 @@ class FaultFS:
 
         `dir_mode`: "keep" every directory change, "undo" every change not covered by fsync_dir,
         undo a "random" subset, or undo the groups whose indexes (into `pending_dir_changes()`)
-        are in the given set. `data_mode`: what happens to each file's bytes not covered by its
+        are in the given set. "undo" (and "random", half the time) also loses the directory
+        itself, with everything in it, when it was made here and its parent never fsynced. `data_mode`: what happens to each file's bytes not covered by its
         last fsync (one of DATA_MODES), random per file if None. Returns a description for
         assertion messages. Call it only once no file of the directory is open for writing.
         """
         with self._lock:
             if dir_mode is None:
                 dir_mode = rng.choice(DIR_MODES)
+            if not self._entry_durable and os.path.isdir(self.directory) and (
+                dir_mode == "undo" or (dir_mode == "random" and rng.random() < 0.5)
+            ):
+                shutil.rmtree(self.directory)
+                return f"crash {self.crash_op}; dir {dir_mode}: the directory itself, never synced into its parent, is lost"
             current = self._listing()
             contents: dict[int, bytes] = dict(self._unlinked)
             for name, fid in current.items():

@@ -245,9 +245,11 @@ def test_crashes_during_segment_rotation_keep_every_acknowledged_record(tmp_path
     workload(d, fs, Trace())
     shutil.rmtree(d)
     rotation_ops: set[int] = set()
-    for i, (kind, detail) in enumerate(fs.ops, start=1):
-        if kind == "open" and detail.endswith(".wal.tmp") and i > 1:
-            rotation_ops |= set(range(i - 2, min(i + 8, fs.total_ops + 1)))
+    new_segments = [
+        i for i, (kind, detail) in enumerate(fs.ops, start=1) if kind == "open" and detail.endswith(".wal.tmp")
+    ]
+    for i in new_segments[1:]:  # the first is the log's first segment, made when it opens
+        rotation_ops |= set(range(i - 2, min(i + 8, fs.total_ops + 1)))
     assert len(rotation_ops) >= 20
     rng = random.Random(7)
     for crash_at in sorted(rotation_ops):

@@ -7,6 +7,7 @@ import os
 from typing import Optional
 
 import click
+from wal.fs import PRIVATE_FILE, OsFileSystem, make_dirs, make_private
 
 from ..errors import EXIT_ERROR, InvalidInputError
 from .main import config_of, emit_json, json_option, main, progress_bar, reading
@@ -66,9 +67,17 @@ def import_intentusnet(ctx, directory, workers, as_json):
 
 
 def _write_atomic(path: str, text: str) -> None:
-    # Written aside, flushed, then renamed: a reader (or IntentusNet) never sees half a file.
+    # Written aside, flushed, then renamed: a reader (or IntentusNet) never sees half a file. The
+    # file is private (0600, whatever the umask), as the store it comes from is.
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, PRIVATE_FILE)
+    except FileExistsError:  # left by a killed export with this pid
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, PRIVATE_FILE)
+    with open(fd, "w", encoding="utf-8") as f:
+        make_private(f.fileno())
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -128,7 +137,7 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
         ids = (i.execution_id for i in reader.each(judge=False)) if all_ else map(reader.resolve, execution_ids)
         total = reader.count() if all_ and progress is not None else len(execution_ids)
         if to_dir is not None:
-            os.makedirs(to_dir, exist_ok=True)
+            make_dirs(OsFileSystem(), to_dir)  # private, as the files written into it
         for eid in ids:
             if to_dir is not None and ("/" in eid or "\\" in eid or eid.startswith(".")):
                 # The id becomes a file name: it must not point outside the directory.
