@@ -210,11 +210,33 @@ def compact(config: Config, progress: Progress = None) -> CompactReport:
 
 def recover(config: Config, progress: Progress = None) -> RecoverResult:
     """Repair a torn WAL tail, compact, mark unfinished executions incomplete; retry nothing."""
-    store = _open_store(config, progress)
+    try:
+        store = _open_store(config, progress)
+    except wal.WalCorruptionError as e:
+        moved = _moved_aside(e.path)
+        if moved is None:
+            raise
+        # The damage lies after every record of the segment (its SEAL): the records were applied,
+        # and the log moved the segment aside before the reader reached its end.
+        raise e.with_hint(
+            f"every record in it was applied before the damage was found, and it was moved out of "
+            f"the log as {moved}: run `tracedb recover` again, which goes on after it"
+        ) from None
     try:
         return store.last_recovery
     finally:
         store.close()
+
+
+def _moved_aside(path: str) -> Optional[str]:
+    """The `.broken` copy the log moved the segment `path` aside to (the newest, when there are
+    several), if the segment is gone; else None."""
+    if os.path.exists(path):
+        return None
+    copies = [path + ".broken"]
+    while os.path.exists(copies[-1]):
+        copies.append(f"{path}.broken.{len(copies)}")
+    return copies[-2] if len(copies) > 1 else None
 
 
 def prune(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import filecmp
 import logging
 import os
-import shutil
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -23,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 import wal
+from wal.fs import OsFileSystem, copy_to_new_file
 
 from .codec import OP_INCOMPLETE, encode_status
 from .models import traces
@@ -41,8 +41,7 @@ class RecoverResult:
     marked_incomplete: int = 0
     incomplete_ids: tuple[str, ...] = field(default=(), repr=False)
     segments_deleted: int = 0
-    # Copies kept of damaged segments that compaction was about to delete unread (see
-    # keep_damaged_segments).
+    # Copies of damaged segments the WAL directory keeps (see keep_damaged_segments).
     kept_copies: tuple[str, ...] = ()
 
 
@@ -50,9 +49,20 @@ def keep_damaged_segments(wal_dir: str, applied_lsn: int) -> tuple[str, ...]:
     """Check the sealed segments wholly at or below `applied_lsn`, which the next compaction
     deletes without reading them again (a crash came between the commit of their records and the
     delete); copy each damaged one to `<name>.broken` first (fsynced), so that the evidence of
-    damage `wal scan` or `verify` reported is never deleted with it. Returns the copies made."""
+    damage `wal scan` or `verify` reported is never deleted with it.
+
+    Returns those copies, and every `.broken` copy already there of a segment no longer in the
+    log: one the log moved aside instead of deleting it (its SEAL was damaged, after every record
+    in it had been applied; `wal.Wal.mark_applied`), or a repair's. Each recovery names them until
+    they are removed: the compaction that found such damage stops on it once the segment is
+    already moved, and only the next one goes on past it."""
     segs = wal.list_segments(wal_dir)
-    kept = []
+    live = {s.name for s in segs}
+    kept = [
+        os.path.join(wal_dir, name) for name in sorted(os.listdir(wal_dir))
+        if ".wal.broken" in name and name.split(".wal.broken")[0] + ".wal" not in live
+        and wal.segment_of(os.path.join(wal_dir, name)) is not None
+    ]
     for seg, nxt in zip(segs, segs[1:]):
         if nxt.first_lsn > applied_lsn + 1:
             break
@@ -76,13 +86,13 @@ def keep_damaged_segments(wal_dir: str, applied_lsn: int) -> tuple[str, ...]:
 
 
 def _copy(src: str, dst: str, directory: str) -> str:
-    shutil.copyfile(src, dst)
-    for path in (dst, directory):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    fs = OsFileSystem()
+    fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        copy_to_new_file(fs, fd, dst)
+    finally:
+        os.close(fd)
+    fs.fsync_dir(directory)
     return dst
 
 

@@ -227,6 +227,37 @@ def test_a_damaged_segment_compaction_would_delete_unread_is_kept(tmp_path, cli)
     assert run("verify").exit_code == 0
 
 
+
+def test_a_sealed_segment_whose_seal_is_damaged_is_moved_aside_and_the_next_recover_says_where(recorded, cli):
+    """A flipped byte in the SEAL of a sealed segment: compaction applies every record of the
+    segment (they come before the SEAL), the log deletes applied segments, and only then does
+    the reader reach the SEAL. The segment is moved aside as `.broken` instead of deleted, the
+    recover that found it exits 4 saying so, and the next recover names the copy."""
+    from wal import format as fmt
+
+    data_dir, durable = recorded("bulk", 60, 5, 4096)
+    wal_dir = os.path.join(data_dir, "wal")
+    victim = wal.list_segments(wal_dir)[1]
+    seal_size = len(fmt.encode_seal(0, 0, 0))
+    flip_bit(victim.path, os.path.getsize(victim.path) - seal_size + 9, 3)  # its LSN field
+    with open(victim.path, "rb") as f:
+        damaged = f.read()
+    run = cli(data_dir)
+    first = run("recover")
+    assert first.exit_code == 4, first.stderr
+    assert f"WAL corruption in {victim.path}" in first.stderr
+    assert f"moved out of the log as {victim.path}.broken" in first.stderr, first.stderr
+    assert not os.path.exists(victim.path)
+    with open(victim.path + ".broken", "rb") as f:
+        assert f.read() == damaged
+    second = run("recover")
+    assert second.exit_code == 0, second.stderr
+    assert f"kept {victim.path}.broken: a damaged WAL segment, moved out of the log" in second.stdout
+    assert run.json("recover", "--json")["kept_copies"] == [victim.name + ".broken"]
+    assert len(run.json("inspect", "--list", "--all", "--json")) == 60  # every record was applied
+    salvage = run.json("wal", "repair", "--salvage", "--dry-run", "--json")
+    assert salvage["relogged_records"] == 0, salvage
+
 def test_salvage_of_a_zeroed_sector_over_a_middle_segments_header(recorded, cli):
     """Many sealed segments; the first 512 bytes of one in the middle (its header, and the
     records under it) are zeros. Salvage finds the segment's salt from its records, keeps every

@@ -95,7 +95,10 @@ def recover(ctx, rebuild, partial, as_json):
         for eid in r.incomplete_ids:
             click.echo(f"incomplete: {eid}")
         for c in r.kept_copies:
-            click.echo(f"kept {os.path.basename(c)}: a damaged segment whose records were applied already")
+            click.echo(
+                f"kept {c}: a damaged WAL segment, moved out of the log (`tracedb wal repair --salvage "
+                "--dry-run` says whether it holds records the database lacks; remove it once looked at)"
+            )
 
 
 @main.command()
@@ -385,7 +388,9 @@ def restore_command(ctx, backup_dir, as_json):
     """Make the data directory (--data-dir, which must be new or empty) from a backup.
 
     Open it as usual afterwards (`tracedb serve`, `tracedb recover`): the first open compacts
-    the backed-up WAL into the backed-up database, as recovery does.
+    the backed-up WAL into the backed-up database, as recovery does. Only the regular files a
+    backup is made of are copied: anything else in it (a symbolic link, a device, a FIFO, a
+    socket, another file) is refused by name (exit 4) before anything is written.
 
     \b
     Example:
