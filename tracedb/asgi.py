@@ -1,13 +1,13 @@
 """Run an ASGI application (Starlette) on uvicorn inside an event loop that is already running,
-and the limits every listener of the wire protocol keeps.
+and the limits every listener keeps.
 
 `tracedb serve` hosts its HTTP endpoints (metrics and health, the web UI, the OTLP receiver) on the
 sidecar's own event loop, next to the socket listener: one process, one loop, no threads. uvicorn's
 `Server.serve()` is a coroutine, so each endpoint is a task on that loop; `HttpEndpoint` starts it,
 reports the bound port (0 picks a free one) and shuts it down with the recorder.
 
-The wire protocol's listening sockets (the Unix socket, the TCP port) accept through a
-`Listener`, which runs its own accept
+Every listening socket of the recorder (the wire protocol's Unix socket and TCP port, the OTLP
+port, the HTTP port) and of `tracedb ui` accepts through a `Listener`, which runs its own accept
 loop on the event loop (a reader on the listening socket; each connection handed to asyncio with
 `connect_accepted_socket`):
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import ipaddress
 import itertools
 import logging
@@ -39,6 +40,7 @@ import socket
 import time
 from typing import Optional
 
+from .sidecar.protocol import DEFAULT_HTTP_HEADER_TIMEOUT_S, DEFAULT_HTTP_IDLE_TIMEOUT_S, DEFAULT_HTTP_MAX_CONNECTIONS
 
 log = logging.getLogger("tracedb.listen")
 
@@ -57,8 +59,15 @@ RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EN
 # How long a listener stops accepting when it is out of descriptors and cannot even shed.
 _ACCEPT_PAUSE_S = 1.0
 
-# A listener at its cap looks for a newcomer's first request in as many of its first bytes.
-_PEEK_BYTES = 16 << 10
+# A request line and its headers, before their end (h11's limit: past it, a 400). A listener at
+# its cap looks for a newcomer's first request in as many of its first bytes.
+HTTP_MAX_HEADER_BYTES = 16 << 10
+
+_HTTP_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: 21\r\n\r\ntoo many connections\n"
+)
+
 
 def is_loopback(host: str) -> bool:
     """Whether a listening address stays on this machine (localhost, 127.0.0.0/8, ::1): the one
@@ -113,6 +122,36 @@ class Throttle:
         return n
 
 
+class _ThrottleFilter(logging.Filter):
+    """uvicorn logs a warning for each bad request ("Invalid HTTP request received.", an
+    unsupported upgrade): a peer sending garbage in a loop would fill the log. Each message passes
+    at most once a second, saying how many like it it stands for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._throttles: dict[tuple, Throttle] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.levelno, str(record.msg))
+        throttle = self._throttles.get(key)
+        if throttle is None:
+            if len(self._throttles) > 1000:  # messages are fixed formats; this is never reached
+                self._throttles.clear()
+            throttle = self._throttles[key] = Throttle()
+        n = throttle.due()
+        if not n:
+            return False
+        if n > 1:
+            record.msg, record.args = "%s (%d like it since the last)", (record.getMessage(), n - 1)
+        return True
+
+
+def _throttle_uvicorn_logs() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _ThrottleFilter) for f in logger.filters):
+        logger.addFilter(_ThrottleFilter())
+
+
 class _Accepted(socket.socket):
     """An accepted connection: its listener's count goes down when it is closed (by its
     transport, or by the listener making room)."""
@@ -165,7 +204,7 @@ class Listener:
         self._probation_timer: Optional[asyncio.TimerHandle] = None
         self._serving: list = []  # (listening socket, protocol factory)
         self._tasks: set = set()
-        self._peek = bytearray(_PEEK_BYTES)
+        self._peek = bytearray(HTTP_MAX_HEADER_BYTES)
         self._spare: Optional[int] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._log_refused = Throttle()
@@ -416,21 +455,124 @@ def sweep_interval(*timeouts_s: float) -> float:
     return min(1.0, max(0.05, min(timeouts_s) / 4))
 
 
-class HttpEndpoint:
-    """One uvicorn server for `app` on `host:port`, run as a task on the current event loop."""
+# -- HTTP ----------------------------------------------------------------------------------------
 
-    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, name: str = "http"):
+_H11 = None
+
+
+def _h11_protocol():
+    """uvicorn's h11 protocol with what it lacks: a deadline for request headers, a body that
+    stops arriving, and a place in its listener's `waiting` while it waits for a request."""
+    global _H11
+    if _H11 is not None:
+        return _H11
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    idle, send_body, done = h11.IDLE, h11.SEND_BODY, (h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
+
+    class LimitedH11(H11Protocol):
+        listener: Listener  # set per endpoint (a subclass each)
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            now = time.monotonic()
+            self.deadline: Optional[float] = now + self.header_timeout_s  # for the first request's headers
+            self.draining_body = False
+            self.active = False
+            self.quiet_since = now
+            self.listener.arrived(self, transport)
+
+        def connection_lost(self, exc) -> None:
+            self.listener.started(self)
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            self.active = True
+            if self.deadline is None and self.conn.their_state is idle:
+                # The first bytes of the next request on a kept-alive connection (uvicorn stops
+                # its keep-alive timer here): its headers have the same time to arrive.
+                self.deadline = time.monotonic() + self.header_timeout_s
+            super().data_received(data)
+            if self.deadline is None:
+                return
+            state = self.conn.their_state
+            if self.draining_body:
+                if state is send_body:
+                    return
+                self.draining_body = False
+                if state is idle:
+                    # The unwanted body is in, and each of its bytes stopped uvicorn's
+                    # keep-alive timer: the next request's headers get the deadline instead.
+                    self.deadline = time.monotonic() + self.header_timeout_s
+                    return
+            if state is not idle:
+                self.deadline = None  # the request's headers are in
+                self.listener.started(self)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.transport.is_closing():
+                return
+            state = self.conn.their_state
+            if state is send_body:
+                # Answered before the whole body came (413, 429, a route that reads none): the
+                # peer has the header deadline to finish it, as h11 cannot start the next cycle.
+                self.deadline = time.monotonic() + self.header_timeout_s
+                self.draining_body = True
+                self.listener.wait(self, self.transport)
+            elif state is idle and self.deadline is None and not self.transport.get_write_buffer_size():
+                # Kept alive, its answer written: it may be closed to make room for a newcomer.
+                self.listener.wait(self, self.transport)
+
+        def evict(self) -> None:
+            self.transport.abort()
+
+        def sweep(self, now: float, idle_timeout_s: float) -> Optional[str]:
+            """Why this connection should be closed now, if it should."""
+            if self.deadline is not None:
+                return "deadline" if now >= self.deadline else None
+            if self.active or self.flow.read_paused:
+                self.active = False
+                self.quiet_since = now
+                return None
+            if (
+                self.conn.their_state is send_body
+                and self.conn.our_state not in done
+                and now - self.quiet_since >= idle_timeout_s
+            ):
+                return "idle"  # a request body that stopped arriving
+            return None
+
+    _H11 = LimitedH11
+    return _H11
+
+
+class HttpEndpoint:
+    """One uvicorn server for `app` on `host:port`, run as a task on the current event loop.
+
+    Its limits: `max_connections` (held by its Listener), request headers within
+    `header_timeout_s` of the connection (or of the next request's first byte), a kept-alive
+    connection closed after `idle_timeout_s` without a request (uvicorn's `timeout_keep_alive`),
+    as is a request whose body stops arriving for as long."""
+
+    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, name: str = "http",
+                 max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS,
+                 header_timeout_s: float = DEFAULT_HTTP_HEADER_TIMEOUT_S,
+                 idle_timeout_s: float = DEFAULT_HTTP_IDLE_TIMEOUT_S):
         self.app = app
         self.host = host
         self.port = port
         self.name = name
+        self.header_timeout_s = header_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.listener = Listener(name, max_connections, request_end=b"\r\n\r\n", refusal=_HTTP_REFUSAL)
         self._server = None
         self._task: Optional[asyncio.Task] = None
+        self._sweeper: Optional[asyncio.Task] = None
 
     async def start(self) -> int:
         """Listen, and return the bound port. A busy address raises OSError(EADDRINUSE)."""
-        import socket
-
         import uvicorn
 
         # Bind here, not inside uvicorn: a busy port is then an OSError the caller turns into
@@ -438,38 +580,80 @@ class HttpEndpoint:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
         # without it a response written in two parts waits out the peer's delayed ACK (40 ms).
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock = self.listener.socket(family, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))
-            sock.listen(128)
+            sock.listen(1024)
         except OSError:
             sock.close()
             raise
-        sock.setblocking(False)
         self.port = sock.getsockname()[1]
+        protocol = type("LimitedH11", (_h11_protocol(),),
+                        {"listener": self.listener, "header_timeout_s": self.header_timeout_s})
         config = uvicorn.Config(
             self.app,
             log_config=None,  # the recorder's logging configuration stays in charge
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=2,
+            http=protocol,
+            ws="none",
+            timeout_keep_alive=self.idle_timeout_s,
+            h11_max_incomplete_event_size=HTTP_MAX_HEADER_BYTES,
+            # The listener holds the connections to their cap; this bounds the requests running
+            # (a 503 past it). uvicorn counts a connection closed to make room until its
+            # transport reports it lost, on the next turn: up to as many again.
+            limit_concurrency=2 * self.listener.max_connections + LISTENER_OVERHEAD_FDS,
         )
-        self._server = uvicorn.Server(config)
+        _throttle_uvicorn_logs()
+        self._server = server = uvicorn.Server(config)
         # The recorder owns SIGTERM and SIGINT (a graceful stop of everything, in order): uvicorn
         # must not take them over while it serves, nor raise them again when it stops.
-        self._server.capture_signals = contextlib.nullcontext
-        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
-        while not self._server.started:
+        server.capture_signals = contextlib.nullcontext
+        loop = asyncio.get_running_loop()
+        # No socket for uvicorn to serve: the Listener accepts, and makes each connection's
+        # protocol as uvicorn's own server does (its state shared, no lifespan state).
+        self._task = loop.create_task(server.serve(sockets=[]))
+        while not server.started:
             if self._task.done():
+                sock.close()
                 exc = self._task.exception() if not self._task.cancelled() else None
                 raise exc or OSError(errno.EADDRINUSE, f"{self.name} endpoint did not start")
             await asyncio.sleep(0.005)
+        self.listener.serve(sock, functools.partial(
+            config.http_protocol_class, config=config, server_state=server.server_state, app_state={}))
+        self._sweeper = loop.create_task(self._sweep())
         return self.port
 
+    async def _sweep(self) -> None:
+        """Close the connections past their header deadline or idle too long, once every
+        `sweep_interval`: no timer per request."""
+        listener = self.listener
+        interval = sweep_interval(self.header_timeout_s, self.idle_timeout_s)
+        while self._server is not None:
+            await asyncio.sleep(interval)
+            server = self._server
+            if server is None:
+                return
+            now = time.monotonic()
+            for conn in list(server.server_state.connections):
+                sweep = getattr(conn, "sweep", None)
+                if sweep is None or conn.transport is None or conn.transport.is_closing():
+                    continue
+                why = sweep(now, self.idle_timeout_s)
+                if why is not None:
+                    listener.closed[why] += 1
+                    listener.started(conn)
+                    conn.transport.close()
+
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is None or self._task is None:
             return
+        self.listener.close()  # no new connections; uvicorn closes the others
         self._server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout=5)

@@ -80,6 +80,7 @@ class HttpServer:
             token=None if is_loopback(self.host) else self.token,
         )
         self.endpoint = HttpEndpoint(app, host=self.host, port=self.port, name="http")
+        self.metrics.watch(self.endpoint.listener)
         self.port = await self.endpoint.start()
         log.info("http listening", extra={"ui": f"http://{self.host}:{self.port}/",
                                           "metrics": f"http://{self.host}:{self.port}/metrics"})
@@ -143,6 +144,7 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
                 backend.store, host=otlp["host"], port=otlp["port"], token=scfg.token,
                 draining=lambda: server.draining,
             )
+            metrics.watch(otlp_http.http.listener)
             log.info("otlp listening", extra={"otlp": f"http://{otlp['host']}:{otlp_http.port}/v1/traces"})
     except BaseException as e:
         if otlp_http is not None:
