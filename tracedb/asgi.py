@@ -24,6 +24,9 @@ loop on the event loop (a reader on the listening socket; each connection handed
   attempt, and again in the same loop for every connection still waiting (a traceback each:
   hundreds of megabytes of log a minute). Here a spare descriptor is let go to accept and close
   what waits, and when even that fails the listener pauses for a second.
+
+`descriptor_budget` derives the caps from RLIMIT_NOFILE so that the many-connection listeners
+can never take the descriptors the recorder's own files and its Unix socket need.
 """
 
 from __future__ import annotations
@@ -40,10 +43,16 @@ import socket
 import time
 from typing import Optional
 
+from .errors import ConfigError
 from .sidecar.protocol import DEFAULT_HTTP_HEADER_TIMEOUT_S, DEFAULT_HTTP_IDLE_TIMEOUT_S, DEFAULT_HTTP_MAX_CONNECTIONS
 
 log = logging.getLogger("tracedb.listen")
 
+# Descriptors kept for everything but client connections: the WAL (segments, spares, the lock,
+# directory fsyncs), the database and its connection pools (SQLite's three files per
+# connection, or PostgreSQL sockets), the web view's reader, the compactor's pipes, the event
+# loop's own. `tracedb serve` with every listener open holds about 26 at start.
+RESERVED_FDS = 128
 # Newcomers at the cap waiting for their first request (per listener), and for how long at most.
 PROBATION = 32
 PROBATION_S = 0.5
@@ -83,6 +92,28 @@ def is_loopback(host: str) -> bool:
 # -- descriptors ---------------------------------------------------------------------------------
 
 
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (systemd leaves services at 1024);
+    returns (the soft limit before, the soft limit now)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:  # Linux refuses an unlimited RLIMIT_NOFILE: its ceiling is fs.nr_open
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            return soft, soft
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError):
+            return soft, soft
+        return soft, target
+    return soft, soft
+
+
 def fd_limit() -> int:
     """The soft RLIMIT_NOFILE: how many descriptors this process may hold."""
     import resource
@@ -96,6 +127,30 @@ def open_fds() -> int:
         return len(os.listdir("/proc/self/fd")) - 1  # listdir's own
     except OSError:
         return -1
+
+
+def descriptor_budget(limit: int, reserved: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:
+    """The connection caps that fit in `limit` descriptors: RESERVED_FDS for the process's own
+    files, then the `reserved` listeners (the Unix socket the agents use) in full, then the
+    `wanted` listeners (TCP, OTLP, HTTP), lowered in proportion when they do not all fit.
+    Raises ConfigError when not even the reserve fits."""
+    caps = dict(reserved)
+    room = limit - RESERVED_FDS - sum(c + LISTENER_OVERHEAD_FDS for c in reserved.values())
+    need = sum(c + LISTENER_OVERHEAD_FDS for c in wanted.values())
+    if room < len(wanted) * (LISTENER_OVERHEAD_FDS + 1):
+        raise ConfigError(
+            f"the limit of {limit} open files is too low to keep {RESERVED_FDS} for the recorder's "
+            f"own files and {sum(reserved.values())} connections for its socket",
+            hint="raise the limit (systemd: LimitNOFILE=; a shell: ulimit -n) or lower max_connections",
+        )
+    if need <= room:
+        caps.update(wanted)
+        return caps
+    share = room - len(wanted) * LISTENER_OVERHEAD_FDS
+    total = sum(wanted.values())
+    for name, cap in wanted.items():
+        caps[name] = max(1, share * cap // total)
+    return caps
 
 
 # -- logging at most once a second ---------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The wire protocol's listeners under abuse, in-process on real sockets: the first-frame deadline,
 the idle timeout (and what it spares), room made at the connection cap, the project's clients
-across an idle close, and running out of descriptors."""
+across an idle close, and the descriptor budget."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import orjson
 import pytest
 
 from tests.waiting import wait_until, wait_until_async
+from tracedb.asgi import LISTENER_OVERHEAD_FDS, RESERVED_FDS, descriptor_budget
+from tracedb.errors import ConfigError
 from tracedb.sidecar.client import connect, connect_async
 from tracedb.sidecar.metrics import SidecarMetrics
 from tracedb.sidecar.server import ServerConfig
@@ -286,6 +288,24 @@ def test_the_async_client_reconnects_after_an_idle_close_without_losing_or_repea
         srv.stop()
 
 
+def test_the_descriptor_budget_keeps_the_reserve_and_the_socket_and_shares_the_rest():
+    wanted = {"tcp": 256, "otlp": 128, "http": 64}
+    # Enough for everything: the caps asked for. The defaults fit systemd's default limit.
+    assert descriptor_budget(4096, {"unix": 256}, wanted) == {"unix": 256, **wanted}
+    assert descriptor_budget(1024, {"unix": 256}, wanted) == {"unix": 256, **wanted}
+    assert RESERVED_FDS + sum(c + LISTENER_OVERHEAD_FDS for c in (256, *wanted.values())) == 968
+    # Too little: the socket keeps its cap, the others share what the reserve leaves, in proportion.
+    caps = descriptor_budget(640, {"unix": 256}, wanted)
+    assert caps["unix"] == 256
+    assert caps["tcp"] > caps["otlp"] > caps["http"] >= 1
+    assert caps["tcp"] < 256 and caps["otlp"] < 128 and caps["http"] < 64
+    held = RESERVED_FDS + sum(c + LISTENER_OVERHEAD_FDS for c in caps.values())
+    assert 640 - 3 <= held <= 640  # what rounding down leaves
+    with pytest.raises(ConfigError) as e:
+        descriptor_budget(300, {"unix": 256}, wanted)
+    assert "LimitNOFILE" in e.value.hint
+
+
 def test_out_of_descriptors_waiting_connections_are_shed_counted_and_logged_once_a_second(tdir):
     """asyncio's accept loop logged a traceback per attempt when the process had no descriptor
     left (hundreds of MB a minute); the listener sheds what waits with its spare descriptor."""
@@ -355,3 +375,64 @@ def test_out_of_descriptors_waiting_connections_are_shed_counted_and_logged_once
         errors = f'tracedb_listener_accept_errors_total{{errno="EMFILE",listener="{name}"}} '
         assert float(metrics.split(errors)[1].split()[0]) >= 1
 
+
+def test_serve_refuses_to_start_when_the_limit_of_open_files_cannot_hold_the_reserve(tdir):
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tracedb", "--data-dir", tdir, "serve"], cwd=ROOT, capture_output=True, text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT), timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300)),
+    )
+    assert out.returncode == 1, out.stderr
+    assert "error: the limit of 300 open files is too low" in out.stderr
+    assert "hint: raise the limit (systemd: LimitNOFILE=" in out.stderr
+    assert not os.path.exists(sock_path(tdir))
+
+
+def test_the_documented_sidecar_keys_are_read_with_their_defaults():
+    import os
+    import tomllib
+    from types import SimpleNamespace
+
+    from tracedb.cli.serve import _sidecar_file_settings
+    from tracedb.sidecar import protocol as P
+
+    from .conftest import ROOT
+
+    with open(os.path.join(ROOT, "config", "tracedb.toml"), "rb") as f:
+        table = tomllib.load(f)["sidecar"]
+    got = _sidecar_file_settings(SimpleNamespace(extra={"sidecar": table}))
+    assert {k: got[k] for k in ("max_connections", "first_frame_timeout_s", "connection_idle_timeout_s",
+                                "otlp_max_connections", "http_max_connections", "http_header_timeout_s",
+                                "http_idle_timeout_s")} == {
+        "max_connections": P.DEFAULT_MAX_CONNECTIONS,
+        "first_frame_timeout_s": P.DEFAULT_FIRST_FRAME_TIMEOUT_S,
+        "connection_idle_timeout_s": P.DEFAULT_CONNECTION_IDLE_TIMEOUT_S,
+        "otlp_max_connections": P.DEFAULT_OTLP_MAX_CONNECTIONS,
+        "http_max_connections": P.DEFAULT_HTTP_MAX_CONNECTIONS,
+        "http_header_timeout_s": P.DEFAULT_HTTP_HEADER_TIMEOUT_S,
+        "http_idle_timeout_s": P.DEFAULT_HTTP_IDLE_TIMEOUT_S,
+    }
+
+
+def test_serve_takes_the_limits_from_its_flags(serve_process):
+    proc = serve_process("--tcp", "127.0.0.1:0", "--otlp-port", "0", "--http-port", "0", "--max-connections", "9",
+                         "--otlp-max-connections", "7", "--http-max-connections", "5",
+                         "--connection-idle-timeout", "0.5")
+    c = LineClient(proc.socket)
+    assert c.call({"id": 1, "op": "hello"})["limits"]["max_connections"] == 9
+    last = time.monotonic()
+    assert _closed_at(c, 10) - last >= 0.5  # idle
+    code, err = proc.terminate()
+    assert code == 0, err
+    log = [orjson.loads(line) for line in err.splitlines() if line.startswith("{")]
+    fds = next(doc for doc in log if doc["msg"] == "file descriptors")
+    assert fds["max_connections"] == {"unix": 9, "tcp": 9, "otlp": 7, "http": 5}
+    listening = next(doc for doc in log if doc["msg"] == "listening")
+    assert listening["connection_idle_timeout_s"] == 0.5

@@ -202,3 +202,36 @@ def test_uvicorn_warns_of_bad_requests_at_most_once_a_second():
     assert 1 <= len(invalid) <= int(elapsed) + 1
     assert len(invalid) < 30
 
+
+def test_tracedb_ui_takes_its_connection_cap_from_max_connections(web_store):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    import orjson
+
+    from .conftest import REPO
+
+    data_dir, _ids = web_store
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tracedb", "--data-dir", data_dir, "ui", "--port", "0", "--json", "--max-connections", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO,
+    )
+    held = []
+    try:
+        port = int(orjson.loads(proc.stdout.readline())["url"].rsplit(":", 1)[1].strip("/"))
+        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
+        # A fourth that says nothing finds the view at its cap: 503 once its probation is over
+        # (below the cap it would wait for its headers, 10 s, with no answer).
+        fourth = socket.create_connection(("127.0.0.1", port), timeout=10)
+        held.append(fourth)
+        assert fourth.recv(65536).startswith(b"HTTP/1.1 503")
+    finally:
+        for s in held:
+            s.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        proc.stdout.close()
+        proc.stderr.close()

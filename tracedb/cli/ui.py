@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..sidecar import protocol as P
 from .main import config_of, emit_json, json_option, main, read_token
 
 DEFAULT_UI_PORT = 8470
@@ -27,13 +28,16 @@ def _recovery_note(cfg) -> str | None:
               help="Allow a non-loopback --host; every request must then carry the bearer token.")
 @click.option("--token-file", type=click.Path(dir_okay=False),
               help="File holding the bearer token for a non-loopback --host (or env TRACEDB_TOKEN).")
+@click.option("--max-connections", type=click.IntRange(1), default=P.DEFAULT_HTTP_MAX_CONNECTIONS, show_default=True,
+              help="Concurrent connections; past it, a connection that has sent no request yet is closed "
+              "to make room, or the newcomer is answered 503.")
 @click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
               help="The data directory to show (the same as the global --data-dir).")
 @click.option("--db", "db_url", metavar="URL", default=None,
               help="A fleet's PostgreSQL database to show (the same as the global --db).")
 @json_option("Print the address as one JSON line ({\"url\": ...}); errors as JSON too.")
 @click.pass_context
-def ui(ctx, host, port, allow_remote, token_file, data_dir, db_url, as_json):
+def ui(ctx, host, port, allow_remote, token_file, max_connections, data_dir, db_url, as_json):
     """Browse executions in a web page: the list, timelines, payloads, diffs and forks.
 
     Read-only: it reads the store next to a running recorder (`tracedb serve`) and never
@@ -68,4 +72,5 @@ def ui(ctx, host, port, allow_remote, token_file, data_dir, db_url, as_json):
 
     import asyncio
 
-    asyncio.run(serve_ui(cfg, host=host, port=port, token=token, on_listening=listening))
+    asyncio.run(serve_ui(cfg, host=host, port=port, token=token, on_listening=listening,
+                         max_connections=max_connections))

@@ -61,12 +61,17 @@ class ServerConfig:
     metrics_port: Optional[int] = None
     max_frame_bytes: int = P.DEFAULT_MAX_FRAME_BYTES
     max_connections: int = P.DEFAULT_MAX_CONNECTIONS
-    # The TCP listener's cap (max_connections when None).
+    # The TCP listener's cap: max_connections unless the descriptor budget lowers it.
     tcp_max_connections: Optional[int] = None
     max_inflight_requests: int = P.DEFAULT_MAX_INFLIGHT_REQUESTS
     max_inflight_bytes: int = P.DEFAULT_MAX_INFLIGHT_BYTES
     first_frame_timeout_s: float = P.DEFAULT_FIRST_FRAME_TIMEOUT_S
     connection_idle_timeout_s: float = P.DEFAULT_CONNECTION_IDLE_TIMEOUT_S
+    # The HTTP listeners of `tracedb serve` (--http-port, --otlp-port): tracedb.asgi.HttpEndpoint.
+    http_max_connections: int = P.DEFAULT_HTTP_MAX_CONNECTIONS
+    otlp_max_connections: int = P.DEFAULT_OTLP_MAX_CONNECTIONS
+    http_header_timeout_s: float = P.DEFAULT_HTTP_HEADER_TIMEOUT_S
+    http_idle_timeout_s: float = P.DEFAULT_HTTP_IDLE_TIMEOUT_S
     drain_timeout_s: float = 10.0
     # Set by the CLI: shown by `hello` and /health.
     data_dir: Optional[str] = None
@@ -101,11 +106,12 @@ def check_config(config: ServerConfig) -> None:
                     f"listening on {host} needs a bearer token",
                     hint="set TRACEDB_TOKEN or pass --token-file",
                 )
-    for name in ("max_connections", "tcp_max_connections"):
+    for name in ("max_connections", "tcp_max_connections", "http_max_connections", "otlp_max_connections"):
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ServerConfigError(f"{name} must be at least 1, got {value}")
-    for name in ("first_frame_timeout_s", "connection_idle_timeout_s"):
+    for name in ("first_frame_timeout_s", "connection_idle_timeout_s", "http_header_timeout_s",
+                 "http_idle_timeout_s"):
         if not getattr(config, name) > 0:
             raise ServerConfigError(f"{name} must be more than 0 seconds, got {getattr(config, name)}")
     if config.socket_path is not None and len(os.fsencode(config.socket_path)) > 100:

@@ -16,10 +16,11 @@ from typing import Callable, Optional
 from urllib.parse import quote
 
 from .. import db
-from ..asgi import HttpEndpoint, is_loopback
+from ..asgi import HttpEndpoint, descriptor_budget, is_loopback, raise_fd_limit
 from ..config import DEFAULT_DATA_DIR, Config
 from ..errors import ConfigError
 from ..reads import AsyncReader
+from ..sidecar.protocol import DEFAULT_HTTP_MAX_CONNECTIONS
 from .app import create_app
 
 _CANNOT_LISTEN = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
@@ -73,12 +74,16 @@ async def serve_ui(
     token: Optional[str] = None,
     on_listening: Callable[[str], None] = print,
     stop: Optional[asyncio.Event] = None,
+    max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS,
 ) -> None:
-    """Serve the web view of `cfg`'s store until SIGINT/SIGTERM (or `stop` is set)."""
+    """Serve the web view of `cfg`'s store until SIGINT/SIGTERM (or `stop` is set), with at most
+    `max_connections` connections (fewer if the limit of open files is too low for them)."""
+    _before, limit = raise_fd_limit()
+    max_connections = descriptor_budget(limit, {}, {"ui": max_connections})["ui"]
     reader = await AsyncReader.open(cfg)
     endpoint = HttpEndpoint(
         create_app(reader, token=token if not is_loopback(host) else None, replay_command=replay_command(cfg)),
-        host=host, port=port, name="ui",
+        host=host, port=port, name="ui", max_connections=max_connections,
     )
     try:
         try:
