@@ -31,6 +31,12 @@ _FILE_KEYS = {
     "max_connections": int,
     "max_inflight_requests": int,
     "max_inflight_bytes": int,
+    "first_frame_timeout_s": float,
+    "connection_idle_timeout_s": float,
+    "otlp_max_connections": int,
+    "http_max_connections": int,
+    "http_header_timeout_s": float,
+    "http_idle_timeout_s": float,
     "drain_timeout_s": float,
     "log_level": str,
 }
@@ -104,7 +110,15 @@ def parse_tcp(text: str) -> tuple[str, int]:
 @click.option("--max-frame-bytes", type=click.IntRange(1, P.MAX_FRAME_BYTES_LIMIT),
               help=f"Largest request line (default {P.DEFAULT_MAX_FRAME_BYTES}).")
 @click.option("--max-connections", type=click.IntRange(1),
-              help=f"Concurrent client connections (default {P.DEFAULT_MAX_CONNECTIONS}).")
+              help=f"Concurrent client connections on the socket, and on the TCP port, each (default "
+              f"{P.DEFAULT_MAX_CONNECTIONS}).")
+@click.option("--connection-idle-timeout", type=click.FloatRange(0, min_open=True), metavar="SECONDS",
+              help="Close a client connection with nothing in flight that sent nothing for this long "
+              f"(default {P.DEFAULT_CONNECTION_IDLE_TIMEOUT_S:g}); clients reconnect.")
+@click.option("--otlp-max-connections", type=click.IntRange(1),
+              help=f"Concurrent connections on the OTLP port (default {P.DEFAULT_OTLP_MAX_CONNECTIONS}).")
+@click.option("--http-max-connections", type=click.IntRange(1),
+              help=f"Concurrent connections on the HTTP port (default {P.DEFAULT_HTTP_MAX_CONNECTIONS}).")
 @click.option("--max-inflight", "max_inflight_requests", type=click.IntRange(1),
               help=f"Requests in flight per connection before it is not read (default {P.DEFAULT_MAX_INFLIGHT_REQUESTS}).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Default info.")
@@ -115,8 +129,9 @@ def parse_tcp(text: str) -> tuple[str, int]:
 @click.option("--compact-in-process", is_flag=True,
               help="Compact in a thread of the recorder instead of a child process (slower ingest).")
 @click.pass_context
-def serve(ctx, socket_path, tcp, allow_remote, token_file, trust_local_users, allowed_hosts, http_port, http_host, metrics_port, otlp_port, otlp_host, max_frame_bytes,
-          max_connections, max_inflight_requests, log_level, log_format, compact_in_process):
+def serve(ctx, socket_path, tcp, allow_remote, token_file, trust_local_users, allowed_hosts, http_port, http_host, metrics_port,
+          otlp_port, otlp_host, max_frame_bytes, max_connections, connection_idle_timeout, otlp_max_connections,
+          http_max_connections, max_inflight_requests, log_level, log_format, compact_in_process):
     """Run the sidecar recorder: agents record through it over a Unix socket.
 
     Recovers the data directory first (executions interrupted by a crash become incomplete),
@@ -161,6 +176,13 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, trust_local_users, al
         max_inflight_requests=max_inflight_requests
         or file.get("max_inflight_requests", P.DEFAULT_MAX_INFLIGHT_REQUESTS),
         max_inflight_bytes=file.get("max_inflight_bytes", P.DEFAULT_MAX_INFLIGHT_BYTES),
+        first_frame_timeout_s=file.get("first_frame_timeout_s", P.DEFAULT_FIRST_FRAME_TIMEOUT_S),
+        connection_idle_timeout_s=connection_idle_timeout
+        or file.get("connection_idle_timeout_s", P.DEFAULT_CONNECTION_IDLE_TIMEOUT_S),
+        otlp_max_connections=otlp_max_connections or file.get("otlp_max_connections", P.DEFAULT_OTLP_MAX_CONNECTIONS),
+        http_max_connections=http_max_connections or file.get("http_max_connections", P.DEFAULT_HTTP_MAX_CONNECTIONS),
+        http_header_timeout_s=file.get("http_header_timeout_s", P.DEFAULT_HTTP_HEADER_TIMEOUT_S),
+        http_idle_timeout_s=file.get("http_idle_timeout_s", P.DEFAULT_HTTP_IDLE_TIMEOUT_S),
         drain_timeout_s=file.get("drain_timeout_s", 10.0),
         data_dir=cfg.data_dir,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..program import as_invoked
+from ..sidecar import protocol as P
 from .main import config_of, emit_json, host_names, json_option, main, read_token
 
 DEFAULT_UI_PORT = 8470
@@ -33,13 +34,16 @@ def _recovery_note(cfg) -> str | None:
               help="On a loopback --host, take no token: every user of this machine may read the view.")
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", callback=host_names,
               help="A Host name to answer to besides 127.0.0.1, localhost and [::1] (repeatable).")
+@click.option("--max-connections", type=click.IntRange(1), default=P.DEFAULT_HTTP_MAX_CONNECTIONS, show_default=True,
+              help="Concurrent connections; past it, a connection that has sent no request yet is closed "
+              "to make room, or the newcomer is answered 503.")
 @click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
               help="The data directory to show (the same as the global --data-dir).")
 @click.option("--db", "db_url", metavar="URL", default=None,
               help="A fleet's PostgreSQL database to show (the same as the global --db).")
 @json_option("Print the address as one JSON line ({\"url\": ...}); errors as JSON too.")
 @click.pass_context
-def ui(ctx, host, port, allow_remote, token_file, trust_local_users, allowed_hosts, data_dir, db_url, as_json):
+def ui(ctx, host, port, allow_remote, token_file, trust_local_users, allowed_hosts, max_connections, data_dir, db_url, as_json):
     """Browse executions in a web page: the list, timelines, payloads, diffs and forks.
 
     Read-only: it reads the store next to a running recorder (`tracedb serve`) and never
@@ -88,4 +92,4 @@ def ui(ctx, host, port, allow_remote, token_file, trust_local_users, allowed_hos
     import asyncio
 
     asyncio.run(serve_ui(cfg, host=host, port=port, token=token, allowed_hosts=allowed_hosts,
-                         on_listening=listening))
+                         on_listening=listening, max_connections=max_connections))

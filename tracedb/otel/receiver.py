@@ -256,15 +256,20 @@ class OtlpEndpoint:
 
 async def start_receiver(store, *, host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None,
                          draining: Callable[[], bool] = lambda: False,
-                         allowed_hosts: Optional[Iterable[str]] = None, **limits):
+                         allowed_hosts: Optional[Iterable[str]] = None, connection_limits: Optional[dict] = None,
+                         **limits):
     """Serve OTLP/HTTP for `store` on the running loop; returns (OtlpEndpoint, Receiver).
     With `token`, every request must carry it; with `allowed_hosts`, one naming another Host gets
-    403. `await endpoint.close()` stops it. A busy port raises OSError."""
+    403. `await endpoint.close()` stops it. A busy port raises OSError. `connection_limits` are
+    HttpEndpoint's (max_connections, header_timeout_s, idle_timeout_s); the OTLP port's cap is
+    DEFAULT_OTLP_MAX_CONNECTIONS unless given."""
     from ..asgi import HostCheck, HttpEndpoint
+    from ..sidecar.protocol import DEFAULT_OTLP_MAX_CONNECTIONS
 
     receiver = Receiver(SpanIngest(store), token=token, draining=draining, **limits)
     app = receiver.app if allowed_hosts is None else HostCheck(receiver.app, allowed_hosts)
-    http = HttpEndpoint(app, host=host, port=port, name="otlp")
+    http = HttpEndpoint(app, host=host, port=port, name="otlp",
+                        **{"max_connections": DEFAULT_OTLP_MAX_CONNECTIONS, **(connection_limits or {})})
     try:
         await http.start()
     except BaseException:

@@ -24,6 +24,8 @@ import orjson
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..asgi import fd_limit, open_fds
+
 log = logging.getLogger("tracedb.sidecar")
 
 _FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -61,6 +63,7 @@ class SidecarMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.server = None  # set by attach()
         self.backend = None
+        self.listeners: list = []  # tracedb.asgi.Listener: the socket's, TCP, OTLP, HTTP
         self.events_rate = RateMeter()
         self.fsync_seconds = Histogram(
             "tracedb_wal_fsync_seconds",
@@ -93,10 +96,17 @@ class SidecarMetrics:
         self.server = server
         self.backend = server.backend
         server.metrics = self
+        for listener in getattr(server, "listeners", {}).values():
+            self.watch(listener)
         try:
             self.backend.set_group_observer(self.observe_group)
         except Exception:  # noqa: BLE001 - a backend without WAL hooks still serves
             log.warning("backend does not report WAL groups; fsync metrics stay empty")
+
+    def watch(self, listener) -> None:
+        """Report a listener's connections, refusals and accept errors (tracedb_listener_*)."""
+        if listener not in self.listeners:
+            self.listeners.append(listener)
 
     def observe_group(self, records: int, nbytes: int, fsync_s: float) -> None:
         """Called after each WAL group commit, by whoever flushed it: the flusher thread or the
@@ -186,6 +196,10 @@ class _Collector:
         yield GaugeMetricFamily("tracedb_inflight_requests", "Requests staged, not yet answered.", value=inflight)
         yield CounterMetricFamily("tracedb_received_bytes", "Bytes read from clients.", value=c.bytes_in)
         yield CounterMetricFamily("tracedb_sent_bytes", "Bytes written to clients.", value=c.bytes_out)
+        yield from _listener_families(m.listeners)
+        yield GaugeMetricFamily("tracedb_open_fds", "File descriptors the recorder holds.", value=open_fds())
+        yield GaugeMetricFamily("tracedb_fd_limit", "The recorder's limit of open files (soft RLIMIT_NOFILE).",
+                                value=fd_limit())
         if m.backend is None:
             return
         s = m.backend.stats()
@@ -205,6 +219,37 @@ class _Collector:
             value=s.compaction_lag_s,
         )
         yield GaugeMetricFamily("tracedb_recorder_failed", "1 when the WAL refuses writes.", value=1 if s.failed else 0)
+
+
+def _listener_families(listeners: list):
+    """Each listener's connections, cap, refusals, closes and accept errors, labelled by its name
+    (unix, tcp, otlp, http)."""
+    conns = GaugeMetricFamily("tracedb_listener_connections", "Open connections, by listener.", labels=["listener"])
+    caps = GaugeMetricFamily("tracedb_listener_max_connections", "Connection cap, by listener.", labels=["listener"])
+    accepted = CounterMetricFamily("tracedb_listener_accepted", "Connections accepted, by listener.",
+                                   labels=["listener"])
+    refused = CounterMetricFamily(
+        "tracedb_listener_refused",
+        "Connections refused when accepted: at the cap (limit), or shed for want of file descriptors "
+        "(descriptors).", labels=["listener", "reason"])
+    closed = CounterMetricFamily(
+        "tracedb_listener_closed",
+        "Connections the server closed: to make room at the cap (evicted), no first frame or request "
+        "headers in time (deadline), idle.", labels=["listener", "reason"])
+    errors = CounterMetricFamily(
+        "tracedb_listener_accept_errors", "accept() failures for want of resources, by errno.",
+        labels=["listener", "errno"])
+    for lst in listeners:
+        conns.add_metric([lst.name], lst.open)
+        caps.add_metric([lst.name], lst.max_connections)
+        accepted.add_metric([lst.name], lst.accepted)
+        for why, n in lst.refused.items():
+            refused.add_metric([lst.name, why], n)
+        for why, n in lst.closed.items():
+            closed.add_metric([lst.name, why], n)
+        for name, n in lst.accept_errors.items():
+            errors.add_metric([lst.name, name], n)
+    yield from (conns, caps, accepted, refused, closed, errors)
 
 
 class _AsgiApp:

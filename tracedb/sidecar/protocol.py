@@ -22,6 +22,19 @@ DEFAULT_MAX_FRAME_BYTES = 16 << 20
 DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_MAX_INFLIGHT_REQUESTS = 1024
 DEFAULT_MAX_INFLIGHT_BYTES = 64 << 20
+# A connection whose first frame is not whole within this is closed: a peer that connects and
+# says nothing (or trickles a line that never ends) holds no slot for long.
+DEFAULT_FIRST_FRAME_TIMEOUT_S = 10.0
+# A connection with nothing in flight that sends nothing for this long is closed; clients
+# reconnect on their next request.
+DEFAULT_CONNECTION_IDLE_TIMEOUT_S = 60.0
+# The HTTP listeners (`serve --http-port` and `--otlp-port`, `tracedb ui`; tracedb.asgi): their
+# connections (an OTLP exporter keeps one per process), the time a request's headers have to
+# arrive, and how long a kept-alive connection (or a request body that stopped) may idle.
+DEFAULT_HTTP_MAX_CONNECTIONS = 64
+DEFAULT_OTLP_MAX_CONNECTIONS = 128
+DEFAULT_HTTP_HEADER_TIMEOUT_S = 10.0
+DEFAULT_HTTP_IDLE_TIMEOUT_S = 15.0
 # The WAL refuses payloads above 64 MiB; a frame must leave room for the record's framing.
 MAX_FRAME_BYTES_LIMIT = 60 << 20
 

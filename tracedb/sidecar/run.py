@@ -13,8 +13,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from ..asgi import RESERVED_FDS, descriptor_budget, is_loopback, open_fds, raise_fd_limit
 from ..asgi import allowed_hosts as allowed_host_names
-from ..asgi import is_loopback
 from ..config import ensure_local_token, token_path
 from ..errors import ConfigError
 from .metrics import SidecarMetrics, configure_logging, routes, sample_forever
@@ -64,14 +64,49 @@ def _cannot_listen(e: OSError, what: str, scfg: ServerConfig) -> ConfigError:
     )
 
 
+def plan_descriptors(scfg: ServerConfig, otlp: Optional[dict]) -> None:
+    """Raise the soft limit of open files to the hard one, and fit the listeners' connection caps
+    in it: RESERVED_FDS for the recorder's own files and the Unix socket's `max_connections` in
+    full, then the TCP, OTLP and HTTP caps (lowered, with a warning, when they do not fit).
+    Sets the caps on `scfg`; raises ConfigError when not even the reserve fits."""
+    before, limit = raise_fd_limit()
+    reserved = {"unix": scfg.max_connections} if scfg.socket_path is not None else {}
+    wanted = {}
+    if scfg.tcp_port is not None:
+        wanted["tcp"] = scfg.tcp_max_connections or scfg.max_connections
+    if otlp is not None:
+        wanted["otlp"] = scfg.otlp_max_connections
+    if scfg.metrics_port is not None:
+        wanted["http"] = scfg.http_max_connections
+    caps = descriptor_budget(limit, reserved, wanted)
+    log.info(
+        "file descriptors",
+        extra={"limit": limit, "raised_from": before if before != limit else None, "open": open_fds(),
+               "reserved": RESERVED_FDS, "max_connections": caps},
+    )
+    lowered = {name: caps[name] for name in wanted if caps[name] < wanted[name]}
+    if lowered:
+        log.warning(
+            "connection caps lowered to fit the limit of open files",
+            extra={"limit": limit, "asked": {name: wanted[name] for name in lowered}, "max_connections": lowered},
+        )
+    if "tcp" in caps:
+        scfg.tcp_max_connections = caps["tcp"]
+    if "otlp" in caps:
+        scfg.otlp_max_connections = caps["otlp"]
+    if "http" in caps:
+        scfg.http_max_connections = caps["http"]
+
+
 class HttpServer:
     """`--http-port`: the web view, /metrics and /health on one uvicorn server on the loop."""
 
     def __init__(self, cfg, metrics: SidecarMetrics, host: str, port: int, token, *,
-                 allowed_hosts=None, token_file: Optional[str] = None):
+                 allowed_hosts=None, token_file: Optional[str] = None, limits: Optional[dict] = None):
         self.cfg, self.metrics, self.host, self.port, self.token = cfg, metrics, host, port, token
         self.allowed_hosts = allowed_hosts
         self.token_file = token_file
+        self.limits = limits or {}
         self.reader = None
         self.endpoint = None
         self._sampler = None
@@ -89,7 +124,8 @@ class HttpServer:
             self.reader, replay_command=replay_command(self.cfg), extra_routes=routes(self.metrics),
             token=self.token, open_paths=OPEN_PATHS, allowed_hosts=self.allowed_hosts,
         )
-        self.endpoint = HttpEndpoint(app, host=self.host, port=self.port, name="http")
+        self.endpoint = HttpEndpoint(app, host=self.host, port=self.port, name="http", **self.limits)
+        self.metrics.watch(self.endpoint.listener)
         self.port = await self.endpoint.start()
         fields = {"ui": address(self.host, self.port), "metrics": address(self.host, self.port) + "metrics"}
         if self.token:
@@ -157,6 +193,7 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
         check_listen(otlp["host"], scfg.allow_remote, scfg.token)
     if local_token:
         scfg = dataclasses.replace(scfg, token=ensure_local_token(cfg.data_dir), token_file=token_path(cfg.data_dir))
+    plan_descriptors(scfg, otlp)
     t0 = time.perf_counter()
     backend = await open_backend(cfg.data_dir, config=cfg)
     rec = getattr(backend.store, "last_recovery", None)
@@ -180,7 +217,8 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
         if scfg.metrics_port is not None:
             http = HttpServer(cfg, metrics, http_host, scfg.metrics_port,
                               scfg.token if _needs_token(http_host, scfg) else None,
-                              allowed_hosts=http_allowed, token_file=scfg.token_file)
+                              allowed_hosts=http_allowed, token_file=scfg.token_file,
+                              limits=_http_limits(scfg, scfg.http_max_connections))
             await http.start()
         listening = "the socket or TCP port"
         server.install_signal_handlers()
@@ -194,7 +232,9 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
             otlp_http, _receiver = await start_receiver(
                 backend.store, host=otlp["host"], port=otlp["port"], token=otlp_token,
                 draining=lambda: server.draining, allowed_hosts=otlp_allowed,
+                connection_limits=_http_limits(scfg, scfg.otlp_max_connections),
             )
+            metrics.watch(otlp_http.http.listener)
             fields = {"otlp": address(otlp["host"], otlp_http.port) + "v1/traces"}
             if otlp_token:
                 fields["token"] = token_where(scfg.token_file)
@@ -222,6 +262,11 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
         if http is not None:
             await http.close()
     return 0
+
+
+def _http_limits(scfg: ServerConfig, max_connections: int) -> dict:
+    return {"max_connections": max_connections, "header_timeout_s": scfg.http_header_timeout_s,
+            "idle_timeout_s": scfg.http_idle_timeout_s}
 
 
 def serve_forever(cfg, scfg: ServerConfig, *, log_level: str = "info", log_json: Optional[bool] = None,

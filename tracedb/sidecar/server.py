@@ -10,6 +10,11 @@ small enough for a single Python thread to acknowledge ~100k events/s.
 Backpressure: a connection stops being read while it has too many requests (or bytes) in flight,
 or while its peer does not read its responses; a slow client therefore holds a bounded amount of
 memory and slows nobody else down.
+
+Limits: each listener (the socket, the TCP port) holds its connections to `max_connections` at
+accept time (tracedb.asgi.Listener). One sweep over the connections every fraction of a second
+closes those that sent no whole frame within `first_frame_timeout_s` and those with nothing in
+flight that sent nothing for `connection_idle_timeout_s`: the hot path only sets a flag per read.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import orjson
 
 import wal
 
-from ..asgi import is_loopback
+from ..asgi import ADMISSIONS_PER_TURN, Listener, is_loopback, sweep_interval
 from ..errors import TraceDBError
 from . import protocol as P
 from .backend import IN_BATCH, Backend, Deferred, Staged
@@ -63,8 +68,17 @@ class ServerConfig:
     metrics_port: Optional[int] = None
     max_frame_bytes: int = P.DEFAULT_MAX_FRAME_BYTES
     max_connections: int = P.DEFAULT_MAX_CONNECTIONS
+    # The TCP listener's cap: max_connections unless the descriptor budget lowers it.
+    tcp_max_connections: Optional[int] = None
     max_inflight_requests: int = P.DEFAULT_MAX_INFLIGHT_REQUESTS
     max_inflight_bytes: int = P.DEFAULT_MAX_INFLIGHT_BYTES
+    first_frame_timeout_s: float = P.DEFAULT_FIRST_FRAME_TIMEOUT_S
+    connection_idle_timeout_s: float = P.DEFAULT_CONNECTION_IDLE_TIMEOUT_S
+    # The HTTP listeners of `tracedb serve` (--http-port, --otlp-port): tracedb.asgi.HttpEndpoint.
+    http_max_connections: int = P.DEFAULT_HTTP_MAX_CONNECTIONS
+    otlp_max_connections: int = P.DEFAULT_OTLP_MAX_CONNECTIONS
+    http_header_timeout_s: float = P.DEFAULT_HTTP_HEADER_TIMEOUT_S
+    http_idle_timeout_s: float = P.DEFAULT_HTTP_IDLE_TIMEOUT_S
     drain_timeout_s: float = 10.0
     # Set by the CLI: shown by `hello` and /health.
     data_dir: Optional[str] = None
@@ -108,6 +122,14 @@ def check_config(config: ServerConfig, *, local_token: bool = False) -> None:
                     f"listening on {host} needs a bearer token",
                     hint="set TRACEDB_TOKEN or pass --token-file",
                 )
+    for name in ("max_connections", "tcp_max_connections", "http_max_connections", "otlp_max_connections"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ServerConfigError(f"{name} must be at least 1, got {value}")
+    for name in ("first_frame_timeout_s", "connection_idle_timeout_s", "http_header_timeout_s",
+                 "http_idle_timeout_s"):
+        if not getattr(config, name) > 0:
+            raise ServerConfigError(f"{name} must be more than 0 seconds, got {getattr(config, name)}")
     if config.socket_path is not None and len(os.fsencode(config.socket_path)) > 100:
         raise ServerConfigError(
             f"socket path is too long for a Unix socket: {config.socket_path}",
@@ -153,6 +175,12 @@ class Connection(asyncio.Protocol):
         self.needs_token = needs_token
         self.authenticated = not needs_token
         self.peer = peer
+        self.listener: Optional[Listener] = server.listeners.get(peer)
+        # Read by the server's sweep: set on every read, cleared by the sweep; the time the
+        # connection was opened, and since when the sweep has seen it with nothing to do.
+        self.active = False
+        self.awaiting_first = False  # no whole frame yet: may be closed to make room
+        self.opened_at = self.quiet_since = 0.0
         self.transport: Optional[asyncio.Transport] = None
         self.splitter = P.FrameSplitter(server.config.max_frame_bytes)
         self.inflight = 0
@@ -184,24 +212,25 @@ class Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport) -> None:
-        """Accept the connection, or answer `overloaded` (or `unavailable` while draining) and close."""
+        """Accept the connection, or answer `unavailable` while draining and close. (Past the
+        listener's cap, the listener answered `overloaded` and closed it before it came here.)"""
         self.transport = transport
         srv = self.server
         self.counters.connections_total += 1
-        if len(srv.connections) >= srv.config.max_connections or srv.draining:
+        if srv.draining:
             self.counters.connections_refused += 1
-            why = "the server is shutting down" if srv.draining else (
-                f"too many connections (limit {srv.config.max_connections})"
-            )
-            code = P.UNAVAILABLE if srv.draining else P.OVERLOADED
-            self.counters.errors[code] += 1
-            transport.write(P.encode_error(None, code, why))
+            self.counters.errors[P.UNAVAILABLE] += 1
+            transport.write(P.encode_error(None, P.UNAVAILABLE, "the server is shutting down"))
             transport.close()
             self.lost = True
             self._mark_settled()
             self.gone.set_result(None)
             return
         srv.connections.add(self)
+        self.opened_at = self.quiet_since = time.monotonic()
+        if self.listener is not None:
+            self.awaiting_first = True
+            self.listener.arrived(self, transport)
         log.debug("connection opened", extra={"peer": self.peer})
 
     def connection_lost(self, exc) -> None:
@@ -209,6 +238,9 @@ class Connection(asyncio.Protocol):
         self.lost = True
         self.closing = True
         self.server.connections.discard(self)
+        if self.awaiting_first:
+            self.awaiting_first = False
+            self.listener.started(self)
         if not self.gone.done():
             self.gone.set_result(None)
         # Requests already staged stay staged: they become durable and are recorded, but their
@@ -239,8 +271,12 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         """Cut the bytes into frames and process them (or queue them behind a Deferred)."""
         self.counters.bytes_in += len(data)
+        self.active = True
         frames = self.splitter.feed(data)
         if frames:
+            if self.awaiting_first:
+                self.awaiting_first = False
+                self.listener.started(self)
             if self.deferred is not None or self.held:
                 # A request of this connection is still being resolved: keep the order.
                 self.backlog.extend(frames)
@@ -530,6 +566,7 @@ class Connection(asyncio.Protocol):
                 raise self._unauthorized("wrong or missing token")
             self.authenticated = True
         cfg = self.server.config
+        max_connections = cfg.max_connections if self.listener is None else self.listener.max_connections
         return Staged(
             {
                 "protocol": P.PROTOCOL_VERSION,
@@ -539,7 +576,7 @@ class Connection(asyncio.Protocol):
                     "max_frame_bytes": cfg.max_frame_bytes,
                     "max_inflight_requests": cfg.max_inflight_requests,
                     "max_inflight_bytes": cfg.max_inflight_bytes,
-                    "max_connections": cfg.max_connections,
+                    "max_connections": max_connections,
                 },
             }
         )
@@ -650,6 +687,23 @@ class Connection(asyncio.Protocol):
         self.closing = True
         self._maybe_settled()
 
+    def evict(self) -> None:
+        """Closed to make room for a newcomer (its listener is at its cap): it never sent a
+        whole frame, so nothing of it was staged."""
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def expire(self, why: str) -> None:
+        """Closed by the sweep: no first frame in time (`deadline`), or `idle`."""
+        if self.listener is not None:
+            self.listener.closed[why] += 1
+            self.listener.started(self)
+        self.awaiting_first = False
+        self.closing = True
+        self.transport.close()
+        log.debug("connection closed", extra={"peer": self.peer, "why": why})
+
     def abort(self) -> None:
         """Drop the connection now (a peer that would not take its responses in time)."""
         if self.transport is not None:
@@ -724,20 +778,27 @@ class SidecarServer:
         self.connections: set[Connection] = set()
         self.draining = False
         self.started_at = time.time()
-        self._servers: list[asyncio.AbstractServer] = []
         self._socket_inode: Optional[tuple[int, int]] = None
         self._stopped: Optional[asyncio.Event] = None
         self.tcp_address: Optional[tuple[str, int]] = None
+        # One Listener per listening address family of the protocol, named as Connection.peer.
+        self.listeners: dict[str, Listener] = {}
+        if config.socket_path is not None:
+            # The agents' listener: a larger share of each turn of the loop than the others.
+            per_turn = max(ADMISSIONS_PER_TURN, config.max_connections // 4)
+            self.listeners["unix"] = _listener("unix", config.max_connections, per_turn)
+        if config.tcp_port is not None:
+            self.listeners["tcp"] = _listener("tcp", config.tcp_max_connections or config.max_connections)
+        self._sweeper: Optional[asyncio.Task] = None
 
     @property
     def listening(self) -> bool:
         """Whether `start` opened a listener (the socket, the TCP port)."""
-        return bool(self._servers)
+        return any(listener.serving for listener in self.listeners.values())
 
     # -- starting --------------------------------------------------------------------------
     async def start(self) -> None:
         """Bind the Unix socket (0600; its directory 0700 if this made it) and the optional TCP listener."""
-        loop = asyncio.get_running_loop()
         if self._stopped is None:  # install_signal_handlers may have made it (a stop asked early)
             self._stopped = asyncio.Event()
         cfg = self.config
@@ -747,17 +808,13 @@ class SidecarServer:
             _remove_stale_socket(path)
             old = os.umask(0o177)  # the socket is created 0600: no window where others may connect
             try:
-                srv = await loop.create_unix_server(
-                    lambda: Connection(self, needs_token=False, peer="unix"),
-                    path=path,
-                    backlog=1024,
-                )
+                sock = self._bind_unix(path)
             finally:
                 os.umask(old)
             os.chmod(path, 0o600)
             st = os.stat(path)
             self._socket_inode = (st.st_dev, st.st_ino)
-            self._servers.append(srv)
+            self.listeners["unix"].serve(sock, lambda: Connection(self, needs_token=False, peer="unix"))
         if cfg.tcp_port is not None:
             host = cfg.tcp_host or "127.0.0.1"
             needs_token = not (cfg.trust_local_users and is_loopback(host))
@@ -765,21 +822,85 @@ class SidecarServer:
             def factory():
                 return Connection(self, needs_token=needs_token, peer="tcp")
 
-            srv = await loop.create_server(factory, host=host, port=cfg.tcp_port, backlog=1024)
-            sock = srv.sockets[0]
-            self.tcp_address = sock.getsockname()[:2]
-            for s in srv.sockets:
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._servers.append(srv)
+            socks = self._bind_tcp(host, cfg.tcp_port)
+            self.tcp_address = socks[0].getsockname()[:2]
+            for sock in socks:
+                self.listeners["tcp"].serve(sock, factory)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         log.info(
             "listening",
             extra={
                 "socket": cfg.socket_path,
                 "tcp": f"{self.tcp_address[0]}:{self.tcp_address[1]}" if self.tcp_address else None,
                 "max_frame_bytes": cfg.max_frame_bytes,
-                "max_connections": cfg.max_connections,
+                "max_connections": {name: lst.max_connections for name, lst in self.listeners.items()},
+                "first_frame_timeout_s": cfg.first_frame_timeout_s,
+                "connection_idle_timeout_s": cfg.connection_idle_timeout_s,
             },
         )
+
+    def _bind_unix(self, path: str) -> socket.socket:
+        sock = self.listeners["unix"].socket(socket.AF_UNIX)
+        try:
+            sock.bind(path)
+            sock.listen(1024)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _bind_tcp(self, host: str, port: int) -> list:
+        """A listening socket per address of `host` (localhost may be 127.0.0.1 and ::1), as
+        asyncio's create_server binds them, for the TCP Listener to accept on."""
+        listener = self.listeners["tcp"]
+        socks = []
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            for family, _type, proto, _name, addr in dict.fromkeys(infos):
+                sock = listener.socket(family, proto)
+                socks.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.bind(addr)
+                sock.listen(1024)
+        except BaseException:
+            for sock in socks:
+                sock.close()
+            raise
+        return socks
+
+    async def _sweep(self) -> None:
+        """Close the connections that sent no whole frame within `first_frame_timeout_s`, and
+        those with nothing in flight (nothing staged, read or written, reading not paused) that
+        sent nothing for `connection_idle_timeout_s`: one pass over the connections every
+        `sweep_interval`, so that the hot path keeps no timer per connection or frame."""
+        cfg = self.config
+        first, idle = cfg.first_frame_timeout_s, cfg.connection_idle_timeout_s
+        interval = sweep_interval(first, idle)
+        while not self.draining:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for c in list(self.connections):
+                if c.closing or c.lost or self.draining:
+                    continue
+                if c.awaiting_first:
+                    if now - c.opened_at >= first:
+                        c.expire("deadline")
+                    continue
+                if (
+                    c.active
+                    or c.inflight
+                    or c.backlog
+                    or c.read_paused
+                    or c.write_paused
+                    or c.transport.get_write_buffer_size()
+                ):
+                    c.active = False
+                    c.quiet_since = now
+                elif now - c.quiet_since >= idle:
+                    c.expire("idle")
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT start a graceful shutdown. Called before `start`, so that no signal
@@ -810,8 +931,10 @@ class SidecarServer:
         if self.draining:
             return
         self.draining = True
-        for srv in self._servers:
-            srv.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for listener in self.listeners.values():
+            listener.close()
         conns = list(self.connections)
         for c in conns:
             c.begin_drain()
@@ -826,11 +949,6 @@ class SidecarServer:
                 if not c.gone.done():
                     log.warning("connection did not drain in time; aborting it", extra={"peer": c.peer})
                     c.abort()
-        for srv in self._servers:
-            try:
-                await asyncio.wait_for(srv.wait_closed(), timeout=1.0)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - best effort
-                pass
         self._remove_socket()
         try:
             await self.backend.close()
@@ -857,6 +975,11 @@ class SidecarServer:
         """One batch answered: its latency from read to response (for the ack histogram)."""
         if self.metrics is not None:
             self.metrics.observe_ack(seconds, n)
+
+
+def _listener(name: str, cap: int, admissions_per_turn: int = ADMISSIONS_PER_TURN) -> Listener:
+    refusal = P.encode_error(None, P.OVERLOADED, f"too many connections (limit {cap})")
+    return Listener(name, cap, request_end=b"\n", refusal=refusal, admissions_per_turn=admissions_per_turn)
 
 
 def _prepare_socket_dir(directory: str) -> None:

@@ -18,12 +18,13 @@ from typing import Callable, Optional, Sequence
 from urllib.parse import quote
 
 from .. import db
-from ..asgi import HttpEndpoint, is_loopback
+from ..asgi import HttpEndpoint, descriptor_budget, is_loopback, raise_fd_limit
 from ..asgi import allowed_hosts as allowed_host_names
 from ..config import DEFAULT_DATA_DIR, Config, ensure_local_token
 from ..errors import ConfigError
 from ..program import program
 from ..reads import AsyncReader
+from ..sidecar.protocol import DEFAULT_HTTP_MAX_CONNECTIONS
 from .app import create_app
 
 _CANNOT_LISTEN = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
@@ -89,14 +90,18 @@ async def serve_ui(
     allowed_hosts: Sequence[str] = (),
     on_listening: Callable[[str], None] = print,
     stop: Optional[asyncio.Event] = None,
+    max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS,
 ) -> None:
     """Serve the web view of `cfg`'s store until SIGINT/SIGTERM (or `stop` is set). With `token`,
-    every request must carry it; the Host names answered are `tracedb.asgi.allowed_hosts`'."""
+    every request must carry it; the Host names answered are `tracedb.asgi.allowed_hosts`'. At most
+    `max_connections` connections (fewer if the limit of open files is too low for them)."""
     allowed = allowed_host_names(host, allowed_hosts)
+    _before, limit = raise_fd_limit()
+    max_connections = descriptor_budget(limit, {}, {"ui": max_connections})["ui"]
     reader = await AsyncReader.open(cfg)
     endpoint = HttpEndpoint(
         create_app(reader, token=token, allowed_hosts=allowed, replay_command=replay_command(cfg)),
-        host=host, port=port, name="ui",
+        host=host, port=port, name="ui", max_connections=max_connections,
     )
     try:
         try:
