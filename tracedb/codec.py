@@ -30,6 +30,7 @@ from .record import (
     STATUS_INCOMPLETE,
     STATUS_INVALIDATED,
     STATUS_RUNNING,
+    keeps_reason,
 )
 from .validation import ENVELOPE_OPTS, dumps, dumps_checked
 
@@ -98,33 +99,41 @@ def decode_record(raw: bytes) -> dict:
     return orjson.loads(raw)
 
 
+# The reason each lifecycle record gives (a finish: replayable, no reason).
+OP_REASON = {
+    OP_FINISH: None,
+    OP_INVALIDATE: REASON_MANUALLY_INVALIDATED,
+    OP_INCOMPLETE: REASON_EXECUTION_INCOMPLETE,
+    OP_RECORDING_FAILURE: REASON_RECORDING_FAILURE,
+}
+
+
 def transition(row: dict, op: str, d: dict) -> None:
     """Apply a lifecycle record to a row (a new trace's full row, or a delta for an existing one).
 
-    A delta starts from what the database holds, assumed running and unflagged; the guards in
-    the UPDATE statement cover the cases where it is not (invalidated, flagged).
+    The one rule of every status change (the sweeper's, a clean stop's and recovery's
+    `incomplete`, a finish, a flag, an invalidation, and a rebuild from the WAL): nothing changes
+    an invalidated row; `incomplete` closes only a running one; the reason (with its note, and
+    replayable) is replaced only by one at least as strong (`record.keeps_reason`), so a
+    `recording_failure` outlives every later `incomplete` and finish. A delta starts from what
+    the database holds, assumed running and unflagged; the UPDATE statement applies the same
+    rule to the row it finds (`compactor._update_statement`).
     """
     status = row.get("status")
     if status == STATUS_INVALIDATED:
         return
     if op == OP_INVALIDATE:
         row["status"] = STATUS_INVALIDATED
-        row["replayable"] = False
-        row["replayable_reason"] = REASON_MANUALLY_INVALIDATED
-        row["status_note"] = d.get("reason")
     elif op == OP_INCOMPLETE:
         if status not in (None, STATUS_RUNNING):
             return
         row["status"] = STATUS_INCOMPLETE
-        row["replayable"] = False
-        row["replayable_reason"] = REASON_EXECUTION_INCOMPLETE
-        row["status_note"] = d.get("why")
-    elif op == OP_RECORDING_FAILURE:
-        row["replayable"] = False
-        row["replayable_reason"] = REASON_RECORDING_FAILURE
-        row["status_note"] = d.get("detail")
     elif op == OP_FINISH:
         row["status"] = STATUS_COMPLETED
-        if row.get("replayable_reason") != REASON_RECORDING_FAILURE:
-            row["replayable"] = True
-            row["replayable_reason"] = None
+    reason = OP_REASON[op]
+    if keeps_reason(row.get("replayable_reason"), reason):
+        return
+    row["replayable"] = reason is None
+    row["replayable_reason"] = reason
+    if op != OP_FINISH:
+        row["status_note"] = d.get(STATUS_TEXT_KEY[op])

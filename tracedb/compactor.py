@@ -13,7 +13,9 @@ with the CRC32C of those bytes beside it; the checked columns of `traces` get th
 
 An operator may invalidate a trace directly in the database while a recorder runs (`tracedb
 invalidate`); every status change below is therefore guarded so that it never overwrites
-`invalidated`, and a later finish never makes a trace flagged `recording_failure` replayable again.
+`invalidated`, and a reason is never replaced by a weaker one (`codec.transition`): a later finish
+never makes a trace flagged `recording_failure` replayable again, nor does marking it incomplete
+take its `recording_failure` and note away.
 
 Many recorders may compact into one PostgreSQL database at once. Each has its own checkpoint row
 (keyed by recorder_id) and writes only traces it started, so their transactions touch disjoint
@@ -59,7 +61,7 @@ from .errors import IntegrityError
 from .models import compaction_checkpoint, trace_steps, traces
 from .record import (
     FINAL_RESPONSE,
-    REASON_RECORDING_FAILURE,
+    REASON_RANK,
     ROUTER_DECISION,
     STATUS_INCOMPLETE,
     STATUS_INVALIDATED,
@@ -759,9 +761,22 @@ def _owner_only(delta: dict) -> bool:
     return "last_seq" in delta or delta.get("status") == STATUS_INCOMPLETE
 
 
+def _reason_rank(expr) -> sa.Case:
+    """`record.REASON_RANK` of a reason, in SQL (constants inline, see `_update_statement`)."""
+    whens = [
+        (expr == sa.literal_column(f"'{reason}'"), sa.literal_column(str(rank)))
+        for reason, rank in REASON_RANK.items() if reason is not None
+    ]
+    return sa.case(*whens, else_=sa.literal_column("0"))
+
+
 def _update_statement(keys: tuple, owned: bool = False) -> sa.Update:
     """UPDATE traces for one set of changed columns, with the lifecycle guards (module doc);
-    `owned` adds `recorder_id = :b_recorder` (see `_owner_only`)."""
+    `owned` adds `recorder_id = :b_recorder` (see `_owner_only`).
+
+    The delta was folded by `codec.transition` as if the row were running and unflagged; the
+    statement applies the same rule to the row it finds: an invalidated row keeps everything, and
+    a row whose reason is stronger than the delta's keeps its reason, replayable and note."""
     c = traces.c
     # Constants inline, so that every bound parameter is one of the row's values.
     invalidated = c.status == sa.literal_column(f"'{STATUS_INVALIDATED}'")
@@ -772,13 +787,11 @@ def _update_statement(keys: tuple, owned: bool = False) -> sa.Update:
         p = sa.bindparam("b_" + k, type_=traces.c[k].type)
         if k == "status":
             values[k] = sa.case((invalidated, c.status), else_=p)
-        elif k == "status_note":
-            values[k] = sa.case((invalidated, c.status_note), else_=p)
-        elif k in ("replayable", "replayable_reason"):
-            # A finish (replayable true) never clears a recording_failure flag.
-            rp = sa.bindparam("b_replayable", type_=sa.Boolean)
-            keep = sa.and_(rp, c.replayable_reason == sa.literal_column(f"'{REASON_RECORDING_FAILURE}'"))
-            values[k] = sa.case((invalidated, c[k]), (keep, c[k]), else_=p)
+        elif k in ("replayable", "replayable_reason", "status_note"):
+            # `transition` sets these three together with the reason (a finish: no note).
+            reason = sa.bindparam("b_replayable_reason", type_=traces.c.replayable_reason.type)
+            stronger = _reason_rank(c.replayable_reason) > _reason_rank(reason)
+            values[k] = sa.case((invalidated, c[k]), (stronger, c[k]), else_=p)
         else:
             values[k] = p
     stmt = sa.update(traces).where(c.execution_id == sa.bindparam("b_id"))

@@ -7,7 +7,7 @@ compacted), the WAL may hold acknowledged records the database has not seen, and
 database calls `running` have nobody recording them. A read then shows the state recovery will
 make permanent: the records above the applied LSN folded in exactly as the compactor folds them,
 and every execution of this data directory still running read as incomplete (not replayable,
-`execution_incomplete`). Nothing is written and no lock is taken: `tracedb recover` makes it so.
+`execution_incomplete`, or `recording_failure` kept when it was flagged so). Nothing is written and no lock is taken: `tracedb recover` makes it so.
 
 Only the WAL above the database's applied LSN is read (from the segment that holds it); a store
 that is all compacted costs one read of the end of its last segment (`wal.last_record_lsn`).

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Union
 
 import orjson
 
@@ -43,7 +43,13 @@ from .record import (
 )
 from .pending import Pending
 from .pending import load as load_pending
-from .record import REASON_EXECUTION_INCOMPLETE, REASON_RECORD_CORRUPTED
+from .record import (
+    REASON_EXECUTION_INCOMPLETE,
+    REASON_RECORD_CORRUPTED,
+    REASON_RECORDING_FAILURE,
+    LostRecords,
+    lost_records,
+)
 from .replay.exact import ReplayEngine, ReplayResult, record_problems, value_problems
 from .replay.parity import TraceDiff, diff_traces
 from .validation import ID_LENGTH, INTENT_LENGTH
@@ -1064,7 +1070,9 @@ class Reader:
         """The `inspect ID` view: status, the last event, replayability; `missing_seqs`,
         `damaged_seqs` and `damaged_columns` (values that no longer match their checksums),
         `problems` when the record is damaged; `note`, the status note (the reason an operator
-        gave to invalidate it, a recording failure's detail, what a salvage recorded as lost)."""
+        gave to invalidate it, a recording failure's detail, what a salvage recorded as lost);
+        `lost_records` ({count, first, last}) when a client that failed open flagged it
+        recording_failure with what it lost."""
         row, steps = self._load_now(self.resolve(execution_id))
         view = inspect_view(judged(record_from_rows(row, steps)))
         seqs, columns = damage(row, steps)
@@ -1077,7 +1085,30 @@ class Reader:
             # Why: the reason given to invalidate, a recording failure, what a salvage lost. (An
             # incomplete execution's view is seed 002's exact shape.)
             view["note"] = note
+        lost = lost_records(note) if view["replayable_reason"] == REASON_RECORDING_FAILURE else None
+        if lost is not None:
+            view["lost_records"] = lost.to_dict()
         return view
+
+    def lost_records(self, execution_ids: Sequence[str]) -> dict[str, LostRecords]:
+        """{id: what a client that failed open lost of it} for those of `execution_ids` flagged
+        recording_failure with such a note (`record.lost_records`); exact ids."""
+        pending = self.pending
+        notes = {eid: pending.rows[eid].get("status_note") for eid in execution_ids if eid in pending.rows}
+        rest = [eid for eid in execution_ids if eid not in pending.rows]
+        if rest and self._lite is not None:
+            with self._lite_lock:
+                notes.update(sqlite_reads.status_notes(self._lite, rest))
+        elif rest:
+            sa, traces, _ = _core()
+            with self.engine.connect() as conn:
+                for i in range(0, len(rest), 500):
+                    q = sa.select(traces.c.execution_id, traces.c.status_note).where(
+                        traces.c.execution_id.in_(rest[i : i + 500])
+                    )
+                    notes.update(conn.execute(q).all())
+        found = {eid: lost_records(note) for eid, note in notes.items()}
+        return {eid: lost for eid, lost in found.items() if lost is not None}
 
     def replay(self, execution_id: str, *, envelope: Optional[dict] = None, force: bool = False) -> ReplayResult:
         """Exact replay of a recorded execution: its final response, no agent called."""

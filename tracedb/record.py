@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -58,6 +59,71 @@ REPLAYABLE_REASONS = (
     REASON_MANUALLY_INVALIDATED,
     REASON_RECORD_CORRUPTED,
 )
+
+# Why a record is not replayable, weakest first: a later transition never puts a weaker reason
+# (nor replayable, the weakest of all) in place of a stronger one. An execution that lost records
+# and was then closed incomplete (by the sweeper, a clean stop, recovery) still says that records
+# were lost, and a finish never makes it replayable.
+REASON_RANK = {
+    None: 0,
+    REASON_EXECUTION_INCOMPLETE: 1,
+    REASON_RECORDING_FAILURE: 2,
+    REASON_RECORD_CORRUPTED: 3,
+    REASON_MANUALLY_INVALIDATED: 4,
+}
+# The statuses a recording_failure flag applies to: an execution recovery closed after records
+# of it were dropped is flagged all the same; an invalidated one says so already.
+FLAGGABLE_STATUSES = (STATUS_RUNNING, STATUS_COMPLETED, STATUS_INCOMPLETE)
+
+
+def keeps_reason(current: Optional[str], new: Optional[str]) -> bool:
+    """Whether a record whose reason is `current` keeps it (and its note) when a transition
+    would set `new` (None: replayable)."""
+    return REASON_RANK.get(current, 0) > REASON_RANK.get(new, 0)
+
+
+@dataclass(frozen=True)
+class LostRecords:
+    """What a client that failed open told the recorder it dropped: how many records, and the
+    first and last drop (ISO 8601 UTC; None in the notes of older clients)."""
+
+    count: int
+    first: Optional[str] = None
+    last: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        return {"count": self.count, "first": self.first, "last": self.last}
+
+    def words(self) -> str:
+        """One line for people: "3 records lost between ... and ..."."""
+        n = f"{self.count} record{'' if self.count == 1 else 's'} lost"
+        return n if self.first is None else f"{n} between {self.first} and {self.last}"
+
+
+_OUTAGE_CAUSE = "the recorder was unreachable and the client failed open (on_outage=continue)"
+
+
+def lost_records_note(count: int, first_ns: int, last_ns: int) -> str:
+    """The status note of an execution flagged recording_failure by a client that dropped
+    `count` of its records between `first_ns` and `last_ns` (ns since the epoch);
+    `lost_records` reads it back."""
+    return f"{LostRecords(count, utc_iso(first_ns), utc_iso(last_ns)).words()}: {_OUTAGE_CAUSE}"
+
+
+_LOST_NOTE = re.compile(r"(\d+) records? lost between (\S+Z) and (\S+Z): ")
+_OLDER_LOST_NOTE = re.compile(r"(\d+) record\(s\) of this execution were not recorded\b")
+
+
+def lost_records(note: Optional[str]) -> Optional[LostRecords]:
+    """The counts in a status note `lost_records_note` wrote (or an older client's "N record(s)
+    of this execution were not recorded"); None for any other note."""
+    if not note or not note[:1].isdigit():
+        return None
+    m = _LOST_NOTE.match(note)
+    if m is not None:
+        return LostRecords(int(m.group(1)), m.group(2), m.group(3))
+    m = _OLDER_LOST_NOTE.match(note)
+    return LostRecords(int(m.group(1))) if m is not None else None
 
 
 def utc_iso(ns: int, *, timespec: str = "microseconds") -> str:

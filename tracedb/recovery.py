@@ -2,7 +2,8 @@
 
 Opening a store already truncated a torn WAL tail (`wal.open_wal`). Recovery then compacts every
 durable record, and marks every execution still `running` that no live recorder is writing into
-as incomplete: not replayable, reason `execution_incomplete`, every event up to the failure kept.
+as incomplete: not replayable, reason `execution_incomplete` (one flagged `recording_failure`
+keeps that reason and its note: `codec.transition`), every event up to the failure kept.
 The marking is itself a WAL record, durable before it is compacted, so it survives another crash.
 Completed executions are untouched and stay replayable. Nothing is retried.
 

@@ -228,6 +228,14 @@ def _in_lists(ids: Sequence[str]) -> Iterator[tuple[str, list]]:
         yield ", ".join("?" * len(chunk)), chunk
 
 
+def status_notes(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, Optional[str]]:
+    """{id: its status note} of the executions of `ids` the database holds."""
+    out: dict = {}
+    for marks, chunk in _in_lists(ids):
+        out.update(conn.execute(f"SELECT execution_id, status_note FROM traces WHERE execution_id IN ({marks})", chunk))
+    return out
+
+
 def judged_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, Judged]:
     """For each of `ids` the database has: what a verdict on it reads (`Judged`), from one
     snapshot: one query of `traces` and one of the steps of every id, their payloads checked

@@ -61,6 +61,7 @@ from .ids import new_execution_id
 from .models import traces
 from .record import (
     FINAL_RESPONSE,
+    FLAGGABLE_STATUSES,
     STATUS_COMPLETED,
     STATUS_INCOMPLETE,
     STATUS_INVALIDATED,
@@ -719,10 +720,11 @@ class Store:
     @staticmethod
     def _changes(op: str, execution_id: str, status: str) -> bool:
         """Whether a status change applies: invalidating twice does nothing, and a recording
-        failure is flagged on running and completed executions only."""
+        failure is flagged on running, completed and incomplete executions (`FLAGGABLE_STATUSES`),
+        never on an invalidated one."""
         if op == OP_INVALIDATE:
             return status != STATUS_INVALIDATED
-        if status not in (STATUS_RUNNING, STATUS_COMPLETED):
+        if status not in FLAGGABLE_STATUSES:
             raise ExecutionClosedError(execution_id, status)
         return True
 
@@ -854,8 +856,8 @@ class Store:
                 validate_text(text, STATUS_TEXT_KEY[op])
                 if op == OP_INCOMPLETE and status != STATUS_RUNNING:
                     raise InvalidInputError("only a running execution can be marked incomplete")
-                if op == OP_RECORDING_FAILURE and status not in (STATUS_RUNNING, STATUS_COMPLETED):
-                    raise ExecutionClosedError(eid, status)
+                if op == OP_RECORDING_FAILURE:
+                    self._changes(op, eid, status)
                 payloads.append(check_record_size(encode_status(op, eid, text, now)))
                 if op == OP_INVALIDATE:
                     status = STATUS_INVALIDATED

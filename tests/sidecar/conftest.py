@@ -6,10 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
-from tests.waiting import wait_until
 from tracedb.sidecar.server import ServerConfig
 
 from .fake_backend import MemoryBackend
@@ -61,7 +61,8 @@ def make_server(tdir, config: ServerConfig, backend: str = "memory", metrics=Non
 
 
 class ServeProcess:
-    """`tracedb serve` as a subprocess on a data directory."""
+    """`tracedb serve` as a subprocess on a data directory, once its store is open (it listens
+    before, holding requests until then)."""
 
     def __init__(self, data_dir: str, *args: str, env: dict | None = None):
         self.data_dir = data_dir
@@ -71,34 +72,46 @@ class ServeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tracedb", "--data-dir", data_dir, "serve", "--log-level", "info", *args],
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=full_env,
         )
-        wait_until(self._listening, 60, "tracedb serve to listen")
+        self._err: list[bytes] = []
+        self._opened = threading.Event()  # its "store open" line, or the end of its log
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
+        if not self._opened.wait(60):
+            self.kill()
+            raise TimeoutError("tracedb serve did not open its store within 60 s")
+        if not any(b"store open" in line for line in self._err):
+            self._reader.join(60)
+            raise RuntimeError(f"tracedb serve exited {self.proc.wait(60)}: {self.stderr()[-2000:]}")
 
-    def _listening(self) -> bool:
-        from benchmarks.sidecar import accepts
+    def _read_log(self) -> None:
+        for line in self.proc.stderr:
+            self._err.append(line)
+            if b"store open" in line:
+                self._opened.set()
+        self._opened.set()
 
-        if accepts(self.socket):
-            return True
-        if self.proc.poll() is not None:
-            _out, err = self.proc.communicate()
-            raise RuntimeError(f"tracedb serve exited {self.proc.returncode}: {err.decode()[-2000:]}")
-        return False
+    def stderr(self) -> str:
+        """What it logged so far."""
+        return b"".join(self._err).decode()
 
     def terminate(self, timeout: float = 60) -> tuple[int, str]:
         """SIGTERM; returns (exit code, stderr)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        _out, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, err.decode()
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout)
+        return self.proc.returncode, self.stderr()
 
     def kill(self) -> None:
         """SIGKILL (a crash) and reap."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
-        self.proc.communicate(timeout=60)
+        self.proc.wait(timeout=60)
+        self._reader.join(60)
 
 
 @pytest.fixture

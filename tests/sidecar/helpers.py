@@ -136,6 +136,28 @@ class LineClient:
         self.sock.close()
 
 
+def store_answers(path: str, timeout_s: float = 1.0) -> bool:
+    """True once a recorder's store answers on the Unix socket `path`: a `get` (of an id no
+    execution has) on a fresh connection gets its answer. `tracedb serve` listens before its store
+    is open, and holds requests until it is."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout_s)
+    try:
+        s.connect(path)
+        s.sendall(b'{"id":1,"op":"hello"}\n{"id":2,"op":"get","execution_id":"tests.store-answers"}\n')
+        got = b""
+        while got.count(b"\n") < 2:
+            chunk = s.recv(65536)
+            if not chunk:
+                return False
+            got += chunk
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 def rmtree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 

@@ -6,6 +6,9 @@ usage: child.py DATA_DIR SCENARIO [N]
   before      open the store only, then READY (scenario 1: crash before the intent is recorded)
   bulk N      N executions of 10 events each recorded without compaction, then READY, then
               compact (the test pauses it with TRACEDB_TEST_COMPACT_PAUSE and kills it there)
+  flagged [compacted]
+              start, one event, flagged recording_failure with a lost-records note (`NOTE`),
+              compacted first if asked, then READY
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sys
 import threading
 
 import tracedb
+from tracedb.record import lost_records_note
 
 EVENTS = [
     ("INTENT_RECEIVED", {"intent": "ProcessIntent"}),
@@ -24,6 +28,8 @@ EVENTS = [
     ("AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
     ("ROUTER_DECISION", {"agent": "processor-b"}),
 ]
+# 3 records lost between 2024-01-15T10:30:01Z and 10:30:04Z.
+NOTE = lost_records_note(3, 1_705_314_601_000_000_000, 1_705_314_604_000_000_000)
 
 
 def say(word: str) -> None:
@@ -49,6 +55,13 @@ def main() -> None:
         for e in EVENTS:
             ex.event(*e)
         ex.finish({"status": "success"})
+        say("READY")
+    elif scenario == "flagged":
+        ex = store.start("ProcessIntent", {"intent": "ProcessIntent"}, "exec-lost")
+        ex.event(*EVENTS[0])
+        ex.mark_recording_failure(NOTE)
+        if sys.argv[3:] == ["compacted"]:
+            store.compact()
         say("READY")
     elif scenario == "bulk":
         n = int(sys.argv[3])

@@ -6,7 +6,7 @@ They read the database without the WAL's lock, so they work next to a running re
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 import click
 import orjson
@@ -14,7 +14,7 @@ import orjson
 from ..errors import EXIT_INTEGRITY
 from ..paging import DEFAULT_PAGE_SIZE
 from ..program import as_invoked
-from ..record import STATUS_RUNNING, STATUSES, utc_iso
+from ..record import REASON_RECORDING_FAILURE, STATUS_RUNNING, STATUSES, LostRecords, lost_records, utc_iso
 from .main import (
     CursorParam,
     config_of,
@@ -32,8 +32,27 @@ if TYPE_CHECKING:
     from ..rows import TraceSummary
 
 HEADER = ("ID", "CREATED", "INTENT", "STATUS", "REPLAY", "EVENTS", "DURATION")
+# A last column, shown when a listed execution lost records while its client failed open: how
+# many (`inspect ID` says when).
+LOST_HEADER = "LOST"
 # Rows read before the column widths are fixed, when every execution is listed.
 WIDTH_SAMPLE = 1000
+# Rows whose lost records are read at once.
+LOST_CHUNK = 500
+
+
+def _with_lost(reader, items: Iterable[TraceSummary]) -> Iterator[tuple[TraceSummary, Optional[LostRecords]]]:
+    """Each item with what its client lost of it, if it was flagged so (a read per chunk of rows,
+    of those flagged recording_failure only)."""
+    items = iter(items)
+    while True:
+        chunk = list(itertools.islice(items, LOST_CHUNK))
+        if not chunk:
+            return
+        flagged = [i.execution_id for i in chunk if i.replayable_reason == REASON_RECORDING_FAILURE]
+        lost = reader.lost_records(flagged) if flagged else {}
+        for item in chunk:
+            yield item, lost.get(item.execution_id)
 
 
 def _cells(item: TraceSummary) -> tuple[str, ...]:
@@ -48,49 +67,69 @@ def _cells(item: TraceSummary) -> tuple[str, ...]:
     )
 
 
-def _print_table(items: Iterable[TraceSummary]) -> None:
+def _lost_cell(lost: Optional[LostRecords]) -> tuple[str, ...]:
+    return (str(lost.count),) if lost is not None else ("-",)
+
+
+def _print_table(rows: Iterable[tuple[TraceSummary, Optional[LostRecords]]]) -> None:
     """The header on stderr, one line per execution on stdout (its first five columns as
-    IntentusNet's `inspect --list` prints them); widths fit the first rows, so a listing of any
-    length streams."""
-    items = iter(items)
-    first = [_cells(i) for i in itertools.islice(items, WIDTH_SAMPLE)]
-    widths = [max([len(h)] + [len(row[c]) for row in first]) for c, h in enumerate(HEADER)]
-    right = {5, 6}  # numbers align right
+    IntentusNet's `inspect --list` prints them, and LOST when one of the first rows lost
+    records); widths fit the first rows, so a listing of any length streams."""
+    rows = iter(rows)
+    first = list(itertools.islice(rows, WIDTH_SAMPLE))
+    lost_column = any(lost is not None for _i, lost in first)
+
+    def cells(item, lost) -> tuple[str, ...]:
+        return _cells(item) + (_lost_cell(lost) if lost_column or lost is not None else ())
+
+    header = HEADER + ((LOST_HEADER,) if lost_column else ())
+    sample = [cells(i, lost) for i, lost in first]
+    widths = [max([len(h)] + [len(row[c]) for row in sample]) for c, h in enumerate(header)]
+    widths.append(0)  # a lost count past the sample, when none of the sample lost records
+    right = {5, 6, 7}  # numbers align right
 
     def line(cells) -> str:
         parts = [cell.rjust(w) if c in right else cell.ljust(w) for c, (cell, w) in enumerate(zip(cells, widths))]
         return "  ".join(parts).rstrip()
 
-    click.echo(line(HEADER), err=True)
-    for row in first:
+    click.echo(line(header), err=True)
+    for row in sample:
         click.echo(line(row))
-    for item in items:
-        click.echo(line(_cells(item)))
+    for item, lost in rows:
+        click.echo(line(cells(item, lost)))
 
 
-def _print_json(items: Iterable[TraceSummary]) -> None:
+def _row_dict(item: TraceSummary, lost: Optional[LostRecords]) -> dict:
+    d = item.to_dict()
+    d["lost_records"] = None if lost is None else lost.to_dict()
+    return d
+
+
+def _print_json(rows: Iterable[tuple[TraceSummary, Optional[LostRecords]]]) -> None:
     """One JSON list on one line, written row by row so that a listing of any length streams."""
     click.echo("[", nl=False)
-    for n, item in enumerate(items):
-        click.echo(("," if n else "") + orjson.dumps(item.to_dict(), option=orjson.OPT_SORT_KEYS).decode(), nl=False)
+    for n, (item, lost) in enumerate(rows):
+        click.echo(("," if n else "") + orjson.dumps(_row_dict(item, lost), option=orjson.OPT_SORT_KEYS).decode(), nl=False)
     click.echo("]")
 
 
-def _print_ndjson(items: Iterable[TraceSummary]) -> None:
+def _print_ndjson(rows: Iterable[tuple[TraceSummary, Optional[LostRecords]]]) -> None:
     """One JSON object per line (for jq, log shippers, `while read`)."""
-    for item in items:
-        click.echo(orjson.dumps(item.to_dict(), option=orjson.OPT_SORT_KEYS).decode())
+    for item, lost in rows:
+        click.echo(orjson.dumps(_row_dict(item, lost), option=orjson.OPT_SORT_KEYS).decode())
 
 
-def _print_csv(items: Iterable[TraceSummary]) -> None:
-    """A header row, then one row per execution, the JSON's fields as columns."""
+def _print_csv(rows: Iterable[tuple[TraceSummary, Optional[LostRecords]]]) -> None:
+    """A header row, then one row per execution, the JSON's fields as columns (lost_records: the
+    count)."""
     import csv
     import sys
 
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(CSV_COLUMNS)
-    for item in items:
+    for item, lost in rows:
         d = item.to_dict()
+        d["lost_records"] = None if lost is None else lost.count
         out.writerow([_csv_cell(d[c]) for c in CSV_COLUMNS])
 
 
@@ -104,7 +143,7 @@ def _csv_cell(value) -> object:
 
 CSV_COLUMNS = (
     "execution_id", "created_utc_iso", "intent", "status", "replayable", "replayable_reason",
-    "last_seq", "duration_ms", "pinned", "parent_execution_id", "cursor",
+    "last_seq", "duration_ms", "pinned", "parent_execution_id", "cursor", "lost_records",
 )
 PRINTERS = {"table": _print_table, "json": _print_json, "ndjson": _print_ndjson, "csv": _print_csv}
 
@@ -131,14 +170,17 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, limi
 
     --list prints a line per execution, newest first: id, creation time, intent, status,
     replayability (judged as for one ID: a record that fails verification is not-replayable,
-    record_corrupted), events, duration (creation to the last event; '-' while running). The
-    header, and the cursor of the next page when there is one, go to stderr. --format json (or
-    --json) prints a list, ndjson an object per line, csv a header and a row per execution; each
-    row carries its `cursor`. Filters combine: --status, --since/--until, --intent
-    (exact), --search (a substring of the intent).
+    record_corrupted), events, duration (creation to the last event; '-' while running), and
+    LOST, how many records a client that failed open lost while the recorder was unreachable,
+    when a listed execution has such a count. The header, and the cursor of the next page when
+    there is one, go to stderr. --format json (or --json) prints a list, ndjson an object per
+    line, csv a header and a row per execution; each row carries its `cursor` and
+    `lost_records` ({count, first, last}; in csv the count; null or empty when none). Filters
+    combine: --status, --since/--until, --intent (exact), --search (a substring of the intent).
 
     With an id (or a unique prefix of one): JSON with execution_id, status, last_event,
-    replayable, replayable_reason.
+    replayable, replayable_reason; `note`, why it is not replayable, and `lost_records`
+    ({count, first, last}) for records lost while the recorder was unreachable.
 
     \b
     Example:
@@ -167,7 +209,7 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, limi
         else:
             page = reader.page(where, before=before, limit=DEFAULT_PAGE_SIZE if limit is None else limit)
             items, next_cursor = page.items, page.next_cursor
-        PRINTERS[fmt or ("json" if as_json else "table")](items)
+        PRINTERS[fmt or ("json" if as_json else "table")](_with_lost(reader, items))
         if next_cursor is not None:
             click.echo(
                 f"more: add --before {next_cursor} for the next page, or list every one with --all",
@@ -188,7 +230,9 @@ def trace_get(ctx, execution_id, as_json, follow, interval):
     """Print an execution's whole record, in IntentusNet's ExecutionRecord shape.
 
     header{executionId, createdUtcIso, envelopeHash, replayable, replayableReason}, envelope,
-    routerDecision, events[{seq, type, payload}], finalResponse, plus status and intent.
+    routerDecision, events[{seq, type, payload}], finalResponse, plus status and intent, and
+    lostRecords{count, first, last} when a client that failed open lost records of it while
+    the recorder was unreachable.
     Indented (without --json), eventTimes follows: each event's seq, recordedUtcIso and
     sincePreviousMs (the time since the event before it; for the first, since the start).
 
@@ -206,6 +250,9 @@ def trace_get(ctx, execution_id, as_json, follow, interval):
         timeline = reader.timeline(execution_id)
         record = timeline.record
         out = record.to_dict()
+        lost = lost_records(timeline.status_note) if record.header.replayableReason == REASON_RECORDING_FAILURE else None
+        if lost is not None:
+            out["lostRecords"] = lost.to_dict()
         if not as_json:
             out["eventTimes"] = [t.to_dict() for t in timeline.event_times]
         emit_json(out, as_json)

@@ -37,13 +37,14 @@ on its disk) counts as dropped, for the sync and the asyncio client alike.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import select
 import socket
 import threading
 import time
-from typing import Any, Awaitable, Optional
+from typing import Any, Awaitable, Callable, Optional
 from urllib.parse import urlparse
 
 import orjson
@@ -55,7 +56,17 @@ from ..ids import new_execution_id
 from ..record import ExecutionRecord, compute_envelope_hash
 from ..validation import check_finite
 from . import protocol as P
-from .outage import CONTINUE, DEFAULT_OUTAGE_TIMEOUT_S, LostExecution, Outage, flag_detail, outage_policy
+from .outage import (
+    CONTINUE,
+    DEFAULT_OUTAGE_TIMEOUT_S,
+    DROPPED,
+    PROBE_INTERVAL_S,
+    PROBE_WAIT_S,
+    Outage,
+    arun_steps,
+    outage_policy,
+    run_steps,
+)
 
 log = logging.getLogger(__name__)
 
@@ -347,6 +358,7 @@ class _SyncSidecar:
         self.next_id = 0
         self.reconnects = 0
         self.max_frame_bytes = P.DEFAULT_MAX_FRAME_BYTES
+        self.known_down: Optional[Callable[[], bool]] = None  # a fail-open client's outage state
         if not connect_now:
             return  # connected by the first request
         with self.lock:
@@ -384,6 +396,9 @@ class _SyncSidecar:
     def request(self, req: dict, execution_id: Optional[str] = None) -> dict:
         """Send one request and return its success fields; raise the mapped error otherwise."""
         with self.lock:
+            if self.known_down is not None and req.get("op") in P.WRITE_OPS and self.known_down():
+                # Another thread found the recorder down while this one waited for the lock.
+                raise RecorderUnavailableError(f"the recorder at {self.address} is down")
             self.next_id += 1
             rid = req["id"] = self.next_id
             frame = _encode(req, self.max_frame_bytes)
@@ -478,9 +493,10 @@ class Client:
     `on_outage` (or TRACEDB_ON_OUTAGE) chooses what a call does when the sidecar cannot be
     reached: "raise" (default) raises RecorderUnavailableError; "continue" fails open: the agent
     goes on, the record is dropped (the call returns None), counted in `outage_stats()` and
-    logged, and the execution is flagged `recording_failure` once the recorder is back. In that
-    mode each call waits at most `outage_timeout_s` (default 2 s) for the recorder, and none waits
-    while it is known to be down. See tracedb/sidecar/outage.py.
+    logged, and the execution is flagged `recording_failure`, with what was lost and when, once
+    the recorder is back (its dropped finish sent then). In that mode each call waits at most
+    `outage_timeout_s` (default 2 s) for the recorder, and none waits while it is known to be
+    down: a background prober watches for it. See tracedb/sidecar/outage.py, docs/clients.md.
     """
 
     def __init__(
@@ -501,6 +517,9 @@ class Client:
         self._store = None
         self._remote: Optional[_SyncSidecar] = None
         self._outage: Optional[Outage] = None
+        self._outage_timeout_s = outage_timeout_s
+        self._prober: Optional[threading.Thread] = None
+        self._closing = threading.Event()
         if self.address is None:
             import tracedb
 
@@ -519,69 +538,93 @@ class Client:
             if self._outage is None:
                 raise
             self._remote = _SyncSidecar(self.address, connect_now=False, **kwargs)
-            self._outage.failed(e)
+            self._failed(e)
+        if self._outage is not None:
+            self._remote.known_down = lambda o=self._outage: o.down
 
     def outage_stats(self) -> dict:
         """With on_outage="continue": whether the recorder is down, how many outages, how many
-        records were dropped and how many executions they touched (all zero otherwise)."""
+        records were dropped (less those the recorder turned out to have kept) and how many
+        executions they touched (all zero otherwise)."""
         if self._outage is None:
             return {"down": False, "outages": 0, "unrecorded": 0, "executions_affected": 0}
         return self._outage.stats()
 
-    def _write(self, req: dict, execution_id: Optional[str], start: Optional[dict] = None) -> Optional[dict]:
+    def _write(self, req: dict, execution_id: Optional[str]) -> Optional[dict]:
         """Send a write request under the outage policy: its response, or None if it was dropped."""
         o = self._outage
         if o is None:
             return self._remote.request(req, execution_id)
-        if execution_id is not None and o.closed(execution_id):
-            o.drop(execution_id)
+        if o.down:
+            o.drop(execution_id, req)
             return None
-        if o.down and not o.probe_due():
-            o.drop(execution_id, start)
-            return None
+        x = o.lost.get(execution_id) if execution_id is not None else None
         try:
-            if o.down:
-                self._remote.request({"id": None, "op": "ping"})
-                o.recovered()
-            if o.lost:
-                self._flag_lost(o)
-            if execution_id is not None:
-                o.take_seq(execution_id, req)
-            if o.closed(execution_id):
-                o.drop(execution_id)
-                return None
-            return self._remote.request(req, execution_id)
+            if x is None:
+                return self._remote.request(req, execution_id)
+            with x.lock:
+                resp = run_steps(o.send(x, req), lambda r: self._remote.request(r, execution_id))
         except RecorderUnavailableError as e:
-            o.failed(e)
-            o.drop(execution_id, start)
+            self._failed(e)
+            o.drop(execution_id, req)
             return None
-        except E.ExecutionClosedError:
-            if execution_id not in o.lost:
-                raise
-            o.lost[execution_id].closed = True
-            o.drop(execution_id)
+        if resp is DROPPED:
+            o.drop(execution_id, req)
             return None
+        return resp
 
-    def _flag_lost(self, o: Outage) -> None:
-        for lost in o.to_flag():
-            self._flag_one(lost)
+    # -- the outage prober (a background thread while the recorder is down) ----------------
 
-    def _flag_one(self, lost: LostExecution) -> None:
-        eid = lost.execution_id
+    def _failed(self, cause: BaseException) -> None:
+        if self._outage.failed(cause) and not self._closing.is_set():
+            self._prober = threading.Thread(target=self._probe, name="tracedb-outage-probe", daemon=True)
+            self._prober.start()
+
+    def _probe(self) -> None:
+        """Until the recorder answers, try it; then tell it about every execution that lost
+        records (the agent's threads never wait for this)."""
+        o = self._outage
         try:
-            if lost.start is not None:
-                last = self._remote.request(dict(lost.start), eid).get("last_seq", 0)
-                lost.start = None
-            else:
-                record = ExecutionRecord.from_dict(self._remote.request({"id": None, "op": "get", "execution_id": eid}, eid)["record"])
-                last = record.events[-1].seq if record.events else 0
-            self._remote.request({"id": None, "op": "recording_failure", "execution_id": eid, "detail": flag_detail(lost)}, eid)
-            lost.next_seq = last + 1
-        except RecorderUnavailableError:
-            raise
-        except E.TraceDBError as e:  # closed meanwhile (recovery marked it incomplete), or gone
-            lost.closed = True
-            log.warning("a dropped execution cannot be flagged", extra={"execution_id": eid, "cause": str(e)})
+            while not self._closing.is_set():
+                if o.down:
+                    if not self._answers():
+                        self._closing.wait(PROBE_INTERVAL_S)
+                        continue
+                    o.recovered()
+                try:
+                    for x in o.untold():
+                        with x.lock:
+                            if x.untold:
+                                run_steps(o.tell(x), lambda r, eid=x.execution_id: self._remote.request(r, eid))
+                except RecorderUnavailableError as e:
+                    o.failed(e)
+                    continue
+                if o.prober_done():
+                    return
+        except BaseException:  # noqa: BLE001 - the agent goes on; the next failure starts a prober
+            log.exception("tracedb: the outage prober stopped")
+        o.prober_stopped()
+
+    def _answers(self) -> bool:
+        """One probe on a connection of its own: True once the recorder's store answers."""
+        remote = self._remote
+        try:
+            conn = _SyncConn(self.address, remote.token, PROBE_WAIT_S)
+        except OSError:
+            return False
+        try:
+            hello = {"id": 1, "op": "hello", "client": "tracedb-py-probe"}
+            if remote.token:
+                hello["token"] = remote.token
+            if not conn.roundtrip(1, orjson.dumps(hello, option=_OPT)).get("ok"):
+                return False
+            probe = {"id": 2, "op": "get", "execution_id": self._outage.probe_id()}
+            resp = conn.roundtrip(2, orjson.dumps(probe, option=_OPT))
+            return resp.get("ok") or (resp.get("error") or {}).get("code") not in RETRYABLE
+        except (OSError, ValueError):
+            return False
+        finally:
+            conn.close()
 
     @property
     def embedded(self) -> bool:
@@ -606,7 +649,7 @@ class Client:
             return Execution(self, ex.execution_id, ex.envelope_hash)
         execution_id = execution_id or new_execution_id()
         req = _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq)
-        resp = self._write(req, execution_id, start=dict(req))
+        resp = self._write(req, execution_id)
         if resp is None:  # dropped (fail open): the handle goes on, its records dropped likewise
             return Execution(self, execution_id, compute_envelope_hash(envelope))
         return Execution(self, resp["execution_id"], resp["envelope_hash"], resp.get("last_seq", 0) + 1)
@@ -676,10 +719,22 @@ class Client:
         return bool(self._remote.request({"id": None, "op": "ping"}).get("ok"))
 
     def close(self) -> None:
-        """Close the connection (or the embedded store)."""
+        """Close the connection (or the embedded store). A fail-open client still telling the
+        recorder about executions that lost records finishes that first; while the recorder is
+        down it waits for it `outage_timeout_s` at most (see docs/clients.md)."""
         if self._store is not None:
             self._store.close()
             self._store = None
+        prober = self._prober
+        if prober is not None:
+            deadline = time.monotonic() + self._outage_timeout_s
+            while prober.is_alive() and not (self._outage.down and time.monotonic() >= deadline):
+                prober.join(PROBE_INTERVAL_S)
+            self._closing.set()
+            prober.join()
+        self._closing.set()
+        if self._outage is not None:
+            _unflagged(self._outage)
         if self._remote is not None:
             self._remote.close()
 
@@ -688,6 +743,17 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _unflagged(o: Outage) -> None:
+    left = o.untold()
+    if left:
+        log.error(
+            "tracedb: closed with %d execution(s) that lost records the recorder never heard of "
+            "(it was unreachable): it closes them incomplete (execution_incomplete) when its idle "
+            "timeout passes or it stops", len(left),
+            extra={"address": o.address, "execution_ids": [x.execution_id for x in left[:20]]},
+        )
 
 
 def connect(sidecar: Optional[str] = None, **kwargs) -> Client:
@@ -754,6 +820,7 @@ class _AsyncSidecar:
         last: Optional[BaseException] = None
         attempt_timeout_s = min(self.timeout_s, self.connect_timeout_s) if initial else self.timeout_s
         while not self._closed:
+            writer = None
             try:
                 reader, writer = await asyncio.wait_for(self._open(), timeout=attempt_timeout_s)
                 self.next_id += 1
@@ -793,6 +860,10 @@ class _AsyncSidecar:
                         p.sent = True
                         writer.write(p.frame)
                 return
+            except asyncio.CancelledError:
+                if writer is not None and self._writer is not writer:
+                    writer.close()
+                raise
             except (OSError, ValueError, asyncio.TimeoutError) as e:
                 last = e
             delay = backoff.next_delay()
@@ -881,6 +952,16 @@ class _AsyncSidecar:
             self._writer.transport.abort()  # the reader sees the end and reconnects
         deadlines = [p.deadline for p in self.pending.values() if p.deadline is not None]
         self._arm_watchdog(min(deadlines) - now if deadlines else None)
+
+    def recorder_back(self) -> None:
+        """A fail-open client's probe got an answer: a reconnect begun while the recorder was
+        down starts over, with a deadline of its own, so that it does not fail requests sent now."""
+        task = self._connecting
+        if task is not None and not task.done():
+            task.cancel()
+            self._connecting = None
+            if self.pending:
+                self._start_reconnect()
 
     def _start_reconnect(self) -> None:
         if self._connecting is None or self._connecting.done():
@@ -988,21 +1069,18 @@ class AsyncExecution(handles.AsyncExecution):
 
 class _FailOpen:
     """The awaitable of a request sent by a fail-open client: resolves to the seq, or to None
-    when the recorder turned out to be unreachable (the record is counted as dropped)."""
+    when the recorder turned out to be unreachable (the record was counted as dropped when its
+    request failed, awaited or not)."""
 
-    __slots__ = ("_aw", "_outage", "_execution_id")
+    __slots__ = ("_aw",)
 
-    def __init__(self, aw, outage: Outage, execution_id: str):
+    def __init__(self, aw):
         self._aw = aw
-        self._outage = outage
-        self._execution_id = execution_id
 
     def __await__(self):
         try:
             return (yield from self._aw.__await__())
-        except RecorderUnavailableError as e:  # the awaitable rewound the handle's seq already
-            self._outage.failed(e)
-            self._outage.drop(self._execution_id)
+        except RecorderUnavailableError:
             return None
 
 
@@ -1035,6 +1113,9 @@ class AsyncClient:
         self._store = None
         self._remote: Optional[_AsyncSidecar] = None
         self._outage: Optional[Outage] = None
+        self._outage_timeout_s = DEFAULT_OUTAGE_TIMEOUT_S
+        self._prober: Optional[asyncio.Task] = None
+        self._closing = False
 
     @classmethod
     async def create(
@@ -1060,7 +1141,9 @@ class AsyncClient:
             self._store = await tracedb.open_async(default_data_dir(data_dir))
             return self
         if policy == CONTINUE:
-            self._outage = Outage(self.address)
+            # Executions' exchanges with the recorder take turns on the loop, not on threads.
+            self._outage = Outage(self.address, new_lock=asyncio.Lock)
+            self._outage_timeout_s = outage_timeout_s
             timeout_s = min(timeout_s, outage_timeout_s / 2)
             reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s / 2)
         self._remote = _AsyncSidecar(
@@ -1072,7 +1155,7 @@ class AsyncClient:
         except RecorderUnavailableError as e:
             if self._outage is None:
                 raise
-            self._outage.failed(e)  # the first request connects
+            self._failed(e)
         return self
 
     def outage_stats(self) -> dict:
@@ -1082,56 +1165,106 @@ class AsyncClient:
         return self._outage.stats()
 
     async def _write(self, req: dict, execution_id: Optional[str], seq: Optional[int] = None,
-                     execution: Optional[AsyncExecution] = None, start: Optional[dict] = None) -> Optional[dict]:
+                     execution: Optional[AsyncExecution] = None) -> Optional[dict]:
         """`Client._write`, awaited: the response, or None if the record was dropped."""
         o = self._outage
         if o is None:
             return await self._remote.request(req, execution_id)
-        try:
-            if not o.closed(execution_id) and (not o.down or o.probe_due()):
-                if o.down:
-                    await self._remote.request({"id": None, "op": "ping"})
-                    o.recovered()
-                for lost in o.to_flag():
-                    await self._flag_one(lost)
-                if execution_id is not None:
-                    o.take_seq(execution_id, req)
-                if not o.closed(execution_id):
-                    resp = await self._remote.request(req, execution_id)
-                    if execution is not None and req.get("seq") != seq:
-                        execution.resync(resp["seq"] + 1)
-                    return resp
-        except RecorderUnavailableError as e:
-            o.failed(e)
-        except (E.ExecutionClosedError, SeqConflictError) as e:
-            if execution_id not in o.lost:
-                raise
-            # Closed by the recorder meanwhile; or a pipelined request overtaken by a resync.
-            o.lost[execution_id].closed = isinstance(e, E.ExecutionClosedError)
-        o.drop(execution_id, start)
-        if execution is not None and seq is not None:
-            execution.rewind(seq)
-        return None
+        resp = DROPPED
+        if not o.down:
+            x = o.lost.get(execution_id) if execution_id is not None else None
+            try:
+                if x is None:
+                    return await self._remote.request(req, execution_id)
+                async with x.lock:
+                    resp = await arun_steps(o.send(x, req), lambda r: self._remote.request(r, execution_id))
+            except RecorderUnavailableError as e:
+                self._failed(e)
+                resp = DROPPED
+        if resp is DROPPED:
+            o.drop(execution_id, req)
+            if execution is not None and seq is not None:
+                execution.rewind(seq)
+            return None
+        if execution is not None and resp.get("seq") is not None:
+            execution.resync(resp["seq"] + 1)
+        return resp
 
-    async def _flag_one(self, lost: LostExecution) -> None:
-        eid = lost.execution_id
+    def _dropped_if_unavailable(self, req: dict, execution_id: str, seq: Optional[int], execution, fut) -> None:
+        """Done callback of a fail-open request sent on the fast path: a request the recorder did
+        not answer in time is a dropped record, counted as its request fails (in send order)."""
+        if fut.cancelled():
+            return
+        e = fut.exception()
+        if isinstance(e, RecorderUnavailableError):
+            self._failed(e)
+            self._outage.drop(execution_id, req)
+            if execution is not None and seq is not None:
+                execution.rewind(seq)
+
+    # -- the outage prober (a task while the recorder is down) ------------------------------
+
+    def _failed(self, cause: BaseException) -> None:
+        if self._outage.failed(cause) and not self._closing:
+            self._prober = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self) -> None:
+        """As `Client._probe`, on the loop; executions are told about concurrently."""
+        o = self._outage
         try:
-            if lost.start is not None:
-                last = (await self._remote.request(dict(lost.start), eid)).get("last_seq", 0)
-                lost.start = None
-            else:
-                got = await self._remote.request({"id": None, "op": "get", "execution_id": eid}, eid)
-                record = ExecutionRecord.from_dict(got["record"])
-                last = record.events[-1].seq if record.events else 0
-            await self._remote.request(
-                {"id": None, "op": "recording_failure", "execution_id": eid, "detail": flag_detail(lost)}, eid
-            )
-            lost.next_seq = last + 1
-        except RecorderUnavailableError:
-            raise
-        except E.TraceDBError as e:  # closed meanwhile (recovery marked it incomplete), or gone
-            lost.closed = True
-            log.warning("a dropped execution cannot be flagged", extra={"execution_id": eid, "cause": str(e)})
+            while not self._closing:
+                if o.down:
+                    if not await self._answers():
+                        await asyncio.sleep(PROBE_INTERVAL_S)
+                        continue
+                    self._remote.recorder_back()
+                    o.recovered()
+                try:
+                    await asyncio.gather(*(self._tell(x) for x in o.untold()))
+                except RecorderUnavailableError as e:
+                    o.failed(e)
+                    continue
+                if o.prober_done():
+                    return
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # noqa: BLE001 - the agent goes on; the next failure starts a prober
+            log.exception("tracedb: the outage prober stopped")
+        o.prober_stopped()
+
+    async def _tell(self, x) -> None:
+        async with x.lock:
+            if x.untold:
+                await arun_steps(self._outage.tell(x), lambda r: self._remote.request(r, x.execution_id))
+
+    async def _answers(self) -> bool:
+        """As `Client._answers`."""
+        remote = self._remote
+        writer = None
+        try:
+            reader, writer = await asyncio.wait_for(remote._open(), timeout=PROBE_WAIT_S)
+            hello = {"id": 1, "op": "hello", "client": "tracedb-py-async-probe"}
+            if remote.token:
+                hello["token"] = remote.token
+            writer.write(orjson.dumps(hello, option=_OPT))
+            writer.write(orjson.dumps({"id": 2, "op": "get", "execution_id": self._outage.probe_id()}, option=_OPT))
+            deadline = time.monotonic() + PROBE_WAIT_S
+            while True:
+                line = await asyncio.wait_for(reader.readline(), timeout=max(0.01, deadline - time.monotonic()))
+                if not line:
+                    return False
+                resp = orjson.loads(line)
+                if not resp.get("ok") and (resp.get("error") or {}).get("code") in RETRYABLE:
+                    return False
+                if resp.get("id") == 2:
+                    return True
+                if not resp.get("ok"):
+                    return False
+        except (OSError, ValueError, asyncio.TimeoutError):
+            return False
+        finally:
+            if writer is not None:
+                writer.close()
 
     @property
     def embedded(self) -> bool:
@@ -1156,7 +1289,7 @@ class AsyncClient:
             return AsyncExecution(self, ex.execution_id, ex.envelope_hash)
         execution_id = execution_id or new_execution_id()
         req = _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq)
-        resp = await self._write(req, execution_id, start=dict(req))
+        resp = await self._write(req, execution_id)
         if resp is None:  # dropped (fail open)
             return AsyncExecution(self, execution_id, compute_envelope_hash(envelope))
         return AsyncExecution(self, resp["execution_id"], resp["envelope_hash"], resp.get("last_seq", 0) + 1)
@@ -1183,8 +1316,9 @@ class AsyncClient:
 
     def _submit_seq(self, req: dict, execution_id: str, seq: Optional[int], execution):
         o = self._outage
-        if o is not None and (o.down or o.lost):
-            # Fail open, with the recorder down or records to flag: the slow path, in a task.
+        if o is not None and (o.down or execution_id in o.lost):
+            # Fail open, with the recorder down or an execution that lost records: the slow
+            # path, in a task (tasks start in call order).
             return asyncio.ensure_future(self._seq_of(self._write(req, execution_id, seq, execution)))
         try:
             fut = self._remote.submit(req, execution_id)
@@ -1193,7 +1327,10 @@ class AsyncClient:
                 execution.rewind(seq)  # never sent: its seq is free again
             raise
         aw = _SeqAwaitable(fut, seq, execution)
-        return aw if o is None else _FailOpen(aw, o, execution_id)
+        if o is None:
+            return aw
+        fut.add_done_callback(functools.partial(self._dropped_if_unavailable, req, execution_id, seq, execution))
+        return _FailOpen(aw)
 
     @staticmethod
     async def _seq_of(write) -> Optional[int]:
@@ -1242,10 +1379,22 @@ class AsyncClient:
         return bool((await self._remote.request({"id": None, "op": "ping"})).get("ok"))
 
     async def close(self) -> None:
-        """Close the connection (or the embedded store)."""
+        """Close the connection (or the embedded store); a fail-open client first finishes
+        telling the recorder what was lost, as `Client.close`."""
         if self._store is not None:
             await self._store.close()
             self._store = None
+        prober = self._prober
+        if prober is not None:
+            deadline = time.monotonic() + self._outage_timeout_s
+            while not prober.done() and not (self._outage.down and time.monotonic() >= deadline):
+                await asyncio.wait([prober], timeout=PROBE_INTERVAL_S)
+            self._closing = True
+            prober.cancel()
+            await asyncio.gather(prober, return_exceptions=True)
+        self._closing = True
+        if self._outage is not None:
+            _unflagged(self._outage)
         if self._remote is not None:
             await self._remote.close()
 

@@ -1,4 +1,5 @@
-"""The `tracedb serve` process: open the store (recovery), listen, serve until a signal, close."""
+"""The `tracedb serve` process: listen, open the store (recovery; requests wait for it), serve until a
+signal, close."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import os
 import shlex
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Awaitable, Optional, Sequence
 
 from ..asgi import RESERVED_FDS, descriptor_budget, is_loopback, open_fds, raise_fd_limit
 from ..asgi import allowed_hosts as allowed_host_names
 from ..config import ensure_local_token, token_path
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreInUseError
+from . import protocol as P
+from .backend import BackendStats, Deferred
 from .metrics import SidecarMetrics, configure_logging, routes, sample_forever
 from .server import ServerConfig, SidecarServer, check_config
 
@@ -163,11 +166,104 @@ def _needs_token(host: str, scfg: ServerConfig) -> bool:
     return not (scfg.trust_local_users and is_loopback(host))
 
 
+class OpeningBackend:
+    """The server's backend while `tracedb serve` opens its store (recovery runs first, in a
+    thread): the socket listens from the start, and a request that comes meanwhile waits for the
+    store instead of finding no recorder there. A client that connects while the recorder starts
+    is answered once the store is open, within its own timeouts; a fail-open client's probe (a
+    `get`) is answered then, not before. Once the store is open, this object's methods are the
+    store backend's own."""
+
+    _DELEGATED = ("stage_start", "stage_event", "stage_finish", "stage_invalidate", "stage_recording_failure",
+                  "stage_abandon", "commit", "barrier", "get", "stats", "set_group_observer")
+
+    def __init__(self, opening: Awaitable):
+        self._observer = None
+        self.opening = asyncio.get_running_loop().create_task(self._open(opening))
+
+    async def _open(self, opening: Awaitable):
+        backend = await opening
+        for name in self._DELEGATED:  # requests read from now on go straight to the store
+            setattr(self, name, getattr(backend, name))
+        if self._observer is not None:
+            backend.set_group_observer(self._observer)
+        return backend
+
+    async def _when_open(self):
+        try:
+            return await asyncio.shield(self.opening)
+        except Exception as e:  # noqa: BLE001 - the server stops; the client may try another
+            raise P.ProtocolError(P.UNAVAILABLE, f"the recorder could not open its store: {e}") from None
+
+    async def _staged(self, name: str, args: tuple):
+        out = getattr(await self._when_open(), name)(*args)
+        return await out.awaitable if type(out) is Deferred else out
+
+    def _held(self, name: str, *args) -> Deferred:
+        return Deferred(self._staged(name, args))
+
+    def stage_start(self, *args):
+        return self._held("stage_start", *args)
+
+    def stage_event(self, *args):
+        return self._held("stage_event", *args)
+
+    def stage_finish(self, *args):
+        return self._held("stage_finish", *args)
+
+    def stage_invalidate(self, *args):
+        return self._held("stage_invalidate", *args)
+
+    def stage_recording_failure(self, *args):
+        return self._held("stage_recording_failure", *args)
+
+    def stage_abandon(self, *args):
+        return self._held("stage_abandon", *args)
+
+    def commit(self):
+        return None  # nothing is staged before the store is open
+
+    def barrier(self):
+        return None
+
+    async def get(self, execution_id: str) -> dict:
+        return await (await self._when_open()).get(execution_id)
+
+    def stats(self) -> BackendStats:
+        return BackendStats()
+
+    def set_group_observer(self, observer) -> None:
+        self._observer = observer
+
+    async def close(self) -> None:
+        try:
+            backend = await self.opening
+        except Exception:  # noqa: BLE001 - it never opened: nothing to close
+            return
+        await backend.close()
+
+
+def _refuse_in_use(cfg) -> None:
+    """Refuse a data directory another recorder (or an embedded store) holds before listening:
+    a client must not find this server's socket, nor lose it, for a store it cannot open."""
+    import wal
+
+    if os.path.isdir(cfg.wal_dir) and wal.is_locked(cfg.wal_dir):
+        raise StoreInUseError(
+            f"data directory {cfg.data_dir} is in use by a running recorder",
+            hint="one recorder per data directory: stop the other one, or record through it "
+            "(`tracedb.client.connect` finds its socket)",
+        )
+
+
 async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_host: str = "127.0.0.1",
                 allowed_hosts: Sequence[str] = ()) -> int:
-    """Open the store on `cfg.data_dir`, serve until SIGTERM/SIGINT, shut down cleanly.
-    `otlp` ({"host", "port"}) also serves OTLP/HTTP traces there (tracedb.otel.receiver).
-    `allowed_hosts`: Host names the HTTP listeners answer to besides the loopback ones."""
+    """Listen on the socket at once, open the store on `cfg.data_dir` (requests wait for it),
+    serve until SIGTERM/SIGINT, shut down cleanly. `otlp` ({"host", "port"}) also serves
+    OTLP/HTTP traces there (tracedb.otel.receiver). `allowed_hosts`: Host names the HTTP
+    listeners answer to besides the loopback ones."""
+    # Imported before listening: what a request waits for once the socket is there is the
+    # store's opening (recovery), not the interpreter loading SQLAlchemy.
     from .store_backend import open_backend
 
     hosts = [h for h, on in ((scfg.tcp_host or "127.0.0.1", scfg.tcp_port is not None),
@@ -191,38 +287,41 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
 
         require_otel()
         check_listen(otlp["host"], scfg.allow_remote, scfg.token)
+    _refuse_in_use(cfg)
     if local_token:
         scfg = dataclasses.replace(scfg, token=ensure_local_token(cfg.data_dir), token_file=token_path(cfg.data_dir))
     plan_descriptors(scfg, otlp)
     t0 = time.perf_counter()
-    backend = await open_backend(cfg.data_dir, config=cfg)
-    rec = getattr(backend.store, "last_recovery", None)
-    log.info(
-        "store open",
-        extra={
-            "data_dir": cfg.data_dir,
-            "open_s": round(time.perf_counter() - t0, 3),
-            "recovered_incomplete": getattr(rec, "marked_incomplete", 0),
-            "wal_truncated_bytes": getattr(rec, "wal_truncated_bytes", 0),
-            "durable_lsn": backend.store.durable_lsn,
-        },
-    )
-    server = SidecarServer(backend, scfg, version=_version())
+    opening = OpeningBackend(open_backend(cfg.data_dir, config=cfg))
+    server = SidecarServer(opening, scfg, version=_version())
+    server.install_signal_handlers()
     http = None
     otlp_http = None
-    listening = "the HTTP port"
+    listening = "the socket or TCP port"
     try:
+        await server.start()
+        backend = await opening.opening
+        server.backend = backend
+        rec = getattr(backend.store, "last_recovery", None)
+        log.info(
+            "store open",
+            extra={
+                "data_dir": cfg.data_dir,
+                "open_s": round(time.perf_counter() - t0, 3),
+                "recovered_incomplete": getattr(rec, "marked_incomplete", 0),
+                "wal_truncated_bytes": getattr(rec, "wal_truncated_bytes", 0),
+                "durable_lsn": backend.store.durable_lsn,
+            },
+        )
         metrics = SidecarMetrics()
         metrics.attach(server)
         if scfg.metrics_port is not None:
+            listening = "the HTTP port"
             http = HttpServer(cfg, metrics, http_host, scfg.metrics_port,
                               scfg.token if _needs_token(http_host, scfg) else None,
                               allowed_hosts=http_allowed, token_file=scfg.token_file,
                               limits=_http_limits(scfg, scfg.http_max_connections))
             await http.start()
-        listening = "the socket or TCP port"
-        server.install_signal_handlers()
-        await server.start()
         if otlp is not None:
             from ..otel.receiver import start_receiver
             from ..web.run import address
@@ -249,7 +348,7 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
         if server.listening:
             await server.shutdown()  # it listened: its socket goes too, then the backend closes
         else:
-            await backend.close()
+            await opening.close()
         if isinstance(e, OSError) and e.errno in _CANNOT_LISTEN:
             raise _cannot_listen(e, listening, scfg) from None
         raise

@@ -22,6 +22,7 @@ from ..record import (
     REASON_RECORDING_FAILURE,
     STATUS_RUNNING,
     STATUSES,
+    lost_records,
     utc_iso,
 )
 from .timeline import LLM, TOOL, Layout
@@ -84,6 +85,10 @@ def replay_words(status: str, replayable: bool, reason: Optional[str], note: Opt
         REASON_MANUALLY_INVALIDATED: "Not replayable: an operator invalidated it.",
         REASON_RECORD_CORRUPTED: "Not replayable: the stored record failed verification.",
     }.get(reason or "", f"Not replayable ({reason or 'no reason recorded'}).")
+    lost = lost_records(note) if reason == REASON_RECORDING_FAILURE else None
+    if lost is not None:
+        return (f"Not replayable: recording failed part-way: {lost.words()}, while the recorder was "
+                "unreachable and the agent's client failed open. The record misses them.")
     if note:
         words += f" Note: {note}"
     return words
