@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import wal
 
-from . import damage, db, retention
+from . import damage, db, retention, sqlite_reads
 from . import salvage as salvaging
 from .config import Config
 from .errors import (
@@ -25,6 +25,8 @@ from .errors import (
     StoreInUseError,
     StoreNotFoundError,
     TraceDBError,
+    file_error,
+    path_exists,
 )
 from .reads import Reader, missing_seqs
 from .record import STATUS_INVALIDATED
@@ -63,10 +65,26 @@ def failure_of(error: BaseException, config: Optional[Config] = None) -> Optiona
     if isinstance(error, wal.WalError):
         code = EXIT_INTEGRITY if isinstance(error, wal.WalCorruptionError) else EXIT_ERROR
         return Failure(error.message, error.hint, code)
+    if config is not None and not db.is_url(config.database):
+        named = sqlite_reads.access_error(config.database, error, config.data_dir)
+        if named is not None:
+            return failure_of(named)
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        if config is not None and _inside(str(error.filename), config):
+            # A file of the store itself: which one, and what to run (its owner, its mode).
+            return failure_of(file_error(error, config.data_dir))
         # A file a command was told to read or write (an output path, a backup directory).
         return Failure(f"{error.filename}: {error.strerror}", "check the path and its permissions", EXIT_ERROR)
     return None
+
+
+def _inside(path: str, config: Config) -> bool:
+    """Whether `path` is the data directory, its database, or under either's directory."""
+    path = os.path.abspath(path)
+    places = {os.path.abspath(config.data_dir), os.path.abspath(config.wal_dir)}
+    if not db.is_url(config.database):
+        places.add(os.path.dirname(os.path.abspath(config.database)))
+    return any(path == p or path.startswith(p + os.sep) for p in places)
 
 
 def recorder_running(config: Config) -> bool:
@@ -168,13 +186,14 @@ def rebuild(config: Config, *, partial: bool = False, progress: Progress = None)
 
 
 def _require_data_dir(config: Config) -> None:
-    """Maintenance never makes a data directory out of a typo: a missing one is not found."""
-    if not os.path.isdir(config.data_dir):
+    """Maintenance never makes a data directory out of a typo: a missing one is not found (one
+    hidden by permissions is the error that says so)."""
+    if not path_exists(config.data_dir, config.data_dir) or not os.path.isdir(config.data_dir):
         raise StoreNotFoundError(config.data_dir)
 
 
 def _require_wal_dir(config: Config) -> None:
-    if not os.path.isdir(config.wal_dir):
+    if not path_exists(config.wal_dir, config.data_dir) or not os.path.isdir(config.wal_dir):
         raise StoreNotFoundError(config.wal_dir)
 
 

@@ -40,8 +40,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from . import models
-from .errors import ConfigError, DatabaseUnavailableError, StoreNotFoundError
+from . import models, sqlite_reads
+from .errors import ConfigError, DatabaseUnavailableError, StoreNotFoundError, path_exists
 from .schema import HEAD_REVISION
 
 
@@ -232,7 +232,18 @@ def _create_sqlite_engine(path: str, busy_timeout_ms: int, write: bool) -> Engin
     def _on_begin(conn):
         conn.exec_driver_sql(begin)
 
+    _name_refusing_files(engine, path, write)
     return engine
+
+
+def _name_refusing_files(engine: Engine, path: str, write: bool) -> None:
+    """SQLite says "unable to open database file" or "attempt to write a readonly database"
+    without naming the file or the reason: such an error is raised as the one that names which
+    file refuses this process and what to run (`sqlite_reads.access_error`)."""
+
+    @event.listens_for(engine, "handle_error")
+    def _file_errors(context):
+        return sqlite_reads.access_error(path, context.original_exception, write=write)
 
 
 def unavailable(engine: Engine, error: BaseException) -> DatabaseUnavailableError:
@@ -379,6 +390,7 @@ def create_async_read_engine(database: str, *, busy_timeout_ms: int = 5000):
         json_serializer=_json_serializer,
         json_deserializer=_sqlite_json_loads,
     )
+    _name_refusing_files(engine.sync_engine, path, False)
 
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_conn, _record):
@@ -401,10 +413,11 @@ def _refuse_writes(dbapi_conn, _record) -> None:
 
 
 def require_store(path: str) -> None:
-    """Refuse to read a store that does not exist, instead of creating an empty one."""
+    """Refuse to read a store that does not exist, instead of creating an empty one (one hidden
+    by permissions is the error that says so, not a missing one)."""
     if is_url(path):
         return
-    if not os.path.exists(path):
+    if not path_exists(path):
         raise StoreNotFoundError(path)
 
 

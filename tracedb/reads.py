@@ -9,6 +9,7 @@ prefix, records with their event times, diff, lineage and verification.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sqlite3
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING, Iterator, Optional, Union
 
 import orjson
 
-import wal
 from wal.format import crc32c
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 from . import checksums, sqlite_reads
 from .config import Config
-from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError, StoreClosedError
+from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError, StoreClosedError, path_exists
 from .paging import DEFAULT_PAGE_SIZE, STREAM_PAGE_SIZE, decode_cursor
 from .record import (
     STATUSES,
@@ -41,7 +41,7 @@ from .record import (
     ExecutionRecord,
     utc_iso,
 )
-from .pending import Pending
+from .pending import Pending, unheld_wal
 from .pending import load as load_pending
 from .record import REASON_EXECUTION_INCOMPLETE, REASON_RECORD_CORRUPTED
 from .replay.exact import ReplayEngine, ReplayResult, record_problems, value_problems
@@ -801,7 +801,7 @@ class Reader:
     @classmethod
     def open(cls, config: Config) -> "Reader":
         """A reader of the store `config` names; StoreNotFoundError (exit 3) if there is none."""
-        if "://" not in config.database and os.path.exists(config.database):  # a SQLite file
+        if "://" not in config.database and path_exists(config.database, config.data_dir):  # a SQLite file
             conn = sqlite_reads.connect(config.database, busy_timeout_ms=config.busy_timeout_ms)
             if conn is not None:
                 return cls(None, owns_engine=True, config=config, connection=conn)
@@ -809,6 +809,19 @@ class Reader:
 
         engine = db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms)
         return cls(engine, owns_engine=True, config=config)
+
+    @contextlib.contextmanager
+    def _reading_lite(self):
+        """The sqlite3 connection's lock, held for one read; SQLite's error of a file it could
+        not read (its -wal or -shm refused, a disk that fails) raised as the one naming it."""
+        with self._lite_lock:
+            try:
+                yield
+            except sqlite3.Error as e:
+                err = sqlite_reads.access_error(self._config.database, e, self._config.data_dir)
+                if err is None:
+                    raise
+                raise err from None
 
     @property
     def pending(self) -> Pending:
@@ -822,7 +835,7 @@ class Reader:
         if self._config is None:
             return Pending()
         if self._lite is not None:
-            with self._lite_lock:
+            with self._reading_lite():
                 return load_pending(self._config, self._lite)
         return load_pending(self._config, self.engine)
 
@@ -854,7 +867,7 @@ class Reader:
         when nothing matches, AmbiguousExecutionIdError (exit 2) when several do.
         """
         if self._lite is not None:
-            with self._lite_lock:
+            with self._reading_lite():
                 if sqlite_reads.exists(self._lite, prefix):
                     return prefix
                 found = sqlite_reads.ids_with_prefix(self._lite, prefix, AMBIGUOUS_SHOWN + 1)
@@ -904,7 +917,7 @@ class Reader:
         if self._lite is not None:
             args = _filter_args(where)
             cut = None if before is None else decode_cursor(before)
-            with self._lite_lock:
+            with self._reading_lite():
                 rows = sqlite_reads.page_rows(self._lite, **args, before=cut, limit=n, leave_out=tuple(pending.rows))
         else:
             with self.engine.connect() as conn:
@@ -919,7 +932,7 @@ class Reader:
         read: dict = {}
         if self._lite is not None:
             ids = [i.execution_id for i in items if i.execution_id not in pending.rows]
-            with self._lite_lock:
+            with self._reading_lite():
                 read = sqlite_reads.judged_rows(self._lite, ids)
         return [self._judged_row(item, read.get(item.execution_id), pending) for item in items]
 
@@ -1001,7 +1014,7 @@ class Reader:
         pending = self.pending if pending is None else pending
         row = pending.rows.get(execution_id)
         if self._lite is not None:
-            with self._lite_lock:
+            with self._reading_lite():
                 stored, steps = sqlite_reads.load(self._lite, execution_id, trace=row is None)
             if row is None:
                 if stored is None:
@@ -1132,8 +1145,7 @@ class AsyncReader:
     async def pending(self) -> Pending:
         """What the WAL holds beyond the database now (see `Reader.pending`): empty while a
         recorder runs. Looked at again on each call, in a worker thread."""
-        cfg = self._config
-        if not os.path.isdir(cfg.wal_dir) or wal.is_locked(cfg.wal_dir):
+        if not unheld_wal(self._config):
             return Pending()  # no WAL, or a recorder runs: it compacts and recovers by itself
         return await self._in_thread(lambda r: r._pending_now())
 

@@ -35,7 +35,7 @@ from wal import salvage_file, segment_of
 from . import db
 from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_INVALIDATE, OP_RECORDING_FAILURE, OP_START
 from .config import Config
-from .errors import StoreInUseError, StoreNotFoundError
+from .errors import StoreInUseError, StoreNotFoundError, path_exists
 from .models import compaction_checkpoint, trace_steps, traces
 from .pending import recorder_id_of
 from .record import REASON_RECORD_CORRUPTED, REASON_RECORDING_FAILURE, STATUS_INVALIDATED, STATUS_RUNNING, compute_envelope_hash
@@ -158,7 +158,7 @@ def _applied_lsn(config: Config) -> tuple[int, str]:
 
 
 def _check_free(config: Config) -> None:
-    if not os.path.isdir(config.wal_dir):
+    if not path_exists(config.wal_dir, config.data_dir) or not os.path.isdir(config.wal_dir):
         raise StoreNotFoundError(config.wal_dir)
     if wal.is_locked(config.wal_dir):
         raise StoreInUseError(

@@ -245,7 +245,9 @@ def format_duration(ns: Optional[int]) -> str:
 @click.option(
     "--data-dir",
     envvar="TRACEDB_DATA_DIR",
-    type=click.Path(file_okay=False),
+    # Not checked for readability here: the command that cannot read it says which file, and
+    # what to run.
+    type=click.Path(file_okay=False, readable=False),
     default=None,
     help="Data directory holding traces.db and wal/ (env TRACEDB_DATA_DIR; default: the nearest "
     ".tracedb in the working directory or its parents, else ./.tracedb).",
