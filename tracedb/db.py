@@ -421,6 +421,22 @@ def require_store(path: str) -> None:
         raise StoreNotFoundError(path)
 
 
+def checkpoint_sqlite(engine: Engine) -> Optional[tuple[int, int, int]]:
+    """SQLite: copy the write-ahead log into the database file and truncate it
+    (`wal_checkpoint(TRUNCATE)`), so that the file alone holds every commit. It waits up to the
+    busy timeout for readers inside a transaction; (busy, frames in the log, frames copied),
+    busy 1 when one still held it. None on PostgreSQL."""
+    if engine.dialect.name != "sqlite":
+        return None
+    raw = engine.raw_connection()
+    try:
+        # Outside any transaction (the engine's BEGIN IMMEDIATE would make it fail as locked).
+        row = raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    finally:
+        raw.close()
+    return int(row[0]), int(row[1]), int(row[2])
+
+
 def ensure_checkpoint(engine: Engine, recorder_id: str, now_ns: int) -> int:
     """Make sure the recorder's checkpoint row exists; return its applied LSN (0: nothing applied)."""
     cp = models.compaction_checkpoint
