@@ -426,8 +426,8 @@ def scan_wal(config: Config) -> WalReport:
 
 def repair_wal(config: Config, *, dry_run: bool = False, salvage: bool = False) -> salvaging.RepairReport:
     """Cut the WAL at its first damage keeping .broken copies, or with `salvage` keep every
-    record with a valid CRC (tracedb.salvage); `dry_run` says what it would do. Needs the
-    recorder stopped."""
+    record with a valid CRC (tracedb.salvage); `dry_run` says what it would do, read-only and
+    without the lock, next to a recorder too. The repair itself needs the recorder stopped."""
     _require_wal_dir(config)
     try:
         if salvage:

@@ -278,7 +278,8 @@ SHOWN = 20
 @wal_group.command("repair")
 @click.option("--dry-run", is_flag=True,
               help="Change nothing: say what a repair would cut or keep, how many records and which "
-              "executions it would drop.")
+              "executions it would drop. Takes no lock: it runs next to a recorder, whose write in "
+              "progress at the end of the log it does not judge.")
 @click.option("--salvage", is_flag=True,
               help="Keep every record with a valid CRC: skip only the damaged bytes, also from the "
               ".broken copies of an earlier repair; executions that lost an event become "
@@ -286,7 +287,7 @@ SHOWN = 20
 @json_option()
 @click.pass_context
 def wal_repair(ctx, dry_run, salvage, as_json):
-    """Repair a damaged WAL (takes the lock: stop the recorder first).
+    """Repair a damaged WAL (takes the lock: stop the recorder first; --dry-run reads next to it).
 
     Without --salvage (fail-closed): cut the log at its first damage, keeping a .broken copy of
     every file it changes; the records after the damage are not applied. With --salvage: keep
@@ -311,6 +312,8 @@ def wal_repair(ctx, dry_run, salvage, as_json):
         return
     if not r.repaired:
         click.echo(f"nothing to repair; the log ends at LSN {r.last_lsn}")
+        for n in r.notes:
+            click.echo(f"note: {n}")
         return
     would = "would " if r.dry_run else ""
     for d in r.damaged:
