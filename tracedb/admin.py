@@ -21,7 +21,9 @@ from .config import Config
 from .errors import (
     EXIT_ERROR,
     EXIT_INTEGRITY,
+    ArgumentError,
     ExecutionNotFoundError,
+    InvalidInputError,
     StoreInUseError,
     StoreNotFoundError,
     TraceDBError,
@@ -29,11 +31,11 @@ from .errors import (
     path_exists,
 )
 from .reads import Reader, missing_seqs
-from .record import STATUS_INVALIDATED
+from .record import STATUS_INVALIDATED, STATUS_RUNNING
 from .replay.exact import record_problems
 from .verify import VerifyResult
 from .recovery import RecoverResult
-from .replay.forking import Fork, fork as fork_execution
+from .replay.forking import Fork, check_fork_point, fork as fork_execution
 from .retention import PruneResult
 from .store import Store
 
@@ -454,8 +456,16 @@ def fork(
     try:
         with Reader.open(config) as reader:
             execution_id = reader.resolve(execution_id)
+            parent = reader.get(execution_id)
     except ExecutionNotFoundError:
-        pass  # maybe recorded a moment ago and not compacted yet: the recorder knows it
+        parent = None  # maybe recorded a moment ago and not compacted yet: the recorder knows it
+    if parent is not None and parent.status != STATUS_RUNNING:
+        # A closed execution has all its events: a fork point it lacks is a mistake in the
+        # command (exit 2). A running one may have more than the database shows yet.
+        try:
+            check_fork_point(parent, at_seq)
+        except InvalidInputError as e:
+            raise ArgumentError(e.message, hint=e.hint) from None
     from .sidecar.client import Client, resolve_sidecar  # only fork talks to a recorder
 
     address = resolve_sidecar(None, config.data_dir)

@@ -74,6 +74,13 @@ class InvalidInputError(TraceDBError):
     code = "bad_request"
 
 
+class ArgumentError(InvalidInputError):
+    """A command's argument that the stored data rules out (a fork point past the end of the
+    execution): a usage error, exit 2."""
+
+    exit_code = EXIT_USAGE
+
+
 class IntegrityError(TraceDBError):
     """A stored record fails verification (envelope hash, event order, database check)."""
 

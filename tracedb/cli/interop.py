@@ -9,7 +9,7 @@ from typing import Optional
 import click
 
 from ..errors import EXIT_ERROR, InvalidInputError
-from .main import config_of, emit_json, json_option, main, progress_bar, reading
+from .main import config_of, emit_json, json_option, main, non_empty_ids, progress_bar, reading
 
 
 @main.group("import")
@@ -76,7 +76,7 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 @main.command("export")
-@click.argument("execution_ids", nargs=-1, metavar="[ID]...")
+@click.argument("execution_ids", nargs=-1, metavar="[ID]...", callback=non_empty_ids)
 @click.option("--all", "all_", is_flag=True, help="Every execution in the store.")
 @click.option("--format", "fmt", type=click.Choice(["tracedb", "intentusnet", "otlp-json"]), default="tracedb",
               show_default=True, help="tracedb: the `trace get` record; intentusnet: IntentusNet's ExecutionRecord "

@@ -1,0 +1,78 @@
+"""Mistakes in a command are usage errors (exit 2) in the one shape every error has, `error:` and
+`hint:`."""
+
+from __future__ import annotations
+
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from tracedb.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(main, list(args), prog_name="tracedb")
+
+
+def _usage_error(r, says: str) -> None:
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: ") and says in lines[0], r.stderr
+    assert lines[1] == "hint: see `tracedb --help`" or lines[1].startswith("hint: see `tracedb "), lines[1]
+    assert "Usage:" not in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--bogus", "inspect", "--list"], "No such option '--bogus'"),
+    (["--data-dir"], "Option '--data-dir' requires an argument"),
+    (["--data-dir", __file__, "inspect", "--list"], "is a file"),
+    (["--db"], "Option '--db' requires an argument"),
+])
+def test_global_option_errors_are_one_error_and_one_hint(args, says):
+    _usage_error(_invoke(*args), says)
+
+
+def test_global_option_errors_with_json_are_one_json_error():
+    r = _invoke("--bogus", "inspect", "--list", "--json")
+    assert r.exit_code == 2
+    assert orjson.loads(r.stderr)["error"] == {
+        "message": "No such option '--bogus'.", "hint": "see `tracedb --help`", "exit_code": 2,
+    }
+
+
+def test_no_arguments_still_show_the_help():
+    r = _invoke()
+    assert "Usage: tracedb" in r.output and "Commands:" in r.output
+
+
+@pytest.mark.parametrize("args", [
+    ["inspect", ""], ["inspect", "  "], ["trace", "get", ""], ["trace", "diff", "exec-a1b2c3d4", ""],
+    ["replay", ""], ["fork", "", "--at", "1"], ["pin", ""], ["export", ""], ["verify", ""],
+])
+def test_an_empty_execution_id_is_a_usage_error(seeded, args):
+    r = _invoke("--data-dir", seeded, *args)
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    assert "is empty" in r.stderr and "hint: " in r.stderr and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("eid, at, says", [
+    ("exec-a1b2c3d4", 999, "its final response is seq 8"),
+    ("exec-a1b2c3d4", 8, "its final response is seq 8"),
+    ("exec-e5f6g7h8", 999, "has no event with seq 999 (last seq 3)"),
+])
+def test_a_fork_point_past_the_end_is_a_usage_error(seeded, eid, at, says):
+    before = _invoke("--data-dir", seeded, "inspect", "--list", "--json").stdout
+    r = _invoke("--data-dir", seeded, "fork", eid, "--at", str(at))
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("error: ") and says in lines[0] and lines[1].startswith("hint: "), r.stderr
+    assert _invoke("--data-dir", seeded, "inspect", "--list", "--json").stdout == before  # no fork made
+
+
+def test_a_fork_point_within_the_execution_still_forks(seeded):
+    r = _invoke("--data-dir", seeded, "fork", "exec-a1b2c3d4", "--at", "7", "--json")
+    assert r.exit_code == 0, r.output
+    assert orjson.loads(r.stdout)["forked_at_seq"] == 7
