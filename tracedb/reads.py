@@ -518,6 +518,31 @@ def _resolved(prefix: str, found: list, pending: Optional[Pending] = None) -> st
     return found[0]
 
 
+def _with_kind(prefix: str) -> list[str]:
+    """`prefix` with the kind each generated id starts with (`exec-`, `otel-`) in front, when it
+    has none: what a prefix that matched nothing may have meant."""
+    from .ids import PREFIX
+    from .otel.mapping import EXECUTION_PREFIX
+
+    kinds = (PREFIX, EXECUTION_PREFIX)
+    if not prefix or prefix.startswith(kinds):
+        return []
+    return [kind + prefix for kind in kinds]
+
+
+def _not_found(prefix: str, matches: list[str]) -> ExecutionNotFoundError:
+    """The error for `prefix`, which matched nothing; `matches`: the `_with_kind` prefixes that
+    match (a prefix is matched from the start of the id, kind included: a guess at the kind
+    could pick the wrong execution)."""
+    if not matches:
+        return ExecutionNotFoundError(prefix)
+    return ExecutionNotFoundError(
+        prefix,
+        hint=f"ids start with their kind: did you mean {' or '.join(repr(m) for m in matches)}? "
+        "(a prefix matches from the start of the id)",
+    )
+
+
 def _page_stmt(where: Filter, before: Optional[str], n: int):
     """Up to `n` listed rows of the database that match `where`, newest first, after `before`."""
     sa, traces, trace_steps = _core()
@@ -877,7 +902,19 @@ class Reader:
                 if conn.execute(exact).first() is not None:
                     return prefix
                 found = conn.execute(candidates).scalars().all()
-        return _resolved(prefix, found, self.pending)
+        try:
+            return _resolved(prefix, found, self.pending)
+        except ExecutionNotFoundError:
+            matches = []
+            for candidate in _with_kind(prefix):
+                try:
+                    self.resolve(candidate)
+                except ExecutionNotFoundError:
+                    continue
+                except AmbiguousExecutionIdError:
+                    pass
+                matches.append(candidate)
+            raise _not_found(prefix, matches) from None
 
     def page(
         self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE,
@@ -1156,7 +1193,20 @@ class AsyncReader:
             if (await conn.execute(exact)).first() is not None:
                 return prefix
             found = (await conn.execute(candidates)).scalars().all()
-        return _resolved(prefix, found, await self.pending() if pending is None else pending)
+        pending = await self.pending() if pending is None else pending
+        try:
+            return _resolved(prefix, found, pending)
+        except ExecutionNotFoundError:
+            matches = []
+            for candidate in _with_kind(prefix):
+                try:
+                    await self.resolve(candidate, pending)
+                except ExecutionNotFoundError:
+                    continue
+                except AmbiguousExecutionIdError:
+                    pass
+                matches.append(candidate)
+            raise _not_found(prefix, matches) from None
 
     async def page(
         self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE,

@@ -1,8 +1,9 @@
 """Mistakes in a command are usage errors (exit 2) in the one shape every error has, `error:` and
-`hint:`."""
+`hint:`; a prefix without its kind says which id it may have meant."""
 
 from __future__ import annotations
 
+import asyncio
 
 import orjson
 import pytest
@@ -76,3 +77,37 @@ def test_a_fork_point_within_the_execution_still_forks(seeded):
     r = _invoke("--data-dir", seeded, "fork", "exec-a1b2c3d4", "--at", "7", "--json")
     assert r.exit_code == 0, r.output
     assert orjson.loads(r.stdout)["forked_at_seq"] == 7
+
+
+def test_a_prefix_without_its_kind_gets_a_hint_naming_the_id_it_may_mean(seeded):
+    r = _invoke("--data-dir", seeded, "inspect", "a1b2")
+    assert r.exit_code == 3, r.output
+    assert r.stderr.splitlines() == [
+        "error: no execution 'a1b2'",
+        "hint: ids start with their kind: did you mean 'exec-a1b2'? (a prefix matches from the start of the id)",
+    ]
+    # A prefix that matches nothing, with a kind or without, keeps the plain hint.
+    for prefix in ("zz99", "exec-zz99"):
+        r = _invoke("--data-dir", seeded, "trace", "get", prefix)
+        assert r.exit_code == 3 and "inspect --list" in r.stderr and "did you mean" not in r.stderr, r.stderr
+
+
+def test_the_readers_give_the_same_hint(seeded):
+    from tracedb.config import load_config
+    from tracedb.errors import ExecutionNotFoundError
+    from tracedb.reads import AsyncReader, Reader
+
+    config = load_config(None, overrides={"data_dir": seeded})
+    with Reader.open(config) as reader, pytest.raises(ExecutionNotFoundError) as sync_err:
+        reader.resolve("e5f6")
+
+    async def resolve():
+        reader = await AsyncReader.open(config)
+        try:
+            await reader.resolve("e5f6")
+        finally:
+            await reader.close()
+
+    with pytest.raises(ExecutionNotFoundError) as async_err:
+        asyncio.run(resolve())
+    assert "'exec-e5f6'" in sync_err.value.hint and async_err.value.hint == sync_err.value.hint
