@@ -355,13 +355,15 @@ class Migrated:
     after: Optional[str]
 
 
-def migrate(config: Config, *, create: bool = False) -> Migrated:
-    """Create or upgrade the database schema. A SQLite file is made only in an existing data
-    directory, or with `create` (which makes the directory too)."""
+def migrate(config: Config) -> Migrated:
+    """Create or upgrade the database schema; a SQLite file's directory is made when missing
+    (creating a store is what `migrate` is asked for)."""
     if not db.is_url(config.database):
-        if not create:
-            _require_data_dir(config)
-        os.makedirs(os.path.dirname(os.path.abspath(config.database)), exist_ok=True)
+        directory = os.path.dirname(os.path.abspath(config.database))
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            raise file_error(e, config.data_dir) from None
     engine = db.create_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
     try:
         before = db.migrate(engine)

@@ -338,7 +338,7 @@ def open_store_engine(database: str, *, busy_timeout_ms: int = 5000, write: bool
             raise StoreNotFoundError(
                 describe(database),
                 hint="check the URL's database and search_path (--db or TRACEDB_DB_URL); the first "
-                "`tracedb serve` compacting into it, or `tracedb --db URL migrate --create`, makes the tables",
+                "`tracedb serve` compacting into it, or `tracedb --db URL migrate`, makes the tables",
             )
         if revision != HEAD_REVISION:
             writer = engine if write else create_engine(database, busy_timeout_ms=busy_timeout_ms, write=True)

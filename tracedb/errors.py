@@ -321,7 +321,7 @@ class StoreNotFoundError(TraceDBError):
             hint=hint
             or "point --data-dir (or TRACEDB_DATA_DIR) at the recorder's data directory (without "
             "one, tracedb looks for .tracedb in the working directory and its parents); "
-            "`tracedb serve` or `tracedb migrate --create` makes a new one",
+            "`tracedb serve` or `tracedb migrate` makes a new one",
         )
         self.path = path
 

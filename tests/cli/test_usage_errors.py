@@ -1,9 +1,11 @@
 """Mistakes in a command are usage errors (exit 2) in the one shape every error has, `error:` and
-`hint:`; a prefix without its kind says which id it may have meant."""
+`hint:`; a prefix without its kind says which id it may have meant; `migrate` makes a new store."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sqlite3
 
 import orjson
 import pytest
@@ -111,3 +113,20 @@ def test_the_readers_give_the_same_hint(seeded):
     with pytest.raises(ExecutionNotFoundError) as async_err:
         asyncio.run(resolve())
     assert "'exec-e5f6'" in sync_err.value.hint and async_err.value.hint == sync_err.value.hint
+
+
+def test_migrate_on_a_new_directory_creates_the_store(tmp_path):
+    target = tmp_path / "new" / "data"
+    r = _invoke("--data-dir", str(target), "migrate")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("schema at 0004 (was empty)")
+    conn = sqlite3.connect(str(target / "traces.db"))
+    try:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        conn.close()
+    assert {"traces", "trace_steps", "compaction_checkpoint", "alembic_version"} <= tables
+    assert _invoke("--data-dir", str(target), "inspect", "--list", "--json").stdout.strip() == "[]"
+    again = _invoke("--data-dir", str(target), "migrate", "--create")  # the older flag is still taken
+    assert again.exit_code == 0 and again.stdout.strip() == "schema at 0004"
+    assert os.listdir(target)  # and nothing else was asked for

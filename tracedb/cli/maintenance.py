@@ -198,23 +198,23 @@ def invalidate(ctx, execution_id, reason, as_json):
 
 
 @main.command()
-@click.option("--create", is_flag=True, help="Make the data directory and its database if they do not exist.")
+# Accepted as before; a missing data directory is made without it.
+@click.option("--create", is_flag=True, hidden=True)
 @json_option()
 @click.pass_context
 def migrate(ctx, create, as_json):
     """Create or upgrade the database schema (opening a store does this too).
 
-    A data directory that does not exist is refused (exit 3) unless --create is given, so a
-    mistyped --data-dir never starts an empty store.
+    A data directory that does not exist yet is made, with its database.
 
     \b
     Example:
       tracedb migrate
-      tracedb --data-dir /var/lib/tracedb migrate --create
+      tracedb --data-dir /var/lib/tracedb migrate
     """
     from .. import admin
 
-    r = admin.migrate(config_of(ctx), create=create)
+    r = admin.migrate(config_of(ctx))
     if as_json:
         emit_json({"before": r.before, "after": r.after}, True)
     else:
