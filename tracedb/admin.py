@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 Progress = Optional[Callable[[int, int], None]]
 
+# How many of the executions left running `verify`'s note names (its JSON lists every one).
+LEFT_RUNNING_SHOWN = 3
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -156,7 +159,9 @@ def verify_store(config: Config, execution_id: Optional[str] = None) -> damage.C
     if uncompacted:
         notes.append(f"{uncompacted} WAL record(s) are not compacted yet: `tracedb recover` applies them")
     if left:
-        notes.append(f"{len(left)} execution(s) were left running with no recorder: `tracedb recover` marks them incomplete")
+        shown = ", ".join(left[:LEFT_RUNNING_SHOWN]) + (", ..." if len(left) > LEFT_RUNNING_SHOWN else "")
+        notes.append(f"{len(left)} execution(s) were left running with no recorder ({shown}): `tracedb recover` "
+                     "marks them incomplete")
     for d in w.damages:
         if d.corruption:
             notes.append(f"WAL damage in {d.segment} at offset {d.offset}: `tracedb wal repair --dry-run` "
