@@ -1087,7 +1087,7 @@ class Reader:
         note = getattr(row, "status_note", None)
         if note and view["replayable_reason"] != REASON_EXECUTION_INCOMPLETE:
             # Why: the reason given to invalidate, a recording failure, what a salvage lost. (An
-            # incomplete execution's view is seed 002's exact shape.)
+            # incomplete execution's view keeps exactly the five keys scripts read from it.)
             view["note"] = note
         return view
 
