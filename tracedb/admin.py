@@ -15,23 +15,27 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import wal
 
-from . import damage, db, retention
+from . import damage, db, retention, sqlite_reads
 from . import salvage as salvaging
 from .config import Config
 from .errors import (
     EXIT_ERROR,
     EXIT_INTEGRITY,
+    ArgumentError,
     ExecutionNotFoundError,
+    InvalidInputError,
     StoreInUseError,
     StoreNotFoundError,
     TraceDBError,
+    file_error,
+    path_exists,
 )
 from .reads import Reader, missing_seqs
-from .record import STATUS_INVALIDATED
+from .record import STATUS_INVALIDATED, STATUS_RUNNING
 from .replay.exact import record_problems
 from .verify import VerifyResult
 from .recovery import RecoverResult
-from .replay.forking import Fork, fork as fork_execution
+from .replay.forking import Fork, check_fork_point, fork as fork_execution
 from .retention import PruneResult
 from .store import Store
 
@@ -39,6 +43,9 @@ if TYPE_CHECKING:
     from .interop.intentusnet import ImportResult
 
 Progress = Optional[Callable[[int, int], None]]
+
+# How many of the executions left running `verify`'s note names (its JSON lists every one).
+LEFT_RUNNING_SHOWN = 3
 
 
 @dataclass(frozen=True)
@@ -63,10 +70,26 @@ def failure_of(error: BaseException, config: Optional[Config] = None) -> Optiona
     if isinstance(error, wal.WalError):
         code = EXIT_INTEGRITY if isinstance(error, wal.WalCorruptionError) else EXIT_ERROR
         return Failure(error.message, error.hint, code)
+    if config is not None and not db.is_url(config.database):
+        named = sqlite_reads.access_error(config.database, error, config.data_dir)
+        if named is not None:
+            return failure_of(named)
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        if config is not None and _inside(str(error.filename), config):
+            # A file of the store itself: which one, and what to run (its owner, its mode).
+            return failure_of(file_error(error, config.data_dir))
         # A file a command was told to read or write (an output path, a backup directory).
         return Failure(f"{error.filename}: {error.strerror}", "check the path and its permissions", EXIT_ERROR)
     return None
+
+
+def _inside(path: str, config: Config) -> bool:
+    """Whether `path` is the data directory, its database, or under either's directory."""
+    path = os.path.abspath(path)
+    places = {os.path.abspath(config.data_dir), os.path.abspath(config.wal_dir)}
+    if not db.is_url(config.database):
+        places.add(os.path.dirname(os.path.abspath(config.database)))
+    return any(path == p or path.startswith(p + os.sep) for p in places)
 
 
 def recorder_running(config: Config) -> bool:
@@ -136,7 +159,9 @@ def verify_store(config: Config, execution_id: Optional[str] = None) -> damage.C
     if uncompacted:
         notes.append(f"{uncompacted} WAL record(s) are not compacted yet: `tracedb recover` applies them")
     if left:
-        notes.append(f"{len(left)} execution(s) were left running with no recorder: `tracedb recover` marks them incomplete")
+        shown = ", ".join(left[:LEFT_RUNNING_SHOWN]) + (", ..." if len(left) > LEFT_RUNNING_SHOWN else "")
+        notes.append(f"{len(left)} execution(s) were left running with no recorder ({shown}): `tracedb recover` "
+                     "marks them incomplete")
     for d in w.damages:
         if d.corruption:
             notes.append(f"WAL damage in {d.segment} at offset {d.offset}: `tracedb wal repair --dry-run` "
@@ -168,13 +193,14 @@ def rebuild(config: Config, *, partial: bool = False, progress: Progress = None)
 
 
 def _require_data_dir(config: Config) -> None:
-    """Maintenance never makes a data directory out of a typo: a missing one is not found."""
-    if not os.path.isdir(config.data_dir):
+    """Maintenance never makes a data directory out of a typo: a missing one is not found (one
+    hidden by permissions is the error that says so)."""
+    if not path_exists(config.data_dir, config.data_dir) or not os.path.isdir(config.data_dir):
         raise StoreNotFoundError(config.data_dir)
 
 
 def _require_wal_dir(config: Config) -> None:
-    if not os.path.isdir(config.wal_dir):
+    if not path_exists(config.wal_dir, config.data_dir) or not os.path.isdir(config.wal_dir):
         raise StoreNotFoundError(config.wal_dir)
 
 
@@ -358,13 +384,14 @@ class Migrated:
     after: Optional[str]
 
 
-def migrate(config: Config, *, create: bool = False) -> Migrated:
-    """Create or upgrade the database schema. A SQLite file is made only in an existing data
-    directory, or with `create` (which makes the directory too)."""
+def migrate(config: Config) -> Migrated:
+    """Create or upgrade the database schema; a SQLite file's directory is made when missing
+    (creating a store is what `migrate` is asked for)."""
     if not db.is_url(config.database):
-        if not create:
-            _require_data_dir(config)
-        wal.fs.make_dirs(wal.OsFileSystem(), os.path.dirname(os.path.abspath(config.database)))
+        try:
+            wal.fs.make_dirs(wal.OsFileSystem(), os.path.dirname(os.path.abspath(config.database)))
+        except OSError as e:
+            raise file_error(e, config.data_dir) from None
     engine = db.create_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
     try:
         before = db.migrate(engine)
@@ -431,8 +458,8 @@ def scan_wal(config: Config) -> WalReport:
 
 def repair_wal(config: Config, *, dry_run: bool = False, salvage: bool = False) -> salvaging.RepairReport:
     """Cut the WAL at its first damage keeping .broken copies, or with `salvage` keep every
-    record with a valid CRC (tracedb.salvage); `dry_run` says what it would do. Needs the
-    recorder stopped."""
+    record with a valid CRC (tracedb.salvage); `dry_run` says what it would do, read-only and
+    without the lock, next to a recorder too. The repair itself needs the recorder stopped."""
     _require_wal_dir(config)
     try:
         if salvage:
@@ -459,8 +486,16 @@ def fork(
     try:
         with Reader.open(config) as reader:
             execution_id = reader.resolve(execution_id)
+            parent = reader.get(execution_id)
     except ExecutionNotFoundError:
-        pass  # maybe recorded a moment ago and not compacted yet: the recorder knows it
+        parent = None  # maybe recorded a moment ago and not compacted yet: the recorder knows it
+    if parent is not None and parent.status != STATUS_RUNNING:
+        # A closed execution has all its events: a fork point it lacks is a mistake in the
+        # command (exit 2). A running one may have more than the database shows yet.
+        try:
+            check_fork_point(parent, at_seq)
+        except InvalidInputError as e:
+            raise ArgumentError(e.message, hint=e.hint) from None
     from .sidecar.client import Client, resolve_sidecar  # only fork talks to a recorder
 
     address = resolve_sidecar(None, config.data_dir)

@@ -1,6 +1,6 @@
 """Configuration: defaults, then a TOML file, then TRACEDB_* environment variables, then flags.
 
-`config/tracedb.toml` documents every key. Seed 003's variables are accepted as aliases:
+`config/tracedb.toml` documents every key. Three older variable names are accepted as aliases:
 TRACE_STORAGE_PATH (the data directory, or the SQLite file inside it when it ends in `.db`),
 TRACE_RETENTION_DAYS and TRACING_ENABLED. A TRACEDB_* variable wins over its alias.
 """

@@ -44,8 +44,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from wal.fs import PRIVATE_FILE, OsFileSystem, make_private
 
-from . import models
-from .errors import ConfigError, DatabaseUnavailableError, StoreNotFoundError
+from . import models, sqlite_reads
+from .errors import ConfigError, DatabaseUnavailableError, StoreNotFoundError, path_exists
 from .program import extra_hint
 from .schema import HEAD_REVISION
 
@@ -271,7 +271,18 @@ def _create_sqlite_engine(path: str, busy_timeout_ms: int, write: bool) -> Engin
     def _on_begin(conn):
         conn.exec_driver_sql(begin)
 
+    _name_refusing_files(engine, path, write)
     return engine
+
+
+def _name_refusing_files(engine: Engine, path: str, write: bool) -> None:
+    """SQLite says "unable to open database file" or "attempt to write a readonly database"
+    without naming the file or the reason: such an error is raised as the one that names which
+    file refuses this process and what to run (`sqlite_reads.access_error`)."""
+
+    @event.listens_for(engine, "handle_error")
+    def _file_errors(context):
+        return sqlite_reads.access_error(path, context.original_exception, write=write)
 
 
 def unavailable(engine: Engine, error: BaseException) -> DatabaseUnavailableError:
@@ -366,7 +377,7 @@ def open_store_engine(database: str, *, busy_timeout_ms: int = 5000, write: bool
             raise StoreNotFoundError(
                 describe(database),
                 hint="check the URL's database and search_path (--db or TRACEDB_DB_URL); the first "
-                "`tracedb serve` compacting into it, or `tracedb --db URL migrate --create`, makes the tables",
+                "`tracedb serve` compacting into it, or `tracedb --db URL migrate`, makes the tables",
             )
         if revision != HEAD_REVISION:
             writer = engine if write else create_engine(database, busy_timeout_ms=busy_timeout_ms, write=True)
@@ -418,6 +429,7 @@ def create_async_read_engine(database: str, *, busy_timeout_ms: int = 5000):
         json_serializer=_json_serializer,
         json_deserializer=_sqlite_json_loads,
     )
+    _name_refusing_files(engine.sync_engine, path, False)
 
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_conn, _record):
@@ -440,11 +452,28 @@ def _refuse_writes(dbapi_conn, _record) -> None:
 
 
 def require_store(path: str) -> None:
-    """Refuse to read a store that does not exist, instead of creating an empty one."""
+    """Refuse to read a store that does not exist, instead of creating an empty one (one hidden
+    by permissions is the error that says so, not a missing one)."""
     if is_url(path):
         return
-    if not os.path.exists(path):
+    if not path_exists(path):
         raise StoreNotFoundError(path)
+
+
+def checkpoint_sqlite(engine: Engine) -> Optional[tuple[int, int, int]]:
+    """SQLite: copy the write-ahead log into the database file and truncate it
+    (`wal_checkpoint(TRUNCATE)`), so that the file alone holds every commit. It waits up to the
+    busy timeout for readers inside a transaction; (busy, frames in the log, frames copied),
+    busy 1 when one still held it. None on PostgreSQL."""
+    if engine.dialect.name != "sqlite":
+        return None
+    raw = engine.raw_connection()
+    try:
+        # Outside any transaction (the engine's BEGIN IMMEDIATE would make it fail as locked).
+        row = raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    finally:
+        raw.close()
+    return int(row[0]), int(row[1]), int(row[2])
 
 
 def ensure_checkpoint(engine: Engine, recorder_id: str, now_ns: int) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import pwd
 from typing import Optional
 
 # CLI exit codes, stable: documented in the README.
@@ -71,6 +74,13 @@ class InvalidInputError(TraceDBError):
     code = "bad_request"
 
 
+class ArgumentError(InvalidInputError):
+    """A command's argument that the stored data rules out (a fork point past the end of the
+    execution): a usage error, exit 2."""
+
+    exit_code = EXIT_USAGE
+
+
 class IntegrityError(TraceDBError):
     """A stored record fails verification (envelope hash, event order, database check)."""
 
@@ -90,6 +100,99 @@ class DatabaseDamagedError(IntegrityError):
         super().__init__(f"the database file {path} is damaged: {detail}", hint=hint)
         self.path = path
         self.detail = detail
+
+
+class FileAccessError(TraceDBError):
+    """A file or directory of the store this process may not read or write (EACCES, EPERM, a
+    read-only filesystem). `path` names it; the hint says what to run. Made by `file_error`."""
+
+    code = "file_access"
+
+    def __init__(self, path: str, detail: str, *, hint: Optional[str] = None):
+        super().__init__(f"cannot use {path}: {detail}", hint=hint)
+        self.path = path
+        self.detail = detail
+
+
+_IO_HINT = (
+    "the disk or the filesystem failed: check the device and the kernel log (dmesg); copy the data "
+    "directory to a healthy disk, or restore a backup (`tracedb restore --help`), before anything writes to it"
+)
+
+
+class FileReadError(IntegrityError):
+    """A file of the store the system failed to read (EIO): the disk or the filesystem is
+    damaged, and an answer without it would be partial (exit 4). Made by `file_error`."""
+
+    code = "io_error"
+
+    def __init__(self, path: str, detail: str, *, hint: Optional[str] = None):
+        super().__init__(f"cannot read {path}: {detail}", hint=hint or _IO_HINT)
+        self.path = path
+        self.detail = detail
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def ownership_hint(path: str, data_dir: Optional[str] = None) -> str:
+    """What to run when `path` (or, missing, the nearest directory above it) refuses this
+    process: act as its owner, or give the data directory to this user."""
+    where = os.path.abspath(data_dir or os.path.dirname(os.path.abspath(path)))
+    me = _user(os.geteuid())
+    probe = os.path.abspath(path)
+    while True:
+        try:
+            st = os.stat(probe)
+            break
+        except OSError:
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return f"give {me} read and write access to {where}: `chown -R {me} {where}`"
+            probe = parent
+    owner = _user(st.st_uid)
+    if st.st_uid == os.geteuid():
+        return (f"{probe} belongs to {me} but its mode {st.st_mode & 0o7777:04o} refuses {me}: "
+                f"`chmod -R u+rwX {where}`")
+    return (f"{probe} belongs to {owner} and this process runs as {me}: run tracedb as the user the "
+            f"recorder's unit runs as, or, if that is {me} (after a restore run as {owner}, say), "
+            f"`chown -R {me} {where}`")
+
+
+def file_error(error: OSError, data_dir: Optional[str] = None, *, path: Optional[str] = None) -> TraceDBError:
+    """The error for an OSError on a file of the store (`path`, else the one the OSError names):
+    a permission or a read-only filesystem is FileAccessError (exit 1) with what to run; an I/O
+    error is FileReadError (exit 4); anything else FileAccessError naming the file."""
+    path = os.path.abspath(path or error.filename or data_dir or ".")
+    detail = error.strerror or str(error)
+    if error.errno == errno.EIO:
+        return FileReadError(path, detail)
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return FileAccessError(path, detail, hint=ownership_hint(path, data_dir))
+    if error.errno == errno.EROFS:
+        return FileAccessError(
+            path, detail,
+            hint="the filesystem holding it is mounted read-only: remount it read-write, or point "
+            "--data-dir at a writable directory",
+        )
+    return FileAccessError(path, detail, hint=f"check {os.path.dirname(os.path.abspath(path))} and its permissions")
+
+
+def path_exists(path: str, data_dir: Optional[str] = None) -> bool:
+    """Whether `path` exists; a path that cannot be looked at (EACCES on a directory above it,
+    EIO) is the error `file_error` makes, not "no": a store hidden by permissions is not a
+    missing one."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        raise file_error(e, data_dir, path=path) from None
+    return True
 
 
 class StoreInUseError(TraceDBError):
@@ -231,7 +334,7 @@ class StoreNotFoundError(TraceDBError):
             hint=hint
             or "point --data-dir (or TRACEDB_DATA_DIR) at the recorder's data directory (without "
             "one, tracedb looks for .tracedb in the working directory and its parents); "
-            "`tracedb serve` or `tracedb migrate --create` makes a new one",
+            "`tracedb serve` or `tracedb migrate` makes a new one",
         )
         self.path = path
 

@@ -15,6 +15,7 @@ that is all compacted costs one read of the end of its last segment (`wal.last_r
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 from dataclasses import dataclass, field
@@ -23,10 +24,12 @@ from typing import TYPE_CHECKING, Iterable, NamedTuple, Optional, Union
 import orjson
 
 import wal
+from wal.dir_lock import LOCK_FILE
 
 from . import sqlite_reads
 from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_START, transition
 from .config import Config
+from .errors import file_error, path_exists
 from .record import FINAL_RESPONSE, ROUTER_DECISION, STATUS_RUNNING
 
 if TYPE_CHECKING:
@@ -38,14 +41,39 @@ _IN_CHUNK = 500  # ids per IN (...) list
 
 
 def recorder_id_of(config: Config) -> str:
-    """The recorder id of the data directory (its RECORDER_ID file), '' when it has none yet."""
+    """The recorder id of the data directory (its RECORDER_ID file), '' when it has none yet.
+    A file this process may not read is an error (`tracedb.errors.file_error`): without the id,
+    another recorder's rows would be taken for this one's."""
     if config.recorder_id:
         return config.recorder_id
     try:
         with open(os.path.join(config.data_dir, "RECORDER_ID"), encoding="ascii") as f:
             return f.read().strip()
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return ""
+    except OSError as e:
+        raise file_error(e, config.data_dir) from None
+
+
+def unheld_wal(config: Config) -> bool:
+    """Whether the data directory has a WAL that no recorder holds: what it holds beyond the
+    database is then the read's to show (a recorder compacts and recovers by itself).
+
+    A WAL directory, or its lock file, that this process may not read is an error
+    (`tracedb.errors.file_error`), not "no WAL": a read cannot tell what the log holds beyond
+    the database without reading it, and an answer from the database alone would be partial."""
+    wal_dir = config.wal_dir
+    if not path_exists(wal_dir, config.data_dir):
+        return False
+    if not os.access(wal_dir, os.R_OK | os.X_OK):
+        raise file_error(PermissionError(errno.EACCES, os.strerror(errno.EACCES), wal_dir), config.data_dir)
+    try:
+        os.close(os.open(os.path.join(wal_dir, LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC))
+    except FileNotFoundError:
+        return True  # no writer ever opened this log
+    except OSError as e:
+        raise file_error(e, config.data_dir) from None
+    return not wal.is_locked(wal_dir)
 
 
 class PendingStep(NamedTuple):
@@ -150,6 +178,21 @@ def _running_with_rows(engine: Engine, recorder_id: str, ids: Iterable[str]) -> 
         return running, _rows_by_id(conn, {*ids, *running})
 
 
+def _failing_segment(wal_dir: str, error: OSError) -> OSError:
+    """`error` (a read's, which names no file) with the segment that fails to read again, or
+    the WAL directory when none does."""
+    for seg in wal.list_segments(wal_dir):
+        try:
+            fd = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.pread(fd, 1 << 16, 0)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            return OSError(e.errno, e.strerror, seg.path)
+    return OSError(error.errno, error.strerror, wal_dir)
+
+
 def load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
     """The executions a read must show differently from the database: empty while a recorder
     runs (it compacts and recovers by itself), or when the data directory has no WAL.
@@ -157,8 +200,21 @@ def load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
     `engine` may also be a sqlite3 connection to the data directory's SQLite file (what
     `tracedb.sqlite_reads` opens): a store that is all compacted is then checked without
     SQLAlchemy."""
-    if not os.path.isdir(config.wal_dir) or wal.is_locked(config.wal_dir):
-        return Pending()
+    attempts = 3
+    while True:
+        if not unheld_wal(config):
+            return Pending()
+        try:
+            return _load(config, engine)
+        except FileNotFoundError as e:
+            # A segment deleted between our look at the lock and our read of it: a recorder
+            # started meanwhile and compacted it (the next look sees it), or the log is damaged.
+            attempts -= 1
+            if not attempts:
+                raise file_error(e, config.data_dir) from None
+
+
+def _load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
     lite = isinstance(engine, sqlite3.Connection)
     recorder_id = recorder_id_of(config)
     if not recorder_id:
@@ -174,20 +230,22 @@ def load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
     records = []
     try:
         last = wal.last_record_lsn(config.wal_dir)
-    except OSError:
-        last = None
-    if last is not None and last <= applied:
-        # The log ends at or below the applied LSN (one read of its end): nothing to fold in, and
-        # no need to check the segment's records from its start up to the applied one.
-        pending = Pending(applied_lsn=applied, last_lsn=applied)
-    else:
-        reader = wal.WalReader(config.wal_dir, from_lsn=applied + 1, mode="point_in_time")
-        try:
+        if last is not None and last <= applied:
+            # The log ends at or below the applied LSN (one read of its end): nothing to fold in,
+            # and no need to check the segment's records from its start up to the applied one.
+            pending = Pending(applied_lsn=applied, last_lsn=applied)
+        else:
+            reader = wal.WalReader(config.wal_dir, from_lsn=applied + 1, mode="point_in_time")
             for rec in reader.records():
                 records.append((rec.lsn, rec.payload))
-        except (OSError, wal.WalError):
-            records = []  # `tracedb verify` and `wal scan` report a WAL that cannot be read
-        pending = Pending(applied_lsn=applied, last_lsn=max(applied, reader.last_lsn), damages=tuple(reader.damages))
+            pending = Pending(applied_lsn=applied, last_lsn=max(applied, reader.last_lsn),
+                              damages=tuple(reader.damages))
+    except FileNotFoundError:
+        raise  # see load
+    except OSError as e:
+        # A segment this process may not read (or the disk fails to): what it holds cannot be
+        # shown, and a view without it would pass for the whole store.
+        raise file_error(e if e.filename else _failing_segment(config.wal_dir, e), config.data_dir) from None
     pending.uncompacted_records = len(records)
     decoded = []
     ids: set = set()

@@ -9,6 +9,7 @@ prefix, records with their event times, diff, lineage and verification.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sqlite3
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Union
 
 import orjson
 
-import wal
 from wal.format import crc32c
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 from . import checksums, sqlite_reads
 from .config import Config
-from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError, StoreClosedError
+from .errors import AmbiguousExecutionIdError, ExecutionNotFoundError, InvalidInputError, StoreClosedError, path_exists
 from .paging import DEFAULT_PAGE_SIZE, STREAM_PAGE_SIZE, decode_cursor
 from .record import (
     STATUSES,
@@ -41,7 +41,7 @@ from .record import (
     ExecutionRecord,
     utc_iso,
 )
-from .pending import Pending
+from .pending import Pending, unheld_wal
 from .pending import load as load_pending
 from .record import (
     REASON_EXECUTION_INCOMPLETE,
@@ -562,6 +562,31 @@ def _resolved(prefix: str, found: list, pending: Optional[Pending] = None) -> st
     return found[0]
 
 
+def _with_kind(prefix: str) -> list[str]:
+    """`prefix` with the kind each generated id starts with (`exec-`, `otel-`) in front, when it
+    has none: what a prefix that matched nothing may have meant."""
+    from .ids import PREFIX
+    from .otel.mapping import EXECUTION_PREFIX
+
+    kinds = (PREFIX, EXECUTION_PREFIX)
+    if not prefix or prefix.startswith(kinds):
+        return []
+    return [kind + prefix for kind in kinds]
+
+
+def _not_found(prefix: str, matches: list[str]) -> ExecutionNotFoundError:
+    """The error for `prefix`, which matched nothing; `matches`: the `_with_kind` prefixes that
+    match (a prefix is matched from the start of the id, kind included: a guess at the kind
+    could pick the wrong execution)."""
+    if not matches:
+        return ExecutionNotFoundError(prefix)
+    return ExecutionNotFoundError(
+        prefix,
+        hint=f"ids start with their kind: did you mean {' or '.join(repr(m) for m in matches)}? "
+        "(a prefix matches from the start of the id)",
+    )
+
+
 def _page_stmt(where: Filter, before: Optional[str], n: int):
     """Up to `n` listed rows of the database that match `where`, newest first, after `before`."""
     sa, traces, trace_steps = _core()
@@ -845,7 +870,7 @@ class Reader:
     @classmethod
     def open(cls, config: Config) -> "Reader":
         """A reader of the store `config` names; StoreNotFoundError (exit 3) if there is none."""
-        if "://" not in config.database and os.path.exists(config.database):  # a SQLite file
+        if "://" not in config.database and path_exists(config.database, config.data_dir):  # a SQLite file
             conn = sqlite_reads.connect(config.database, busy_timeout_ms=config.busy_timeout_ms)
             if conn is not None:
                 return cls(None, owns_engine=True, config=config, connection=conn)
@@ -853,6 +878,19 @@ class Reader:
 
         engine = db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms)
         return cls(engine, owns_engine=True, config=config)
+
+    @contextlib.contextmanager
+    def _reading_lite(self):
+        """The sqlite3 connection's lock, held for one read; SQLite's error of a file it could
+        not read (its -wal or -shm refused, a disk that fails) raised as the one naming it."""
+        with self._lite_lock:
+            try:
+                yield
+            except sqlite3.Error as e:
+                err = sqlite_reads.access_error(self._config.database, e, self._config.data_dir)
+                if err is None:
+                    raise
+                raise err from None
 
     @property
     def pending(self) -> Pending:
@@ -866,7 +904,7 @@ class Reader:
         if self._config is None:
             return Pending()
         if self._lite is not None:
-            with self._lite_lock:
+            with self._reading_lite():
                 return load_pending(self._config, self._lite)
         return load_pending(self._config, self.engine)
 
@@ -898,7 +936,7 @@ class Reader:
         when nothing matches, AmbiguousExecutionIdError (exit 2) when several do.
         """
         if self._lite is not None:
-            with self._lite_lock:
+            with self._reading_lite():
                 if sqlite_reads.exists(self._lite, prefix):
                     return prefix
                 found = sqlite_reads.ids_with_prefix(self._lite, prefix, AMBIGUOUS_SHOWN + 1)
@@ -908,7 +946,19 @@ class Reader:
                 if conn.execute(exact).first() is not None:
                     return prefix
                 found = conn.execute(candidates).scalars().all()
-        return _resolved(prefix, found, self.pending)
+        try:
+            return _resolved(prefix, found, self.pending)
+        except ExecutionNotFoundError:
+            matches = []
+            for candidate in _with_kind(prefix):
+                try:
+                    self.resolve(candidate)
+                except ExecutionNotFoundError:
+                    continue
+                except AmbiguousExecutionIdError:
+                    pass
+                matches.append(candidate)
+            raise _not_found(prefix, matches) from None
 
     def page(
         self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE,
@@ -948,7 +998,7 @@ class Reader:
         if self._lite is not None:
             args = _filter_args(where)
             cut = None if before is None else position(before)
-            with self._lite_lock:
+            with self._reading_lite():
                 rows = sqlite_reads.page_rows(self._lite, **args, before=cut, limit=n, leave_out=tuple(pending.rows))
         else:
             with self.engine.connect() as conn:
@@ -963,7 +1013,7 @@ class Reader:
         read: dict = {}
         if self._lite is not None:
             ids = [i.execution_id for i in items if i.execution_id not in pending.rows]
-            with self._lite_lock:
+            with self._reading_lite():
                 read = sqlite_reads.judged_rows(self._lite, ids)
         return [self._judged_row(item, read.get(item.execution_id), pending) for item in items]
 
@@ -1045,7 +1095,7 @@ class Reader:
         pending = self.pending if pending is None else pending
         row = pending.rows.get(execution_id)
         if self._lite is not None:
-            with self._lite_lock:
+            with self._reading_lite():
                 stored, steps = sqlite_reads.load(self._lite, execution_id, trace=row is None)
             if row is None:
                 if stored is None:
@@ -1083,7 +1133,7 @@ class Reader:
         note = getattr(row, "status_note", None)
         if note and view["replayable_reason"] != REASON_EXECUTION_INCOMPLETE:
             # Why: the reason given to invalidate, a recording failure, what a salvage lost. (An
-            # incomplete execution's view is seed 002's exact shape.)
+            # incomplete execution's view keeps exactly the five keys scripts read from it.)
             view["note"] = note
         lost = lost_records(note) if view["replayable_reason"] == REASON_RECORDING_FAILURE else None
         if lost is not None:
@@ -1097,7 +1147,7 @@ class Reader:
         notes = {eid: pending.rows[eid].get("status_note") for eid in execution_ids if eid in pending.rows}
         rest = [eid for eid in execution_ids if eid not in pending.rows]
         if rest and self._lite is not None:
-            with self._lite_lock:
+            with self._reading_lite():
                 notes.update(sqlite_reads.status_notes(self._lite, rest))
         elif rest:
             sa, traces, _ = _core()
@@ -1201,8 +1251,7 @@ class AsyncReader:
     async def pending(self) -> Pending:
         """What the WAL holds beyond the database now (see `Reader.pending`): empty while a
         recorder runs. Looked at again on each call, in a worker thread."""
-        cfg = self._config
-        if not os.path.isdir(cfg.wal_dir) or wal.is_locked(cfg.wal_dir):
+        if not unheld_wal(self._config):
             return Pending()  # no WAL, or a recorder runs: it compacts and recovers by itself
         return await self._in_thread(lambda r: r._pending_now())
 
@@ -1213,7 +1262,20 @@ class AsyncReader:
             if (await conn.execute(exact)).first() is not None:
                 return prefix
             found = (await conn.execute(candidates)).scalars().all()
-        return _resolved(prefix, found, await self.pending() if pending is None else pending)
+        pending = await self.pending() if pending is None else pending
+        try:
+            return _resolved(prefix, found, pending)
+        except ExecutionNotFoundError:
+            matches = []
+            for candidate in _with_kind(prefix):
+                try:
+                    await self.resolve(candidate, pending)
+                except ExecutionNotFoundError:
+                    continue
+                except AmbiguousExecutionIdError:
+                    pass
+                matches.append(candidate)
+            raise _not_found(prefix, matches) from None
 
     async def page(
         self, where: Filter = EVERYTHING, *, before: Optional[str] = None, limit: int = DEFAULT_PAGE_SIZE,

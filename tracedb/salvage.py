@@ -22,6 +22,7 @@ status note; what survived is kept.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -35,7 +36,7 @@ from wal import salvage_file, segment_of
 from . import db
 from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_INVALIDATE, OP_RECORDING_FAILURE, OP_START
 from .config import Config
-from .errors import StoreInUseError, StoreNotFoundError
+from .errors import StoreInUseError, StoreNotFoundError, path_exists
 from .models import compaction_checkpoint, trace_steps, traces
 from .pending import recorder_id_of
 from .record import REASON_RECORD_CORRUPTED, REASON_RECORDING_FAILURE, STATUS_INVALIDATED, STATUS_RUNNING, compute_envelope_hash
@@ -157,13 +158,45 @@ def _applied_lsn(config: Config) -> tuple[int, str]:
         engine.dispose()
 
 
-def _check_free(config: Config) -> None:
-    if not os.path.isdir(config.wal_dir):
+def _check_free(config: Config, dry_run: bool) -> bool:
+    """Whether a recorder runs on the WAL; a repair that would change it refuses then. A dry run
+    changes nothing and takes no lock, so it goes on next to one."""
+    if not path_exists(config.wal_dir, config.data_dir) or not os.path.isdir(config.wal_dir):
         raise StoreNotFoundError(config.wal_dir)
-    if wal.is_locked(config.wal_dir):
+    live = wal.is_locked(config.wal_dir)
+    if live and not dry_run:
         raise StoreInUseError(
-            f"the WAL in {config.data_dir} is in use by a running recorder", hint="stop the recorder first"
+            f"the WAL in {config.data_dir} is in use by a running recorder",
+            hint="stop the recorder first (`tracedb wal repair --dry-run` reads next to it)",
         )
+    return live
+
+
+# What a dry run next to a running recorder says of the end of the log.
+LIVE_NOTE = (
+    "a recorder is running: the end of the log it is writing is not judged (a group being written "
+    "reads as a torn tail); stop it before repairing"
+)
+
+
+def _next_to_recorder(read: Callable[[set], RepairReport], config: Config, live: bool) -> RepairReport:
+    """`read(live_tail)`, where `live_tail` holds the paths of the segments a running recorder may
+    be writing or sealing (none when it is stopped): their damage is not judged. Next to a
+    recorder that deletes a compacted segment, or renames a new one in, while it is read, the
+    read starts again."""
+    attempts = 3
+    while True:
+        tail = {s.path for s in wal.list_segments(config.wal_dir)[-2:]} if live else set()
+        try:
+            report = read(tail)
+        except (FileNotFoundError, wal.WalCorruptionError):
+            attempts -= 1
+            if not live or not attempts:
+                raise
+            continue
+        if live:
+            report = dataclasses.replace(report, notes=(*report.notes, LIVE_NOTE))
+        return report
 
 
 def _ranges(damages, gaps: dict, *, torn: bool = False) -> list[LostRange]:
@@ -208,18 +241,23 @@ def _broken_files(wal_dir: str) -> list:
 
 def repair(config: Config, *, dry_run: bool = False) -> RepairReport:
     """The plain repair: cut the log at its first damage (see the module doc); with `dry_run`,
-    only say what the cut would drop."""
-    _check_free(config)
+    only say what the cut would drop (read-only, without the lock: next to a recorder too)."""
+    live = _check_free(config, dry_run)
+    return _next_to_recorder(lambda tail: _repair(config, dry_run, tail), config, live)
+
+
+def _repair(config: Config, dry_run: bool, live_tail: set) -> RepairReport:
     applied, _rid = _applied_lsn(config)
     scan = wal.scan(config.wal_dir, mode="point_in_time")
-    if not scan.damages:
+    damages = [d for d in scan.damages if d.path not in live_tail]
+    if not damages:
         return RepairReport(False, dry_run, (), applied, last_lsn=scan.last_lsn)
-    first = scan.damages[0]
+    first = damages[0]
     files = _live_files(config.wal_dir)
     dropped = []
     ranges: list[LostRange] = []
     for f in files:
-        if f.path < first.path:
+        if f.path < first.path or f.path in live_tail:
             continue
         dropped += [r for r in f.records if f.path > first.path or r.offset >= first.offset]
         ranges += _ranges((d for d in f.damages if f.path > first.path or d.offset + d.length > first.offset), {})
@@ -394,8 +432,13 @@ def _gaps(conn, ids: list[str]) -> dict:
 
 def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Callable] = None) -> RepairReport:
     """Keep every record with a valid CRC (see the module doc). `open_store(config)` opens the
-    store that recovers and re-appends (the caller's; it takes the lock)."""
-    _check_free(config)
+    store that recovers and re-appends (the caller's; it takes the lock). `dry_run` reads
+    without the lock, next to a recorder too."""
+    running = _check_free(config, dry_run)
+    return _next_to_recorder(lambda tail: _salvage(config, dry_run, open_store, tail), config, running)
+
+
+def _salvage(config: Config, dry_run: bool, open_store: Optional[Callable], live_tail: set) -> RepairReport:
     applied, _rid = _applied_lsn(config)
     gaps = wal.read_gaps(config.wal_dir)
     live = _live_files(config.wal_dir)
@@ -403,7 +446,8 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
     tails = _tail_files(config.wal_dir)
     ranges: list[LostRange] = []
     for f in live + broken:
-        ranges += _ranges(f.damages, gaps)
+        if f.path not in live_tail:
+            ranges += _ranges(f.damages, gaps)
     for f in tails:
         ranges += _ranges(f.damages, gaps, torn=True)
     # Every record found, once (a live segment and its copy hold the same ones), in LSN order.
@@ -419,7 +463,7 @@ def salvage(config: Config, *, dry_run: bool = False, open_store: Optional[Calla
             found.setdefault((r.lsn, r.payload), r)
     records = _decoded(found[k] for k in sorted(found, key=lambda k: k[0]))
     scan = wal.scan(config.wal_dir, mode="point_in_time")
-    live_damaged = bool(scan.damages)
+    live_damaged = any(d.path not in live_tail for d in scan.damages)
     below = live_damaged and scan.last_lsn < applied
     notes = []
     if below:

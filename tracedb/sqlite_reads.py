@@ -12,6 +12,7 @@ bool.
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import urllib.parse
@@ -66,9 +67,87 @@ def json_value(value):
     return orjson.loads(value)
 
 
+# SQLite's primary result codes for a file it could not open, write or read.
+_CANTOPEN, _READONLY, _IOERR = 14, 8, 10
+_CODE_OF_TEXT = (("unable to open database file", _CANTOPEN), ("readonly database", _READONLY),
+                 ("disk i/o error", _IOERR))
+
+
+def _primary_code(error: sqlite3.Error) -> Optional[int]:
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF
+    text = str(error).lower()
+    return next((c for t, c in _CODE_OF_TEXT if t in text), None)
+
+
+def _refusing(path: str, write: bool) -> Optional[OSError]:
+    """The OSError of the first of the database's directory, the file, its -wal and its -shm
+    that refuses what a connection needs of it (`write`: to change the database; else to read
+    it), None when none does."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.access(directory, os.X_OK):
+        return OSError(errno.EACCES, os.strerror(errno.EACCES), directory)
+    if write and os.statvfs(directory).f_flag & os.ST_RDONLY:
+        return OSError(errno.EROFS, os.strerror(errno.EROFS), directory)
+    if write and not os.access(directory, os.W_OK):
+        # Readers need it too: SQLite makes the -wal and -shm files there when they are missing
+        # (a recorder's clean stop removes them).
+        name = os.path.basename(path)
+        return OSError(errno.EACCES, f"{os.strerror(errno.EACCES)} (SQLite makes {name}-wal and {name}-shm there)",
+                       directory)
+    for name in (path, path + "-wal", path + "-shm"):
+        try:
+            fd = os.open(name, (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            return e
+        try:
+            os.pread(fd, 1, 0)
+        except OSError as e:
+            return OSError(e.errno, e.strerror, name)
+        finally:
+            os.close(fd)
+    return None
+
+
+def access_error(path: str, error: BaseException, data_dir: Optional[str] = None, *, write: bool = False):
+    """For SQLite's error of a file it could not open, write or read (raised by sqlite3, or
+    wrapped by SQLAlchemy), the `tracedb.errors.file_error` of the file that refuses (the
+    database, its -wal or -shm, or their directory); an I/O error no file shows again names the
+    database (FileReadError, exit 4). None for any other error, and when no file refuses (a
+    connection that refuses writes by itself, a missing directory)."""
+    from .errors import FileReadError, file_error
+
+    orig = getattr(error, "orig", None) or error
+    if not isinstance(orig, sqlite3.Error):
+        return None
+    code = _primary_code(orig)
+    if code not in (_CANTOPEN, _READONLY, _IOERR):
+        return None
+    refused = _refusing(path, write or code == _READONLY)
+    if refused is not None:
+        return file_error(refused, data_dir or os.path.dirname(os.path.abspath(path)))
+    if code == _IOERR:
+        return FileReadError(os.path.abspath(path), str(orig))
+    return None
+
+
 def connect(path: str, *, busy_timeout_ms: int = 5000) -> Optional[sqlite3.Connection]:
     """A connection to the existing SQLite file `path` that refuses writes, when its schema is at
-    the current revision; None when it is not (the engine's path migrates it first)."""
+    the current revision; None when it is not (the engine's path migrates it first). A file it
+    may not read is the error `access_error` makes."""
+    try:
+        return _connect(path, busy_timeout_ms)
+    except sqlite3.Error as e:
+        err = access_error(path, e)
+        if err is None:
+            raise
+        raise err from None
+
+
+def _connect(path: str, busy_timeout_ms: int) -> Optional[sqlite3.Connection]:
     uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=rw"
     conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_ms / 1000.0, isolation_level=None,
                            check_same_thread=False)

@@ -388,9 +388,9 @@ class Store:
                 with self._compact_lock:
                     self._compact_locked()
         finally:
-            self._shutdown_resources()
+            self._shutdown_resources(checkpoint=True)
 
-    def _shutdown_resources(self) -> None:
+    def _shutdown_resources(self, *, checkpoint: bool = False) -> None:
         self._closed = True
         if self._worker is not None:
             self._worker.close()
@@ -399,10 +399,30 @@ class Store:
             self._compactor.close()
         if self._records is not None:
             self._records.close()
-        for eng in (self._engine, self._read_engine):
-            if eng is not None:
-                eng.dispose()
+        if self._read_engine is not None:
+            self._read_engine.dispose()
+        if checkpoint and self._engine is not None:
+            self._checkpoint_database()
+        if self._engine is not None:
+            self._engine.dispose()
         self._wal.close()
+
+    def _checkpoint_database(self) -> None:
+        # Once this process's readers and the compactor process have let go: SQLite's own
+        # checkpoint at the last connection's close does not happen while another process
+        # (`tracedb ui`, a reader next to it) still has the file open, and a copy of traces.db
+        # would then lack what its -wal holds.
+        try:
+            busy, frames, copied = db.checkpoint_sqlite(self._engine) or (0, 0, 0)
+        except Exception as e:  # noqa: BLE001 - closing goes on; the next open checkpoints
+            log.warning("tracedb: the database could not be checkpointed at close: %s", e)
+            return
+        if busy:
+            log.warning(
+                "tracedb: a reader held the database at close: %d of %d WAL frames of %s are in the "
+                "file itself; the rest stay in its -wal until the next checkpoint", copied, frames,
+                self.config.sqlite_path,
+            )
 
     def _check_recording(self, what: str) -> None:
         if self._closed:

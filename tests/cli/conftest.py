@@ -7,6 +7,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 import tracedb
+from tests.other_user import nobody  # noqa: F401 - the fixture, for the tests of this folder
 from tracedb.cli import main
 from tracedb.reads import Filter
 

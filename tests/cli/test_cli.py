@@ -352,7 +352,7 @@ def test_retention_days_must_be_a_finite_age(days, monkeypatch):
         load_config()
 
 
-@pytest.mark.parametrize("args", [["compact"], ["recover"], ["migrate"]])
+@pytest.mark.parametrize("args", [["compact"], ["recover"]])
 def test_maintenance_refuses_a_data_directory_that_does_not_exist(tmp_path, args):
     # A mistyped --data-dir must not start an empty store and report success.
     missing = tmp_path / "no-such-dir"

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import wal
+from tests.other_user import nobody  # noqa: F401 - the fixture, for the tests of this folder
 from tracedb.cli import main
 
 HERE = os.path.dirname(os.path.abspath(__file__))

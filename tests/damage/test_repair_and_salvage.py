@@ -190,9 +190,55 @@ def test_a_cut_below_the_applied_lsn_leaves_a_directory_that_opens(recorded, cli
 def test_salvage_with_the_recorder_running_is_refused(tmp_path, cli):
     data_dir = str(tmp_path / "d")
     with tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0}):
-        for args in (("wal", "repair", "--salvage"), ("wal", "repair", "--dry-run"), ("wal", "repair")):
+        for args in (("wal", "repair", "--salvage"), ("wal", "repair")):
             r = cli(data_dir)(*args)
             assert r.exit_code == 5 and "stop the recorder" in r.stderr
+
+
+def _files(data_dir: str) -> dict:
+    """Every file of the data directory: its bytes' digest and its modification time."""
+    out = {}
+    for root, _dirs, names in os.walk(data_dir):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, data_dir)] = (hashlib.sha256(f.read()).hexdigest(), os.stat(path).st_mtime_ns)
+    return out
+
+
+@pytest.mark.parametrize("salvage", [False, True], ids=["cut", "salvage"])
+def test_a_dry_run_reads_next_to_a_running_recorder_and_writes_nothing(tmp_path, cli, salvage):
+    data_dir = str(tmp_path / "d")
+    settings = {"compact_interval_ms": 0, "idle_timeout_s": 0, "wal_segment_size_bytes": 4096,
+                "wal_preallocate": False}
+    with tracedb.open(data_dir, config=settings) as store:
+        for i in range(40):
+            ex = store.start("Bulk", {"i": i}, f"exec-{i:05d}")
+            ex.event("tool.step", {"i": i, "pad": "p" * 40})
+            ex.finish({"status": "success"})
+        wal_dir = os.path.join(data_dir, "wal")
+        segments = wal.list_segments(wal_dir)
+        assert len(segments) >= 5
+        # Damage in a sealed segment, well before the end the recorder writes at.
+        victim = segments[1]
+        rec = next(r for r in wal.read_records(wal_dir) if r.segment == victim.name)
+        flip_bit(victim.path, rec.offset + 30, 1)
+        ex = store.start("Bulk", {"i": 40}, "exec-00040")  # the recorder goes on writing its end
+        ex.event("tool.step", {"i": 40})
+        before = _files(data_dir)
+        args = ("wal", "repair", "--dry-run", "--json") + (("--salvage",) if salvage else ())
+        r = cli(data_dir)(*args)
+        assert r.exit_code == 0, r.stderr
+        plan = orjson.loads(r.stdout)
+        assert plan["dry_run"] is True and plan["repaired"] is True
+        assert [d["file"] for d in plan["damaged"]] == [victim.name]
+        if not salvage:
+            assert plan["truncated_segment"] == victim.name and plan["dropped_records"] > 0
+        assert any("a recorder is running" in n for n in plan["notes"])
+        assert _files(data_dir) == before  # not a byte, not a timestamp
+        # No lock was left behind: the recorder appends, compacts and closes as before.
+        ex = store.start("After", {"n": 1}, "exec-after")
+        ex.finish({"status": "success"})
 
 
 def test_a_damaged_segment_compaction_would_delete_unread_is_kept(tmp_path, cli):

@@ -140,7 +140,7 @@ def test_fork_records_lineage_and_the_shared_prefix(data_dir, ids):
 
 def test_fork_at_a_missing_seq_fails_with_a_hint(data_dir, ids):
     r = run(data_dir, "fork", ids["ok"], "--at", "99")
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # a usage error: the execution closed at seq 3
     assert "cannot fork" in r.stderr and "final response is seq 3" in r.stderr and "hint:" in r.stderr
 
 

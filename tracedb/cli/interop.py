@@ -10,7 +10,7 @@ import click
 from wal.fs import PRIVATE_FILE, OsFileSystem, make_dirs, make_private
 
 from ..errors import EXIT_ERROR
-from .main import config_of, emit_json, json_option, main, progress_bar, reading
+from .main import config_of, emit_json, json_option, main, non_empty_ids, progress_bar, reading
 
 
 @main.group("import")
@@ -104,7 +104,7 @@ def file_name_of(execution_id: str) -> Optional[str]:
 
 
 @main.command("export")
-@click.argument("execution_ids", nargs=-1, metavar="[ID]...")
+@click.argument("execution_ids", nargs=-1, metavar="[ID]...", callback=non_empty_ids)
 @click.option("--all", "all_", is_flag=True, help="Every execution in the store.")
 @click.option("--format", "fmt", type=click.Choice(["tracedb", "intentusnet", "otlp-json"]), default="tracedb",
               show_default=True, help="tracedb: the `trace get` record; intentusnet: IntentusNet's ExecutionRecord "

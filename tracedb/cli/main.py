@@ -53,6 +53,18 @@ class TraceDBGroup(click.Group):
     """Turns tracedb's and the WAL's known errors into a message, a hint and a stable exit code."""
 
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        # The global options are parsed here, before `invoke`: their errors too are one error
+        # line and one hint, not click's usage block. (No arguments at all shows the help.)
+        given = tuple(args)
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as e:
+            raise CommandError(e.format_message(), f"see `{info_name} --help`", e.exit_code,
+                               as_json="--json" in given) from None
+
     def parse_args(self, ctx, args):
         ctx.meta["tracedb.args"] = tuple(args)
         return super().parse_args(ctx, args)
@@ -113,7 +125,18 @@ def execution_id_argument(name: str = "execution_id", metavar: str = "ID", **kw)
     """An execution id argument: a whole id or a unique prefix of one, as git takes short hashes."""
     if kw.get("required") is False:
         metavar = f"[{metavar}]"
-    return click.argument(name, metavar=metavar, **kw)
+    return click.argument(name, metavar=metavar, callback=non_empty_ids, **kw)
+
+
+def non_empty_ids(_ctx, _param, value):
+    """An argument callback: refuses an empty execution id (exit 2)."""
+    # An empty id (a shell variable that was never set) is a mistake in the command, not an
+    # execution that is missing.
+    if isinstance(value, str) and not value.strip():
+        raise click.BadParameter("is empty: give an execution id, or a unique prefix of one")
+    if isinstance(value, tuple) and any(not v.strip() for v in value):
+        raise click.BadParameter("an id is empty: give execution ids, or unique prefixes of them")
+    return value
 
 
 @contextlib.contextmanager
@@ -259,7 +282,9 @@ def format_duration(ns: Optional[int]) -> str:
 @click.option(
     "--data-dir",
     envvar="TRACEDB_DATA_DIR",
-    type=click.Path(file_okay=False),
+    # Not checked for readability here: the command that cannot read it says which file, and
+    # what to run.
+    type=click.Path(file_okay=False, readable=False),
     default=None,
     help="Data directory holding traces.db and wal/ (env TRACEDB_DATA_DIR; default: the nearest "
     ".tracedb in the working directory or its parents, else ./.tracedb).",

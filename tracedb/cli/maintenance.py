@@ -202,23 +202,23 @@ def invalidate(ctx, execution_id, reason, as_json):
 
 
 @main.command()
-@click.option("--create", is_flag=True, help="Make the data directory and its database if they do not exist.")
+# Accepted as before; a missing data directory is made without it.
+@click.option("--create", is_flag=True, hidden=True)
 @json_option()
 @click.pass_context
 def migrate(ctx, create, as_json):
     """Create or upgrade the database schema (opening a store does this too).
 
-    A data directory that does not exist is refused (exit 3) unless --create is given, so a
-    mistyped --data-dir never starts an empty store.
+    A data directory that does not exist yet is made, with its database.
 
     \b
     Example:
       tracedb migrate
-      tracedb --data-dir /var/lib/tracedb migrate --create
+      tracedb --data-dir /var/lib/tracedb migrate
     """
     from .. import admin
 
-    r = admin.migrate(config_of(ctx), create=create)
+    r = admin.migrate(config_of(ctx))
     if as_json:
         emit_json({"before": r.before, "after": r.after}, True)
     else:
@@ -282,7 +282,8 @@ SHOWN = 20
 @wal_group.command("repair")
 @click.option("--dry-run", is_flag=True,
               help="Change nothing: say what a repair would cut or keep, how many records and which "
-              "executions it would drop.")
+              "executions it would drop. Takes no lock: it runs next to a recorder, whose write in "
+              "progress at the end of the log it does not judge.")
 @click.option("--salvage", is_flag=True,
               help="Keep every record with a valid CRC: skip only the damaged bytes, also from the "
               ".broken copies of an earlier repair; executions that lost an event become "
@@ -290,7 +291,7 @@ SHOWN = 20
 @json_option()
 @click.pass_context
 def wal_repair(ctx, dry_run, salvage, as_json):
-    """Repair a damaged WAL (takes the lock: stop the recorder first).
+    """Repair a damaged WAL (takes the lock: stop the recorder first; --dry-run reads next to it).
 
     Without --salvage (fail-closed): cut the log at its first damage, keeping a .broken copy of
     every file it changes; the records after the damage are not applied. With --salvage: keep
@@ -315,6 +316,8 @@ def wal_repair(ctx, dry_run, salvage, as_json):
         return
     if not r.repaired:
         click.echo(f"nothing to repair; the log ends at LSN {r.last_lsn}")
+        for n in r.notes:
+            click.echo(f"note: {n}")
         return
     would = "would " if r.dry_run else ""
     for d in r.damaged:

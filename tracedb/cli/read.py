@@ -347,8 +347,6 @@ def verify(ctx, execution_id, as_json):
                 + (f", applied to the database up to {r.applied_lsn}" if r.applied_lsn is not None else "")
                 + (" (a recorder is writing)" if r.wal_live else "")
             )
-        for eid in r.left_running:
-            click.echo(f"left running with no recorder: {eid}")
         for n in r.notes:
             click.echo(f"note: {as_invoked(n)}")
     if not r.ok:

@@ -91,7 +91,8 @@ def fork_command(ctx, execution_id, at_seq, new_id, as_json):
     With a recorder running (`tracedb serve`), the fork is made through it and stays open: record
     its next events by id (seq --at + 1 onwards). Without one, the fork is recorded in-process and
     closed as incomplete when this command exits; run the recorder to keep forks live, or call
-    tracedb.fork() from the agent's own process.
+    tracedb.fork() from the agent's own process. An --at that a closed parent has no event at, or
+    at or past its final response, is a usage error (exit 2).
 
     \b
     Example:

@@ -125,7 +125,7 @@ class StepOutcome:
 
 @dataclass(frozen=True)
 class ParityResult:
-    """Seed 003's comparison of an original trace with a replayed one."""
+    """An original trace compared with its replay: their step signatures, and where they first differ."""
 
     is_parity: bool
     original_signature: str
@@ -146,7 +146,7 @@ class ParityResult:
 
 @dataclass(frozen=True)
 class ParityReplayResult:
-    """Seed 003's replay result (named apart from exact replay's ReplayResult).
+    """A parity replay's result (named apart from exact replay's ReplayResult).
 
     `success` is True when every step of the plan ran and succeeded. In a dry run nothing runs:
     `trace` and `parity_check` are None and `plan` says what would have run.

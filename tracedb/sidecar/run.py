@@ -10,6 +10,7 @@ import gc
 import logging
 import os
 import shlex
+import signal
 import sys
 import time
 from typing import Awaitable, Optional, Sequence
@@ -146,8 +147,31 @@ class HttpServer:
             self._sampler.cancel()
         if self.endpoint is not None:
             await self.endpoint.close()
-        if self.reader is not None:
-            await self.reader.close()
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            await reader.close()
+
+
+def _views_stop_first(server: SidecarServer, http: HttpServer) -> None:
+    """On SIGTERM or SIGINT, close the web view before the server drains and closes the store:
+    its readers let go of the database first, so the store's last checkpoint, at close, finds
+    none in the middle of a read, and traces.db alone holds everything once the process exits."""
+    loop = asyncio.get_running_loop()
+    tasks = set()
+
+    async def stop(sig) -> None:
+        try:
+            await http.close()
+        finally:
+            server.request_stop(sig)
+
+    def on_signal(sig) -> None:
+        task = loop.create_task(stop(sig))
+        tasks.add(task)  # held until done: the loop keeps only weak references to tasks
+        task.add_done_callback(tasks.discard)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
 
 
 def token_where(token_file: Optional[str]) -> str:
@@ -322,6 +346,8 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
                               allowed_hosts=http_allowed, token_file=scfg.token_file,
                               limits=_http_limits(scfg, scfg.http_max_connections))
             await http.start()
+        if http is not None:
+            _views_stop_first(server, http)
         if otlp is not None:
             from ..otel.receiver import start_receiver
             from ..web.run import address
