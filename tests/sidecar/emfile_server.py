@@ -37,7 +37,7 @@ async def main(directory: str) -> None:
     server = SidecarServer(
         MemoryBackend(os.path.join(directory, "wal")),
         ServerConfig(socket_path=os.path.join(directory, "tracedb.sock"), tcp_host="127.0.0.1", tcp_port=0,
-                     max_connections=1000),
+                     max_connections=1000, token="emfile-test-token"),
     )
     metrics = SidecarMetrics()
     metrics.attach(server)

@@ -72,10 +72,18 @@ def _assert_self_contained(data_dir: str, tmp_path, ids: list[str]) -> None:
         conn.close()
 
 
-def _served(base: str, ids: list[str]) -> None:
+def _bearer(data_dir: str) -> dict:
+    """The header that carries the token the listeners take (the data directory's file)."""
+    with open(os.path.join(data_dir, "token"), encoding="utf-8") as f:
+        return {"Authorization": "Bearer " + f.read().strip()}
+
+
+def _served(base: str, ids: list[str], data_dir: str) -> None:
     """The web view answered requests that read the store: the list, and an execution's page."""
-    wait_for(lambda: ids[-1] in httpx.get(base + "/", timeout=10).text, 60, "the list to show the last execution")
-    page = httpx.get(f"{base}/e/{ids[0]}", timeout=10)
+    auth = _bearer(data_dir)
+    wait_for(lambda: ids[-1] in httpx.get(base + "/", headers=auth, timeout=10).text, 60,
+             "the list to show the last execution")
+    page = httpx.get(f"{base}/e/{ids[0]}", headers=auth, timeout=10)
     assert page.status_code == 200 and ids[0] in page.text
 
 
@@ -83,7 +91,7 @@ def test_sigterm_after_web_view_requests_leaves_a_self_contained_database(serve_
     port = _free_port()
     rec = serve_process("--http-port", str(port))
     ids = _record(rec.socket)
-    _served(f"http://127.0.0.1:{port}", ids)
+    _served(f"http://127.0.0.1:{port}", ids, tdir)
     code, err = rec.terminate()
     assert code == 0, err[-3000:]
     _assert_self_contained(tdir, tmp_path, ids)
@@ -100,7 +108,7 @@ class UiProcess:
         )
         line = self.proc.stdout.readline()
         assert line, self.proc.stderr.read()
-        self.url = orjson.loads(line)["url"].rstrip("/")
+        self.url = orjson.loads(line)["url"].split("?", 1)[0].rstrip("/")  # without its ?token=
 
     def stop(self, timeout_s: float = 60) -> int:
         if self.proc.poll() is None:
@@ -117,12 +125,12 @@ def test_a_recorder_stopped_while_tracedb_ui_reads_leaves_a_self_contained_datab
     ids = _record(rec.socket)
     ui = UiProcess(tdir)
     try:
-        _served(ui.url, ids)
+        _served(ui.url, ids, tdir)
         code, err = rec.terminate()
         assert code == 0, err[-3000:]
         _assert_self_contained(tdir, tmp_path, ids)
         # The view reads on, with no recorder: the same rows, from the database file.
-        assert ids[-1] in httpx.get(ui.url + "/", timeout=10).text
+        assert ids[-1] in httpx.get(ui.url + "/", headers=_bearer(tdir), timeout=10).text
     finally:
         assert ui.stop() == 0
     _assert_self_contained(tdir, tmp_path / "after-ui", ids)
@@ -138,7 +146,7 @@ def test_tracedb_ui_stopping_next_to_a_live_recorder_never_waits_for_its_write_l
     ui = UiProcess(tdir, env={"TRACEDB_BUSY_TIMEOUT_MS": "60000"})
     writer = sqlite3.connect(os.path.join(tdir, "traces.db"), isolation_level=None, timeout=30)
     try:
-        _served(ui.url, ids)
+        _served(ui.url, ids, tdir)
         writer.execute("BEGIN IMMEDIATE")
         started = time.monotonic()
         assert ui.stop(timeout_s=30) == 0

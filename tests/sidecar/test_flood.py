@@ -63,10 +63,10 @@ def _health(port: int) -> tuple:
     return status, time.monotonic() - t
 
 
-def _metrics(port: int) -> str:
+def _metrics(port: int, token: str) -> str:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        conn.request("GET", "/metrics")
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
         return conn.getresponse().read().decode()
     finally:
         conn.close()
@@ -147,14 +147,14 @@ def test_every_listener_holds_under_a_flood_of_slow_connections(tdir, soft, hard
             kept_client.append(time.monotonic() - t)
             health.append(_health(ports["http"]))
             if n == 3:
-                during = _metrics(ports["http"])
+                during = _metrics(ports["http"], open(os.path.join(tdir, "token")).read().strip())
         elapsed = time.monotonic() - t0
         grown = os.path.getsize(log_path) - size0
 
         flood.terminate()
         flood.wait(30)
         pressure = flood_report()
-        metrics = _metrics(ports["http"])
+        metrics = _metrics(ports["http"], open(os.path.join(tdir, "token")).read().strip())
         assert kept_ex.finish({"status": "ok"}) == n + 1
         kept.close()
         serve.terminate()

@@ -226,15 +226,19 @@ def test_at_the_cap_a_newcomer_that_speaks_late_is_let_in_and_a_silent_one_refus
         srv.stop()
 
 
+# The TCP listener takes a bearer token (docs/security.md); the Unix socket ignores it.
+TOKEN = "limits-test-token"
+
+
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 def test_the_sync_client_reconnects_after_an_idle_close_without_losing_or_repeating(tdir, transport):
     cfg = ServerConfig(socket_path=sock_path(tdir), tcp_host="127.0.0.1", tcp_port=0, data_dir=tdir,
-                       connection_idle_timeout_s=0.3)
+                       connection_idle_timeout_s=0.3, token=TOKEN)
     srv = make_server(tdir, cfg, backend="store")
     try:
         address = f"unix:{sock_path(tdir)}" if transport == "unix" else f"tcp://127.0.0.1:{srv.server.tcp_address[1]}"
         listener = srv.server.listeners[transport]
-        with connect(address) as client:
+        with connect(address, token=TOKEN) as client:
             ex = client.start("I", {"q": 1}, "exec-idle")
             assert ex.event("t.a", {"n": 1}) == 1
             wait_until(lambda: listener.closed["idle"] == 1, 10, "the idle connection to be closed")
@@ -256,13 +260,13 @@ def test_the_sync_client_reconnects_after_an_idle_close_without_losing_or_repeat
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 def test_the_async_client_reconnects_after_an_idle_close_without_losing_or_repeating(tdir, transport):
     cfg = ServerConfig(socket_path=sock_path(tdir), tcp_host="127.0.0.1", tcp_port=0, data_dir=tdir,
-                       connection_idle_timeout_s=0.3)
+                       connection_idle_timeout_s=0.3, token=TOKEN)
     srv = make_server(tdir, cfg, backend="store")
     address = f"unix:{sock_path(tdir)}" if transport == "unix" else f"tcp://127.0.0.1:{srv.server.tcp_address[1]}"
     listener = srv.server.listeners[transport]
 
     async def main():
-        client = await connect_async(address)
+        client = await connect_async(address, token=TOKEN)
         try:
             ex = await client.start("I", {"q": 1}, "exec-idle")
             assert await ex.event("t.a", {"n": 1}) == 1
@@ -400,14 +404,14 @@ def test_the_documented_sidecar_keys_are_read_with_their_defaults():
     import tomllib
     from types import SimpleNamespace
 
-    from tracedb.cli.serve import _sidecar_file_settings
+    from tracedb.cli.serve import sidecar_file_settings
     from tracedb.sidecar import protocol as P
 
     from .conftest import ROOT
 
     with open(os.path.join(ROOT, "config", "tracedb.toml"), "rb") as f:
         table = tomllib.load(f)["sidecar"]
-    got = _sidecar_file_settings(SimpleNamespace(extra={"sidecar": table}))
+    got = sidecar_file_settings(SimpleNamespace(extra={"sidecar": table}))
     assert {k: got[k] for k in ("max_connections", "first_frame_timeout_s", "connection_idle_timeout_s",
                                 "otlp_max_connections", "http_max_connections", "http_header_timeout_s",
                                 "http_idle_timeout_s")} == {

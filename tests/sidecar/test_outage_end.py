@@ -86,7 +86,10 @@ def _every_view_says(data_dir: str, execution_id: str, lost: int, between: tuple
     rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()}
     assert rows[execution_id][-1] == str(lost)
     if web_port is not None:
-        page = urllib.request.urlopen(f"http://127.0.0.1:{web_port}/e/{execution_id}", timeout=30).read().decode()
+        with open(os.path.join(data_dir, "token"), encoding="utf-8") as f:  # the listeners' token
+            auth = {"Authorization": "Bearer " + f.read().strip()}
+        request = urllib.request.Request(f"http://127.0.0.1:{web_port}/e/{execution_id}", headers=auth)
+        page = urllib.request.urlopen(request, timeout=30).read().decode()
         assert f"{lost} record{'' if lost == 1 else 's'} lost between {counts['first']} and {counts['last']}" in page
 
 

@@ -250,7 +250,7 @@ def _expressible_in_otlp(v) -> bool:
     return True
 
 
-def otlp_case(url: str, kind: str, value):
+def otlp_case(url: str, kind: str, value, auth: dict):
     """The answer of OTLP ingest, or None where a span cannot carry the value."""
     if kind not in ("intent", "payload", "envelope") or depth_of(value) > 100 or not _expressible_in_otlp(value):
         return None
@@ -271,7 +271,7 @@ def otlp_case(url: str, kind: str, value):
         data = json.dumps(body, ensure_ascii=True).encode()
     except ValueError:
         return None
-    r = httpx.post(url, content=data, headers={"content-type": "application/json"}, timeout=60)
+    r = httpx.post(url, content=data, headers={"content-type": "application/json", **auth}, timeout=60)
     if r.status_code == 400:
         return REFUSED
     assert r.status_code == 200, r.text
@@ -353,7 +353,7 @@ def test_every_way_in_gives_the_same_answer(recorders, case):
     imported = import_case(r.importing, kind, value, eid)
     if imported is not None:
         answers["import"] = imported
-    otlp = otlp_case(r.sync_serve.endpoint, kind, value)
+    otlp = otlp_case(r.sync_serve.endpoint, kind, value, r.sync_serve.auth)
     if otlp is not None:
         answers["otlp"] = otlp
         expected_otlp = otlp_reference(r.reference, kind, value, eid)
