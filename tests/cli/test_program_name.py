@@ -140,8 +140,9 @@ def test_the_web_view_offers_a_replay_command_that_runs_as_printed(store, tmp_pa
     try:
         line = proc.stdout.readline()
         assert line, proc.stderr.read() if proc.poll() is not None else "no address printed"
-        url = orjson.loads(line)["url"]
-        with urllib.request.urlopen(url + "e/exec-done-1", timeout=60) as resp:
+        url, _, token = orjson.loads(line)["url"].partition("?token=")  # the address carries the token once
+        request = urllib.request.Request(url + "e/exec-done-1", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=60) as resp:
             page = resp.read().decode()
     finally:
         proc.terminate()

@@ -69,7 +69,8 @@ def test_an_instrumented_agent_through_otlp_leaves_no_secret_on_disk_or_in_any_e
         agent = subprocess.run(
             [sys.executable, "-m", "tests.otel.secret_agent", fake.base_url], cwd=ROOT, capture_output=True,
             text=True, timeout=120, env=env_for(
-                data_dir, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=srv.endpoint, OTEL_SERVICE_NAME="secret-agent",
+                data_dir, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=srv.endpoint, OTEL_EXPORTER_OTLP_HEADERS=srv.exporter_headers,
+                OTEL_SERVICE_NAME="secret-agent",
                 OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental",
                 OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="SPAN_ONLY"))
         assert agent.returncode == 0, agent.stderr

@@ -30,7 +30,7 @@ def test_a_trace_that_cannot_start_is_rejected_and_the_others_are_recorded(otlp_
     srv = otlp_serve()
     bad, bad_tid = _resource_spans(service, extra, "bad_root")
     good, good_tid = _resource_spans("good-agent", [], "good_root")
-    r = httpx.post(srv.endpoint, json={"resourceSpans": [bad, good]}, timeout=60)
+    r = httpx.post(srv.endpoint, json={"resourceSpans": [bad, good]}, headers=srv.auth, timeout=60)
     assert r.status_code == 200, r.text
     partial = r.json()["partialSuccess"]
     assert partial["rejectedSpans"] == "1" and why in partial["errorMessage"], partial

@@ -19,15 +19,18 @@ from tracedb.config import load_config
 from tracedb.reads import AsyncReader
 from tracedb.web import create_app
 
+from .conftest import TOKENS
 from .query_fuzz import asgi_get, check_answer, requests
 
 
 def raw_get(base_url: str, target: bytes) -> tuple[int, bytes, bytes]:
-    """One GET with `target` sent byte for byte (no client library re-encodes it); (status,
-    head, body)."""
+    """One GET with `target` sent byte for byte (no client library re-encodes it), with the
+    view's token; (status, head, body)."""
     u = urlsplit(base_url)
+    token = next((t for base, t in TOKENS.items() if base_url.startswith(base)), None)
+    auth = b"Authorization: Bearer " + token.encode() + b"\r\n" if token else b""
     with socket.create_connection((u.hostname, u.port), timeout=30) as s:
-        s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth + b"Connection: close\r\n\r\n")
         data = b""
         while chunk := s.recv(65536):
             data += chunk
