@@ -354,7 +354,8 @@ class Listener:
         self.accept_errors = {name: 0 for name in ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM")}
         self.waiting: dict = {}  # connection -> its socket, oldest first
         self._sockets: dict[int, _Accepted] = {}  # by descriptor: what `wait` looks up
-        self._probation: dict[socket.socket, float] = {}  # newcomer -> when it came, oldest first
+        # newcomer -> (when it came, its protocol factory), oldest first
+        self._probation: dict[socket.socket, tuple[float, object]] = {}
         self._probation_timer: Optional[asyncio.TimerHandle] = None
         self._serving: list = []  # (listening socket, protocol factory)
         self._tasks: set = set()
@@ -504,9 +505,8 @@ class Listener:
     def _park(self, conn: socket.socket, factory) -> None:
         if len(self._probation) >= PROBATION:
             oldest = next(iter(self._probation))
-            self._unpark(oldest)
-            self._refuse(oldest, "limit")
-        self._probation[conn] = time.monotonic()
+            self._leave_probation(oldest)
+        self._probation[conn] = (time.monotonic(), factory)
         self._loop.add_reader(conn.fileno(), self._spoke, conn, factory)
         if self._probation_timer is None:
             self._probation_timer = self._loop.call_later(PROBATION_S, self._expire_probation)
@@ -527,15 +527,28 @@ class Listener:
         else:
             self._refuse(conn, "limit")
 
+    def _leave_probation(self, conn: socket.socket) -> None:
+        """Out of probation, pushed by newcomers or its time up: let in a newcomer whose whole
+        request waits unread (its reader's turn has not come yet: under a flood the loop's turns
+        are long) when room can be made; refuse it otherwise."""
+        factory = self._probation[conn][1]
+        self._unpark(conn)
+        has = self._has_request(conn)
+        if has is None:
+            conn.close()  # gone
+        elif has and self._make_room():
+            self._admit(conn, factory)
+        else:
+            self._refuse(conn, "limit")
+
     def _expire_probation(self) -> None:
         self._probation_timer = None
         deadline = time.monotonic() - PROBATION_S
-        for conn, since in list(self._probation.items()):
+        for conn, (since, _factory) in list(self._probation.items()):
             if since > deadline:
                 self._probation_timer = self._loop.call_later(since - deadline, self._expire_probation)
                 return
-            self._unpark(conn)
-            self._refuse(conn, "limit")
+            self._leave_probation(conn)
 
     def _refuse(self, conn: socket.socket, why: str) -> None:
         self.refused[why] += 1

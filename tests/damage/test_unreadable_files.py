@@ -169,11 +169,12 @@ def test_the_web_view_says_it_cannot_read_the_wal(nobody, split_store):
     try:
         line = ui.stdout.readline()
         assert line, ui.stderr.read()
-        url = orjson.loads(line)["url"]
-        assert WAL_ONLY_ID in httpx.get(url, timeout=30).text  # whole while it can read
+        url, _, token = orjson.loads(line)["url"].partition("?token=")  # the address carries the token once
+        auth = {"Authorization": f"Bearer {token}"}
+        assert WAL_ONLY_ID in httpx.get(url, headers=auth, timeout=30).text  # whole while it can read
         os.chmod(os.path.join(d, "wal"), 0)
         for page in ("", f"e/{WAL_ONLY_ID}", f"api/live?id={WAL_ONLY_ID}&after=0&status=completed"):
-            r = httpx.get(url + page, timeout=30)
+            r = httpx.get(url + page, headers=auth, timeout=30)
             assert r.status_code == 500, (page, r.status_code)
             assert "cannot use" in r.text and os.path.join(d, "wal") in r.text, (page, r.text[-1500:])
             assert f"chmod -R u+rwX {d}" in r.text, r.text[-1500:]  # and the hint

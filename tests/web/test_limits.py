@@ -212,6 +212,8 @@ def test_tracedb_ui_takes_its_connection_cap_from_max_connections(web_store):
 
     import orjson
 
+    from urllib.parse import urlsplit
+
     from .conftest import REPO
 
     data_dir, _ids = web_store
@@ -221,7 +223,7 @@ def test_tracedb_ui_takes_its_connection_cap_from_max_connections(web_store):
     )
     held = []
     try:
-        port = int(orjson.loads(proc.stdout.readline())["url"].rsplit(":", 1)[1].strip("/"))
+        port = urlsplit(orjson.loads(proc.stdout.readline())["url"]).port
         held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
         # A fourth that says nothing finds the view at its cap: 503 once its probation is over
         # (below the cap it would wait for its headers, 10 s, with no answer).

@@ -18,7 +18,7 @@ from typing import Awaitable, Optional, Sequence
 from ..asgi import RESERVED_FDS, descriptor_budget, is_loopback, open_fds, raise_fd_limit
 from ..asgi import allowed_hosts as allowed_host_names
 from ..config import ensure_local_token, token_path
-from ..errors import ConfigError, StoreInUseError
+from ..errors import ConfigError, StoreInUseError, file_error
 from . import protocol as P
 from .backend import BackendStats, Deferred
 from .metrics import SidecarMetrics, configure_logging, routes, sample_forever
@@ -376,6 +376,11 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
         else:
             await opening.close()
         if isinstance(e, OSError) and e.errno in _CANNOT_LISTEN:
+            socket_dir = os.path.dirname(os.path.abspath(scfg.socket_path)) if scfg.socket_path else None
+            if e.errno in (errno.EACCES, errno.EPERM) and socket_dir and not os.access(socket_dir, os.W_OK):
+                # Not a busy or privileged port: the socket's directory (the data directory, by
+                # default) is not this user's to write, which one error naming it and the chown says.
+                raise file_error(e, cfg.data_dir, path=socket_dir) from None
             raise _cannot_listen(e, listening, scfg) from None
         raise
     tune_runtime()

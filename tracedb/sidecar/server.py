@@ -987,8 +987,9 @@ def _prepare_socket_dir(directory: str) -> None:
     sticky bit (another user could replace the socket). An existing directory keeps its mode:
     the socket itself is created 0600, which is what keeps other users out."""
     if not os.path.isdir(directory):
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        os.chmod(directory, 0o700)
+        # Often the data directory itself, made here before the store opens: each new level
+        # 0700 and fsynced into its parent, as the store makes it (wal.fs.make_dirs).
+        wal.fs.make_dirs(wal.OsFileSystem(), directory)
         return
     st = os.stat(directory)
     if stat.S_IMODE(st.st_mode) & 0o002 and not st.st_mode & stat.S_ISVTX:
