@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 import orjson
 
 from .. import handles
-from ..errors import NotReplayableError, RecordedCallError, UsageError
+from ..errors import NotReplayableError, RecordedCallError, TraceDBError, UsageError
 from ..record import LLM_REQUESTED, LLM_RESPONDED, ExecutionRecord
 from ..replay.eventlog import ReplaySession, intent_of
 
@@ -180,6 +180,9 @@ class HttpApi:
     `is_async_client(client)`: True for the SDK's asyncio client. `usage(body, sse_events)`: the
     token counts of an answer under the event names (`input_tokens`, `output_tokens`, ...), from
     its JSON body or its server-sent events (a list of (event, data) pairs), or None.
+    `sdk_error`: the SDK's own exception class, for an SDK that turns any other exception its
+    transport raises into a connection error (and retries it): tracedb's errors (a replay's
+    divergence, a recorder that failed) then reach the caller as a subclass of both.
     """
 
     def __init__(
@@ -190,12 +193,30 @@ class HttpApi:
         async_client: str,
         is_async_client: Callable[[Any], bool],
         usage: Optional[Callable[[Any, Optional[list]], Optional[dict]]] = None,
+        sdk_error: Optional[type] = None,
     ):
         self.http = http
+        self.sdk_error = sdk_error
+        self._passing: dict[type, type] = {}
         self.sdk = sdk
         self.async_client = async_client
         self.is_async_client = is_async_client
         self.usage = usage
+
+    def passing(self, err: TraceDBError) -> TraceDBError:
+        """`err`, made to pass the SDK's handling of transport errors unchanged (see `sdk_error`).
+        Its class becomes a subclass of its own and of the SDK's error: every field, the message
+        and the hint stay, and `except ReplayDivergenceError` still catches it."""
+        if self.sdk_error is None or isinstance(err, self.sdk_error):
+            return err
+        cls = type(err)
+        sub = self._passing.get(cls)
+        if sub is None:
+            sub = self._passing[cls] = type(
+                cls.__name__, (cls, self.sdk_error), {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            )
+        err.__class__ = sub
+        return err
 
 
 def sse_events(text: str) -> Iterator[tuple[Optional[str], Any]]:
@@ -300,6 +321,9 @@ def http_transports(api: HttpApi) -> SimpleNamespace:
     def described(status: int, headers: Any, raw: bytes, complete: bool = True) -> dict:
         return describe_response(status, headers, decoded(status, headers, raw), complete=complete, api=api)
 
+    def passing(err: BaseException) -> BaseException:
+        return api.passing(err) if isinstance(err, TraceDBError) else err
+
     def as_transport_error(err: RecordedCallError, request: Any) -> BaseException:
         # A recorded connection failure replays as that failure, so the SDK retries it as it did live.
         cls = getattr(http, err.error_type, None)
@@ -389,6 +413,12 @@ def http_transports(api: HttpApi) -> SimpleNamespace:
             self._transport = transport or http.HTTPTransport()
 
         def handle_request(self, request: Any) -> Any:
+            try:
+                return self._handle(request)
+            except TraceDBError as e:
+                raise api.passing(e)  # noqa: B904 - the same exception, its class widened
+
+        def _handle(self, request: Any) -> Any:
             form = describe_request(request, request.read())
             key = request_key(form)
             seq = self.execution.event(LLM_REQUESTED, {"prompt_hash": key, "request": form})
@@ -425,6 +455,12 @@ def http_transports(api: HttpApi) -> SimpleNamespace:
             return await asyncio.to_thread(self.execution.event, type, payload)
 
         async def handle_async_request(self, request: Any) -> Any:
+            try:
+                return await self._handle(request)
+            except TraceDBError as e:
+                raise api.passing(e)  # noqa: B904 - the same exception, its class widened
+
+        async def _handle(self, request: Any) -> Any:
             form = describe_request(request, await request.aread())
             key = request_key(form)
             seq = await self._event(LLM_REQUESTED, {"prompt_hash": key, "request": form})
@@ -473,7 +509,9 @@ def http_transports(api: HttpApi) -> SimpleNamespace:
                 with self.replay.lock:
                     recorded = self.replay.session.llm(form, lambda _: self._live(request), key=request_key(form))
             except RecordedCallError as e:
-                raise as_transport_error(e, request) from None
+                raise passing(as_transport_error(e, request)) from None
+            except TraceDBError as e:
+                raise api.passing(e)  # noqa: B904 - the same exception, its class widened
             return build_response(recorded, request)
 
         def close(self) -> None:
@@ -519,7 +557,9 @@ def http_transports(api: HttpApi) -> SimpleNamespace:
 
                     recorded = await asyncio.to_thread(run)
             except RecordedCallError as e:
-                raise as_transport_error(e, request) from None
+                raise passing(as_transport_error(e, request)) from None
+            except TraceDBError as e:
+                raise api.passing(e)  # noqa: B904 - the same exception, its class widened
             return build_response(recorded, request)
 
         async def aclose(self) -> None:
