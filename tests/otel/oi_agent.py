@@ -1,6 +1,6 @@
 """Agents instrumented with OpenInference, and nothing else tracedb-specific: Arize's
 `openinference-instrumentation-openai` on the real `openai` client, and
-`openinference-instrumentation-langchain` on a LangGraph ReAct agent over `langchain-openai`'s
+`openinference-instrumentation-langchain` on a LangGraph ReAct graph over `langchain-openai`'s
 `ChatOpenAI`. Both ask the fake OpenAI server for the weather, run the tool the model asks for,
 and ask again.
 
@@ -65,10 +65,12 @@ def openai_agent(base_url: str, provider) -> tuple[str, str]:
 
 
 def langgraph_agent(base_url: str, provider) -> tuple[str, str]:
-    """LangGraph's prebuilt ReAct agent with one tool; every span is the instrumentation's."""
+    """A LangGraph ReAct loop (a model node, LangGraph's prebuilt ToolNode, and its
+    tools_condition edge) with one tool; every span is the instrumentation's."""
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
-    from langgraph.prebuilt import create_react_agent
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
     from openinference.instrumentation.langchain import LangChainInstrumentor
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -82,9 +84,14 @@ def langgraph_agent(base_url: str, provider) -> tuple[str, str]:
     provider.add_span_processor(SimpleSpanProcessor(seen))
     LangChainInstrumentor().instrument(tracer_provider=provider)
     try:
-        llm = ChatOpenAI(model="gpt-4o-mini", base_url=base_url, api_key="test", max_retries=0)
-        agent = create_react_agent(llm, [get_weather])
-        out = agent.invoke({"messages": [("user", QUESTION)]})
+        llm = ChatOpenAI(model="gpt-4o-mini", base_url=base_url, api_key="test", max_retries=0).bind_tools([get_weather])
+        graph = StateGraph(MessagesState)
+        graph.add_node("agent", lambda state: {"messages": [llm.invoke(state["messages"])]})
+        graph.add_node("tools", ToolNode([get_weather]))
+        graph.add_edge(START, "agent")
+        graph.add_conditional_edges("agent", tools_condition)
+        graph.add_edge("tools", "agent")
+        out = graph.compile().invoke({"messages": [("user", QUESTION)]})
     finally:
         LangChainInstrumentor().uninstrument()
     spans = seen.get_finished_spans()
