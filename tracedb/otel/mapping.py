@@ -586,10 +586,11 @@ def _oi_llm(span: Span) -> tuple[dict, Any, dict]:
     params = params if isinstance(params, dict) else {}
     model = attrs.get("llm.request.model_name") or attrs.get("llm.model_name") or params.get("model")
     request: dict[str, Any] = {"model": model}
-    if _indexed(attrs, "llm.input_messages"):
-        request["messages"] = [_oi_message(m) for m in _indexed(attrs, "llm.input_messages")]
-    elif _indexed(attrs, "llm.prompts"):  # the completions API
-        request["messages"] = _oi_texts(_indexed(attrs, "llm.prompts"), "prompt.text", "user")
+    inputs, prompts = _indexed(attrs, "llm.input_messages"), _indexed(attrs, "llm.prompts")
+    if inputs:
+        request["messages"] = [_oi_message(m) for m in inputs]
+    elif prompts:  # the completions API
+        request["messages"] = _oi_texts(prompts, "prompt.text", "user")
     for field, _, names in REQUEST_PARAMS:
         for name in names:
             if params.get(name) is not None:
@@ -598,11 +599,11 @@ def _oi_llm(span: Span) -> tuple[dict, Any, dict]:
                 break
     response: dict[str, Any] = {"model": attrs.get("llm.response.model_name") or attrs.get("llm.model_name") or model}
     finish = attrs.get("llm.finish_reason")
-    outputs = _indexed(attrs, "llm.output_messages")
+    outputs, choices = _indexed(attrs, "llm.output_messages"), _indexed(attrs, "llm.choices")
     if outputs:
         response["messages"] = [_oi_message(m) for m in outputs]
-    elif _indexed(attrs, "llm.choices"):
-        response["messages"] = _oi_texts(_indexed(attrs, "llm.choices"), "completion.text", "assistant")
+    elif choices:
+        response["messages"] = _oi_texts(choices, "completion.text", "assistant")
     if finish is not None:
         for m in response.get("messages", ()):
             m["finish_reason"] = finish
