@@ -33,15 +33,15 @@ from starlette.routing import Route
 from tracedb.asgi import HttpEndpoint
 
 
-class FakeOpenAI:
-    """The server; a context manager that starts it on a free port in a background thread."""
+class LocalServer:
+    """A Starlette app (`self.app`) served on 127.0.0.1, on a free port, from a background thread;
+    a context manager. Every request body it records is kept, in arrival order."""
+
+    name = "fake-server"
 
     def __init__(self) -> None:
         self.requests: list[dict] = []  # every request body, in arrival order
         self.paths: list[str] = []
-        self._script: collections.deque = collections.deque()
-        self._responses_script: collections.deque = collections.deque()
-        self.stalled = threading.Event()
         self._release: Optional[asyncio.Event] = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -49,6 +49,70 @@ class FakeOpenAI:
         self._endpoint: Optional[HttpEndpoint] = None
         self._thread: Optional[threading.Thread] = None
         self.port = 0
+        self.app: Optional[Starlette] = None
+
+    @property
+    def request_count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    def _record(self, request: Request, body: dict) -> None:
+        with self._lock:
+            self.requests.append(body)
+            self.paths.append(request.url.path)
+
+    def start(self):
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            self._endpoint = HttpEndpoint(self.app, port=0, name=self.name)
+            self._release = asyncio.Event()
+            try:
+                self.port = loop.run_until_complete(self._endpoint.start())
+            except BaseException as e:  # noqa: BLE001 - reported to the starting thread
+                failure.append(e)
+                started.set()
+                return
+            started.set()
+            loop.run_forever()
+            loop.run_until_complete(self._endpoint.close())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name=self.name, daemon=True)
+        self._thread.start()
+        started.wait(10)
+        if failure:
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            if self._release is not None:
+                self._loop.call_soon_threadsafe(self._release.set)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class FakeOpenAI(LocalServer):
+    """The server; a context manager that starts it on a free port in a background thread."""
+
+    name = "fake-openai"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._script: collections.deque = collections.deque()
+        self._responses_script: collections.deque = collections.deque()
+        self.stalled = threading.Event()
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -72,63 +136,10 @@ class FakeOpenAI:
         self._responses_script.append({"stall": True})
 
     @property
-    def request_count(self) -> int:
-        with self._lock:
-            return len(self.requests)
-
-    @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    def start(self) -> "FakeOpenAI":
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            self._endpoint = HttpEndpoint(self.app, port=0, name="fake-openai")
-            self._release = asyncio.Event()
-            try:
-                self.port = loop.run_until_complete(self._endpoint.start())
-            except BaseException as e:  # noqa: BLE001 - reported to the starting thread
-                failure.append(e)
-                started.set()
-                return
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(self._endpoint.close())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="fake-openai", daemon=True)
-        self._thread.start()
-        started.wait(10)
-        if failure:
-            raise failure[0]
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            if self._release is not None:
-                self._loop.call_soon_threadsafe(self._release.set)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop = None
-
-    def __enter__(self) -> "FakeOpenAI":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     # -- handlers ----------------------------------------------------------------------------
-
-    def _record(self, request: Request, body: dict) -> None:
-        with self._lock:
-            self.requests.append(body)
-            self.paths.append(request.url.path)
 
     def _next_reply(self, body: dict) -> dict:
         with self._lock:

@@ -94,5 +94,5 @@ def test_extras_are_added_by_the_commands_the_hints_print_and_all_stay_installed
     # A misspelt extra is refused, not installed as nothing.
     r = sh(["scripts/setup", "otle"])
     assert r.returncode == 2
-    assert "tracedb has no extra 'otle' (its extras: postgres otel openai test bench)" in r.stderr
+    assert "tracedb has no extra 'otle' (its extras: postgres otel openai anthropic test bench)" in r.stderr
     assert open(stamp).read().split() == ["otel", "postgres"]

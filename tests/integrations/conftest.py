@@ -1,10 +1,12 @@
-"""Fixtures for the integration tests: the fake OpenAI server on 127.0.0.1 and a real store."""
+"""Fixtures for the integration tests: the fake OpenAI and Anthropic servers on 127.0.0.1 and a
+real store."""
 
 from __future__ import annotations
 
 import pytest
 
 import tracedb
+from tests.fake_anthropic import FakeAnthropic
 from tests.fake_openai import FakeOpenAI
 
 
@@ -12,6 +14,13 @@ from tests.fake_openai import FakeOpenAI
 def fake():
     """A fake OpenAI-compatible server, counting every request it receives."""
     with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture
+def fake_anthropic():
+    """A fake Anthropic Messages API, counting every request it receives."""
+    with FakeAnthropic() as server:
         yield server
 
 

@@ -277,3 +277,21 @@ def test_bad_arguments_say_what_to_pass_and_record_nothing(store, fake):
 
     asyncio.run(with_async_handles())
     assert fake.request_count == 0 and store.list() == []
+
+
+def test_each_answer_carries_its_token_counts_under_the_names_every_llm_event_uses(store, fake):
+    fake.push_chat("counted")
+    fake.push_chat("counted as it streams")
+    fake.push_response("counted in the responses api")
+    ex = store.start("AnswerQuestion", ENVELOPE)
+    client = record(openai_client(fake), ex)
+    ask(client, "one two three")
+    list(client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "four five"}],
+                                        stream=True, stream_options={"include_usage": True}))
+    client.responses.create(model="fake-model", input="six")
+    ex.finish({"status": "success"})
+    usages = [e.payload["response"]["usage"] for e in store.get(ex.execution_id).events if e.type == "llm.responded"]
+    assert usages[0] == {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}
+    assert usages[1] == {"input_tokens": 2, "output_tokens": 4, "total_tokens": 6}  # from the stream's last chunk
+    assert usages[2]["output_tokens"] == 5 and usages[2]["cache_read_input_tokens"] == 0
+    assert usages[2]["reasoning_output_tokens"] == 0

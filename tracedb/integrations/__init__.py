@@ -1,10 +1,13 @@
 """Record and replay agents written against other frameworks, through their own extension points.
 
 - `tracedb.integrations.openai`: the OpenAI Python SDK, through its httpx transport.
+- `tracedb.integrations.anthropic`: the Anthropic Python SDK, through the same transports
+  (`recorded.http_transports`).
 - `tracedb.integrations.agents`: the OpenAI Agents SDK, through a tracing processor (record) and a
   model provider (replay).
 
-Both record through tracedb's record API and replay with the event-log replay engine
+All record through tracedb's record API and replay with the event-log replay engine
 (`tracedb.replay.ReplaySession`): the same matching, occurrence counting, strict and permissive
-modes and errors. Each needs the `tracedb[openai]` extra. `docs/integrations.md` has the details.
+modes and errors. The OpenAI ones need the `tracedb[openai]` extra, the Anthropic one
+`tracedb[anthropic]`. `docs/integrations.md` has the details.
 """

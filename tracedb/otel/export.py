@@ -7,7 +7,8 @@ reads.
 
 An execution recorded from OpenTelemetry gives its spans back: ids, parents, names, kinds, times,
 status, attributes (the messages and tool arguments the events hold are written back as the
-`gen_ai.*` attributes they came from), span events, links, scope. Any other execution becomes one
+`gen_ai.*` attributes they came from; an OpenInference span's were kept as sent), span events,
+links, scope. Any other execution becomes one
 trace whose id is derived from the execution id: a root span named after the intent, from its
 creation to its last event, and one span event per recorded event (its type, seq and payload).
 """
@@ -124,8 +125,10 @@ def _otel_spans(record: ExecutionRecord, trace_id: str) -> list[tuple[dict, dict
             requests[p["span_id"]] = p  # a request event: its response event follows
             continue
         attrs = dict(otel.get("attributes") or {})
-        if e.type in ("llm.responded", "tool.responded"):
-            attrs.update(_lifted(requests.pop(p["span_id"], None), p, e.type.split(".")[0]))
+        requested = requests.pop(p["span_id"], None)
+        # An OpenInference span's attributes were all kept as sent: nothing to write back.
+        if e.type in ("llm.responded", "tool.responded") and M.OI_SPAN_KIND not in attrs:
+            attrs.update(_lifted(requested, p, e.type.split(".")[0]))
         spans.append((otel.get("scope") or _SCOPE, _span(trace_id, p["span_id"], otel, attrs)))
     return spans
 

@@ -3,13 +3,18 @@
 One trace is one execution, `otel-<trace id>`. Each span becomes events, written in the order
 the spans arrive (the SDK exports a span when it ends, so children come before their parent):
 
-- GenAI `chat` / `text_completion` / `generate_content` spans: `llm.requested` (model, input
-  messages, request parameters) then `llm.responded` (output messages, finish reasons, usage),
-  in the payload shape event-log replay reads (`request`, `request_seq`, `response`; it
-  computes the prompt and argument hashes itself);
-- GenAI `execute_tool` spans: `tool.requested` (name, arguments) then `tool.responded` (result);
+- LLM calls (GenAI `chat` / `text_completion` / `generate_content` spans, OpenInference `LLM`
+  spans): `llm.requested` (model, input messages, request parameters) then `llm.responded`
+  (output messages, finish reasons, usage), in the payload shape event-log replay reads
+  (`request`, `request_seq`, `response`; it computes the prompt and argument hashes itself);
+- tool calls (GenAI `execute_tool`, OpenInference `TOOL`): `tool.requested` (name, arguments)
+  then `tool.responded` (result);
 - every other span: one `otel.span` event (or `otel.<gen_ai.operation.name>`, e.g.
-  `otel.invoke_agent`).
+  `otel.invoke_agent`; OpenInference kinds likewise: `otel.invoke_agent`, `otel.chain`, ...).
+
+Both conventions give the same payload shape: messages are GenAI's {"role", "parts"}, which
+OpenInference's flattened `llm.*_messages.N.message.*` attributes are rebuilt into, and one
+table (`USAGE`, `REQUEST_PARAMS`) names the attributes of both.
 
 Each span's last event carries an `otel` object with whatever the events do not already hold
 (name, kind, times, status, the remaining attributes, span events, links, scope), so that
@@ -57,10 +62,38 @@ _INPUT_EVENT_ROLES = {
     "gen_ai.assistant.message": "assistant",
     "gen_ai.tool.message": "tool",
 }
-_REQUEST_PARAMS = (
-    "temperature", "max_tokens", "top_p", "top_k", "frequency_penalty", "presence_penalty",
-    "stop_sequences", "seed", "choice.count", "encoding_formats",
+# Request parameters: (event field, GenAI `gen_ai.request.<name>`, OpenInference
+# `llm.invocation_parameters` keys, the first present taken).
+REQUEST_PARAMS = (
+    ("temperature", "temperature", ("temperature",)),
+    ("max_tokens", "max_tokens", ("max_tokens", "max_completion_tokens", "max_output_tokens")),
+    ("top_p", "top_p", ("top_p",)),
+    ("top_k", "top_k", ("top_k",)),
+    ("frequency_penalty", "frequency_penalty", ("frequency_penalty",)),
+    ("presence_penalty", "presence_penalty", ("presence_penalty",)),
+    ("stop_sequences", "stop_sequences", ("stop_sequences", "stop")),
+    ("seed", "seed", ("seed",)),
+    ("choice_count", "choice.count", ("n",)),
+    ("encoding_formats", "encoding_formats", ()),
 )
+# Token counts: (event field in `response.usage`, GenAI attribute, OpenInference attribute).
+# Both conventions count cached tokens inside the input count; the cache counts are parts of it.
+GENAI, OPENINFERENCE = 1, 2
+USAGE = (
+    ("input_tokens", "gen_ai.usage.input_tokens", "llm.token_count.prompt"),
+    ("output_tokens", "gen_ai.usage.output_tokens", "llm.token_count.completion"),
+    ("total_tokens", None, "llm.token_count.total"),
+    ("cache_read_input_tokens", "gen_ai.usage.cache_read.input_tokens", "llm.token_count.prompt_details.cache_read"),
+    ("cache_creation_input_tokens", "gen_ai.usage.cache_creation.input_tokens",
+     "llm.token_count.prompt_details.cache_write"),
+    ("reasoning_output_tokens", "gen_ai.usage.reasoning.output_tokens", "llm.token_count.completion_details.reasoning"),
+    ("audio_input_tokens", None, "llm.token_count.prompt_details.audio"),
+    ("audio_output_tokens", None, "llm.token_count.completion_details.audio"),
+)
+# OpenInference span kinds other than LLM and TOOL, as event types: the GenAI operation's name
+# where the two conventions share one (an agent, embeddings), else otel.<kind>.
+OI_SPAN_KIND = "openinference.span.kind"
+OI_EVENT_TYPES = {"AGENT": "otel.invoke_agent", "EMBEDDING": "otel.embeddings"}
 
 
 class BadSpan(ValueError):
@@ -387,9 +420,17 @@ def _rest(attrs: dict) -> dict:
 def _error_of(span: Span) -> Optional[dict]:
     if span.status_code != 2:
         return None
+    error_type = span.attributes.get("error.type")
+    message = span.status_message
+    # OpenInference (and the SDK's record_exception) put what was raised in an `exception` event.
+    for e in span.events:
+        if e["name"] == "exception":
+            error_type = error_type or e["attributes"].get("exception.type")
+            message = message or e["attributes"].get("exception.message")
+            break
     return {
-        "type": str(span.attributes.get("error.type") or "error"),
-        "message": span.status_message or str(span.attributes.get("error.type") or "span status ERROR"),
+        "type": str(error_type or "error"),
+        "message": str(message or error_type or "span status ERROR"),
     }
 
 
@@ -399,9 +440,236 @@ def operation_of(span: Span) -> Optional[str]:
     return op if isinstance(op, str) and op else None
 
 
+def openinference_kind(span: Span) -> Optional[str]:
+    """The span's `openinference.span.kind` (LLM, TOOL, CHAIN, AGENT, ...), if it has one."""
+    kind = span.attributes.get(OI_SPAN_KIND)
+    return kind.upper() if isinstance(kind, str) and kind else None
+
+
 def _safe_type_part(text: str) -> str:
     part = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in text)[:64]
     return part or "span"
+
+
+def _usage(attrs: dict, convention: int) -> dict:
+    """Token counts under the event's names; `convention` is the column of USAGE to read."""
+    out = {}
+    for row in USAGE:
+        key = row[convention]
+        if key is not None and attrs.get(key) is not None:
+            out[row[0]] = attrs[key]
+    return out
+
+
+# -- GenAI semantic conventions ---------------------------------------------------------------
+
+def _genai_llm(span: Span) -> tuple[dict, Any, dict]:
+    """A GenAI chat span's request, provider and response."""
+    attrs = span.attributes
+    inputs, outputs = _event_messages(span)
+    request: dict[str, Any] = {"model": attrs.get("gen_ai.request.model")}
+    if INPUT_MESSAGES in attrs:
+        request["messages"] = _parsed(attrs[INPUT_MESSAGES])
+    elif inputs:
+        request["messages"] = inputs
+    if SYSTEM_INSTRUCTIONS in attrs:
+        request["system"] = _parsed(attrs[SYSTEM_INSTRUCTIONS])
+    for field, genai, _ in REQUEST_PARAMS:
+        v = attrs.get("gen_ai.request." + genai)
+        if v is not None:
+            request[field] = v
+    response: dict[str, Any] = {"model": attrs.get("gen_ai.response.model", request["model"])}
+    if OUTPUT_MESSAGES in attrs:
+        response["messages"] = _parsed(attrs[OUTPUT_MESSAGES])
+    elif outputs:
+        response["messages"] = outputs
+    if "gen_ai.response.id" in attrs:
+        response["id"] = attrs["gen_ai.response.id"]
+    if "gen_ai.response.finish_reasons" in attrs:
+        response["finish_reasons"] = attrs["gen_ai.response.finish_reasons"]
+    usage = _usage(attrs, GENAI)
+    if usage:
+        response["usage"] = usage
+    return request, attrs.get("gen_ai.provider.name", attrs.get("gen_ai.system")), response
+
+
+def _genai_tool(span: Span) -> tuple[Any, Any, Any, Any]:
+    """A GenAI execute_tool span's name, arguments, call id and result."""
+    attrs = span.attributes
+    return (attrs.get("gen_ai.tool.name") or span.name, _parsed(attrs.get(TOOL_ARGUMENTS)),
+            attrs.get("gen_ai.tool.call.id"), _parsed(attrs.get(TOOL_RESULT)))
+
+
+# -- OpenInference ----------------------------------------------------------------------------
+#
+# OpenInference flattens lists into indexed attributes (`llm.input_messages.0.message.role`);
+# they are rebuilt here into the GenAI conventions' message shape, {"role", "parts": [...]}, so
+# that an event reads the same whichever convention its span used. The span's attributes are
+# all kept, as sent, in the event's `otel` part: export gives the span back unchanged.
+
+def _indexed(attrs: dict, prefix: str) -> list[dict]:
+    """The items of a flattened list (`prefix.N.rest` keys): one {rest: value} dict per index, in
+    index order."""
+    items: dict[int, dict] = {}
+    head = prefix + "."
+    for key, value in attrs.items():
+        if key.startswith(head):
+            index, _, rest = key[len(head):].partition(".")
+            if index.isdigit() and rest:
+                items.setdefault(int(index), {})[rest] = value
+    return [items[i] for i in sorted(items)]
+
+
+def _oi_value(attrs: dict, which: str) -> Any:
+    """`input.value` / `output.value`: decoded when its mime type says JSON (or, with no mime
+    type, when it reads as JSON), else the text."""
+    value = attrs.get(which + ".value")
+    mime = attrs.get(which + ".mime_type")
+    if isinstance(value, str) and (mime == "application/json" or mime is None):
+        return _parsed(value)
+    return value
+
+
+def _oi_tool_call(flat: dict) -> dict:
+    part: dict[str, Any] = {"type": "tool_call"}
+    if flat.get("tool_call.id") is not None:
+        part["id"] = flat["tool_call.id"]
+    part["name"] = flat.get("tool_call.function.name")
+    part["arguments"] = _parsed(flat.get("tool_call.function.arguments"))
+    return part
+
+
+def _oi_content(flat: dict) -> dict:
+    kind = flat.get("message_content.type")
+    if kind in ("text", "reasoning", None):
+        return {"type": kind or "text", "content": flat.get("message_content.text")}
+    if kind in ("image", "audio", "video"):
+        part = {"type": "uri", "modality": kind, "uri": flat.get(f"message_content.{kind}.{kind}.url")}
+        mime = flat.get(f"message_content.{kind}.{kind}.mime_type")
+        if mime is not None:
+            part["mime_type"] = mime
+        return part
+    prefix = "message_content."
+    return {"type": kind, **{k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix) and k != prefix + "type"}}
+
+
+def _oi_message(flat: dict) -> dict:
+    """One `llm.*_messages.N.message.*` group as {"role", "parts"} (and `name`)."""
+    msg: dict[str, Any] = {"role": flat.get("message.role")}
+    if flat.get("message.name") is not None:
+        msg["name"] = flat["message.name"]
+    parts: list[dict] = []
+    content = flat.get("message.content")
+    call_id = flat.get("message.tool_call_id")
+    if content is not None:
+        if call_id is not None:  # a tool's result handed back to the model
+            parts.append({"type": "tool_call_response", "id": call_id, "response": content})
+        else:
+            parts.append({"type": "text", "content": content})
+    parts.extend(_oi_content(c) for c in _indexed(flat, "message.contents"))
+    parts.extend(_oi_tool_call(c) for c in _indexed(flat, "message.tool_calls"))
+    if flat.get("message.function_call_name") is not None:
+        parts.append({"type": "tool_call", "name": flat["message.function_call_name"],
+                      "arguments": _parsed(flat.get("message.function_call_arguments_json"))})
+    msg["parts"] = parts
+    return msg
+
+
+def _oi_texts(items: list[dict], key: str, role: str) -> list[dict]:
+    return [{"role": role, "parts": [{"type": "text", "content": item.get(key)}]} for item in items]
+
+
+def _oi_llm(span: Span) -> tuple[dict, Any, dict]:
+    """An OpenInference LLM span's request, provider and response, in the GenAI shape."""
+    attrs = span.attributes
+    params = _parsed(attrs.get("llm.invocation_parameters"))
+    params = params if isinstance(params, dict) else {}
+    model = attrs.get("llm.request.model_name") or attrs.get("llm.model_name") or params.get("model")
+    request: dict[str, Any] = {"model": model}
+    inputs, prompts = _indexed(attrs, "llm.input_messages"), _indexed(attrs, "llm.prompts")
+    if inputs:
+        request["messages"] = [_oi_message(m) for m in inputs]
+    elif prompts:  # the completions API
+        request["messages"] = _oi_texts(prompts, "prompt.text", "user")
+    for field, _, names in REQUEST_PARAMS:
+        for name in names:
+            if params.get(name) is not None:
+                value = params[name]
+                request[field] = [value] if field == "stop_sequences" and isinstance(value, str) else value
+                break
+    response: dict[str, Any] = {"model": attrs.get("llm.response.model_name") or attrs.get("llm.model_name") or model}
+    finish = attrs.get("llm.finish_reason")
+    outputs, choices = _indexed(attrs, "llm.output_messages"), _indexed(attrs, "llm.choices")
+    if outputs:
+        response["messages"] = [_oi_message(m) for m in outputs]
+    elif choices:
+        response["messages"] = _oi_texts(choices, "completion.text", "assistant")
+    if finish is not None:
+        for m in response.get("messages", ()):
+            m["finish_reason"] = finish
+        response["finish_reasons"] = [finish]
+    usage = _usage(attrs, OPENINFERENCE)
+    if usage:
+        response["usage"] = usage
+    return request, attrs.get("llm.provider", attrs.get("llm.system")), response
+
+
+def _oi_tool(span: Span) -> tuple[Any, Any, Any, Any]:
+    """An OpenInference TOOL span's name, arguments (`input.value`), call id and result
+    (`output.value`)."""
+    attrs = span.attributes
+    return (attrs.get("tool.name") or span.name, _oi_value(attrs, "input"),
+            attrs.get("tool_call.id", attrs.get("tool.id")), _oi_value(attrs, "output"))
+
+
+def _oi_fields(kind: str, attrs: dict) -> dict:
+    """What the other OpenInference kinds' events lift: retrieved documents, embedded texts."""
+    if kind in ("RETRIEVER", "RERANKER"):
+        prefix = "retrieval.documents" if kind == "RETRIEVER" else "reranker.output_documents"
+        docs = [{k[len("document."):]: _parsed(v) if k == "document.metadata" else v
+                 for k, v in d.items() if k.startswith("document.")} for d in _indexed(attrs, prefix)]
+        out: dict[str, Any] = {"query": attrs.get("reranker.query", _oi_value(attrs, "input"))}
+        if docs:
+            out["documents"] = docs
+        return out
+    if kind == "EMBEDDING":
+        texts = [e.get("embedding.text") for e in _indexed(attrs, "embedding.embeddings")]
+        return {"model": attrs.get("embedding.model_name"), "texts": texts}
+    return {}
+
+
+# -- one shape for both -----------------------------------------------------------------------
+
+def _llm_events(span: Span, request: dict, provider: Any, response: dict, rest: dict) -> list[tuple[str, dict]]:
+    # No prompt_hash: event-log replay computes it from `request` when it needs it.
+    requested = {"request": request, "span_id": span.span_id}
+    if provider is not None:
+        requested["provider"] = provider
+    responded: dict[str, Any] = {"request_seq": None}
+    error = _error_of(span)
+    if error is not None:
+        responded["error"] = error
+    else:
+        responded["response"] = response
+    responded["span_id"] = span.span_id
+    responded["otel"] = _otel_part(span, rest)
+    return [(LLM_REQUESTED, requested), (LLM_RESPONDED, responded)]
+
+
+def _tool_events(span: Span, name: Any, arguments: Any, call_id: Any, result: Any,
+                 rest: dict) -> list[tuple[str, dict]]:
+    requested = {"name": name, "arguments": arguments, "span_id": span.span_id}
+    if call_id is not None:
+        requested["call_id"] = call_id
+    responded: dict[str, Any] = {"name": name, "request_seq": None}
+    error = _error_of(span)
+    if error is not None:
+        responded["error"] = error
+    else:
+        responded["response"] = result
+    responded["span_id"] = span.span_id
+    responded["otel"] = _otel_part(span, rest)
+    return [(TOOL_REQUESTED, requested), (TOOL_RESPONDED, responded)]
 
 
 def span_events(span: Span) -> list[tuple[str, dict]]:
@@ -410,62 +678,20 @@ def span_events(span: Span) -> list[tuple[str, dict]]:
     attrs = span.attributes
     op = operation_of(span)
     if op in LLM_OPERATIONS:
-        inputs, outputs = _event_messages(span)
-        request: dict[str, Any] = {"model": attrs.get("gen_ai.request.model")}
-        if INPUT_MESSAGES in attrs:
-            request["messages"] = _parsed(attrs[INPUT_MESSAGES])
-        elif inputs:
-            request["messages"] = inputs
-        if SYSTEM_INSTRUCTIONS in attrs:
-            request["system"] = _parsed(attrs[SYSTEM_INSTRUCTIONS])
-        for p in _REQUEST_PARAMS:
-            v = attrs.get("gen_ai.request." + p)
-            if v is not None:
-                request[p.replace(".", "_")] = v
-        provider = attrs.get("gen_ai.provider.name", attrs.get("gen_ai.system"))
-        # No prompt_hash: event-log replay computes it from `request` when it needs it.
-        requested = {"request": request, "span_id": span.span_id}
-        if provider is not None:
-            requested["provider"] = provider
-        responded: dict[str, Any] = {"request_seq": None}
-        error = _error_of(span)
-        if error is not None:
-            responded["error"] = error
-        else:
-            response: dict[str, Any] = {"model": attrs.get("gen_ai.response.model", request["model"])}
-            if OUTPUT_MESSAGES in attrs:
-                response["messages"] = _parsed(attrs[OUTPUT_MESSAGES])
-            elif outputs:
-                response["messages"] = outputs
-            if "gen_ai.response.id" in attrs:
-                response["id"] = attrs["gen_ai.response.id"]
-            if "gen_ai.response.finish_reasons" in attrs:
-                response["finish_reasons"] = attrs["gen_ai.response.finish_reasons"]
-            usage = {k: attrs[f"gen_ai.usage.{k}"] for k in ("input_tokens", "output_tokens")
-                     if f"gen_ai.usage.{k}" in attrs}
-            if usage:
-                response["usage"] = usage
-            responded["response"] = response
-        responded["span_id"] = span.span_id
-        responded["otel"] = _otel_part(span, _rest(attrs))
-        return [(LLM_REQUESTED, requested), (LLM_RESPONDED, responded)]
+        return _llm_events(span, *_genai_llm(span), _rest(attrs))
     if op == TOOL_OPERATION:
-        name = attrs.get("gen_ai.tool.name") or span.name
-        arguments = _parsed(attrs.get(TOOL_ARGUMENTS))
-        requested = {"name": name, "arguments": arguments, "span_id": span.span_id}
-        if "gen_ai.tool.call.id" in attrs:
-            requested["call_id"] = attrs["gen_ai.tool.call.id"]
-        responded = {"name": name, "request_seq": None}
-        error = _error_of(span)
-        if error is not None:
-            responded["error"] = error
-        else:
-            responded["response"] = _parsed(attrs.get(TOOL_RESULT))
-        responded["span_id"] = span.span_id
-        responded["otel"] = _otel_part(span, _rest(attrs))
-        return [(TOOL_REQUESTED, requested), (TOOL_RESPONDED, responded)]
-    type_ = f"otel.{_safe_type_part(op)}" if op else SPAN_EVENT
-    return [(type_, {"span_id": span.span_id, "otel": _otel_part(span, dict(attrs))})]
+        return _tool_events(span, *_genai_tool(span), _rest(attrs))
+    if op is not None:
+        return [(f"otel.{_safe_type_part(op)}", {"span_id": span.span_id, "otel": _otel_part(span, dict(attrs))})]
+    kind = openinference_kind(span)
+    if kind == "LLM":
+        return _llm_events(span, *_oi_llm(span), dict(attrs))
+    if kind == "TOOL":
+        return _tool_events(span, *_oi_tool(span), dict(attrs))
+    if kind is not None:
+        type_ = OI_EVENT_TYPES.get(kind) or f"otel.{_safe_type_part(kind.lower())}"
+        return [(type_, {"span_id": span.span_id, **_oi_fields(kind, attrs), "otel": _otel_part(span, dict(attrs))})]
+    return [(SPAN_EVENT, {"span_id": span.span_id, "otel": _otel_part(span, dict(attrs))})]
 
 
 def check_storable(events: list[tuple[str, dict]], final: Optional[dict]) -> None:
@@ -490,19 +716,24 @@ def intent_of(root: Optional[Span], any_span: Span) -> str:
     The resource's `service.name` (OTEL_SERVICE_NAME), so that every trace of one agent gets the
     same intent whichever of its spans an export happens to carry first: the SDK exports on a
     timer, and a root that ends after the timer fired arrives in a later request. Without a
-    service name (the SDK's `unknown_service` default): the root span's `gen_ai.agent.name`, else
+    service name (the SDK's `unknown_service` default): the root span's agent name
+    (`gen_ai.agent.name`, or OpenInference's `agent.name`), else
     its name, when the root is among those first spans; else "otel". The root's name and agent
     name are in the final response either way."""
     service = any_span.resource.get("service.name")
     if isinstance(service, str) and service and not service.startswith("unknown_service"):
         return service[:200]
     if root is not None:
-        agent = root.attributes.get("gen_ai.agent.name")
+        agent = _agent_of(root)
         if isinstance(agent, str) and agent:
             return agent[:200]
         if root.name:
             return root.name[:200]
     return DEFAULT_INTENT
+
+
+def _agent_of(span: Span) -> Any:
+    return span.attributes.get("gen_ai.agent.name", span.attributes.get("agent.name"))
 
 
 def envelope_of(span: Span, intent: str) -> dict:
@@ -517,13 +748,16 @@ def response_of(root: Span) -> dict:
     """The final response a trace's root span gives its execution."""
     attrs = root.attributes
     payload: dict[str, Any] = {"span": root.name, "trace_id": root.trace_id}
-    agent = attrs.get("gen_ai.agent.name")
+    agent = _agent_of(root)
     if agent is not None:
         payload["agent"] = agent
     for key in (OUTPUT_MESSAGES, TOOL_RESULT):
         if key in attrs:
             payload["output"] = _parsed(attrs[key])
             break
+    else:
+        if "output.value" in attrs:  # OpenInference
+            payload["output"] = _oi_value(attrs, "output")
     error = _error_of(root)
     if error is not None:
         return {"status": "error", "payload": payload, "error": error}
