@@ -93,7 +93,8 @@ def test_an_openinference_agent_records_llm_and_tool_events_into_tracedb_serve(o
     srv = otlp_serve()
     with FakeOpenAI() as fake:
         oi_agent.script(fake)
-        env = env_for(data_dir, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=srv.endpoint, OTEL_SERVICE_NAME="weather-agent")
+        env = env_for(data_dir, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=srv.endpoint, OTEL_EXPORTER_OTLP_HEADERS=srv.exporter_headers,
+                      OTEL_SERVICE_NAME="weather-agent")
         agent = subprocess.run([sys.executable, "-m", "tests.otel.oi_agent", fake.base_url, kind], cwd=ROOT,
                                capture_output=True, text=True, env=env, timeout=150)
         assert agent.returncode == 0, agent.stderr

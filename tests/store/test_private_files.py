@@ -66,7 +66,10 @@ def _not_private(root: str) -> dict[str, str]:
     for base, dirs, files in os.walk(root):
         paths += [os.path.join(base, n) for n in dirs + files]
     for path in paths:
-        m = os.lstat(path).st_mode
+        try:
+            m = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue  # a segment compacted and deleted meanwhile (the recorder still runs)
         want = 0o700 if stat.S_ISDIR(m) else 0o600
         if stat.S_IMODE(m) != want or not (stat.S_ISDIR(m) or stat.S_ISREG(m) or stat.S_ISSOCK(m)):
             wrong[path] = oct(m)
@@ -80,13 +83,18 @@ def _readable_by_nobody(root: str) -> list[str]:
     found = []
     for base, dirs, files in os.walk(root):
         for path in [base] + [os.path.join(base, n) for n in files]:
-            m = os.lstat(path).st_mode
+            try:
+                m = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue  # deleted meanwhile by the running recorder
             if stat.S_ISSOCK(m):
                 continue  # its 0600 is checked above; connecting is not reading
             cmd = ["ls", path] if stat.S_ISDIR(m) else ["cat", path]
             r = subprocess.run(["runuser", "-u", "nobody", "--", *cmd], capture_output=True, timeout=30)
             if r.returncode == 0:
                 found.append(path)
+            elif not os.path.exists(path):
+                continue  # deleted between the listing and the try
             else:
                 assert b"Permission denied" in r.stderr, r.stderr
     return found
