@@ -1,5 +1,6 @@
-"""The README's OpenAI snippets (fenced ```python openai) run as written, in order, against the
-fake OpenAI server: `openai.OpenAI()` and the Agents SDK find it through OPENAI_BASE_URL."""
+"""docs/integrations.md's OpenAI snippets (fenced ```python openai) run as written, in order,
+against the fake OpenAI server: `openai.OpenAI()` and the Agents SDK find it through
+OPENAI_BASE_URL."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _openai_snippets() -> list[str]:
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs", "integrations.md"), encoding="utf-8") as f:
         return re.findall(r"```python openai\n(.*?)```", f.read(), flags=re.S)
 
 
-def test_the_readme_openai_snippets_record_then_replay_with_no_second_request(tmp_path, fake):
+def test_the_integrations_page_snippets_record_then_replay_with_no_second_request(tmp_path, fake):
     snippets = _openai_snippets()
     assert len(snippets) == 2
     env = dict(os.environ, PYTHONPATH=ROOT, OPENAI_BASE_URL=fake.base_url, OPENAI_API_KEY="sk-test")
