@@ -1,6 +1,6 @@
-"""The README's OpenAI snippets (fenced ```python openai) run as written, in order, against the
-fake OpenAI server: `openai.OpenAI()` and the Agents SDK find it through OPENAI_BASE_URL. So do
-docs/integrations.md's Anthropic snippet (```python anthropic, against the fake Messages API,
+"""docs/integrations.md's OpenAI snippets (fenced ```python openai) run as written, in order,
+against the fake OpenAI server: `openai.OpenAI()` and the Agents SDK find it through
+OPENAI_BASE_URL. So do its Anthropic snippet (```python anthropic, against the fake Messages API,
 found through ANTHROPIC_BASE_URL) and its OpenInference one (```python openinference)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def _snippets(doc: str, tag: str) -> list[str]:
 
 
 def _openai_snippets() -> list[str]:
-    return _snippets("README.md", "openai")
+    return _snippets(os.path.join("docs", "integrations.md"), "openai")
 
 
 def _run(code: str, cwd, **env_vars: str) -> subprocess.CompletedProcess:
@@ -29,7 +29,7 @@ def _run(code: str, cwd, **env_vars: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_the_readme_openai_snippets_record_then_replay_with_no_second_request(tmp_path, fake):
+def test_the_integrations_page_snippets_record_then_replay_with_no_second_request(tmp_path, fake):
     snippets = _openai_snippets()
     assert len(snippets) == 2
     counts = []
