@@ -510,7 +510,11 @@ def _response(thread: _Thread, codec: _Codec, run: _Run, status: Optional[str] =
     }
     if status is None:
         pending = thread.writes.get(("", ck.id), {}).values()
-        interrupts = [_view(codec.load(w.value)) for w in pending if w.channel == INTERRUPT and w.value]
+        interrupts = []
+        for w in pending:
+            if w.channel == INTERRUPT and w.value:
+                value = codec.load(w.value)
+                interrupts += [_view(i) for i in value] if isinstance(value, (list, tuple)) else [_view(value)]
         errors = [_view(codec.load(w.value)) for w in pending if w.channel == ERROR and w.value]
         if interrupts:
             status, payload["interrupts"] = "interrupted", interrupts
@@ -722,7 +726,11 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
                 if run_id is not None and run.run_id is None:
                     run.run_id = run_id
                 return run
-        reason = {"input": "input", "update": "update", "fork": "fork"}.get(source or "", "resume")
+        if kind == "writes" and call is None:
+            # Writes from no Pregel call: `update_state` stores its writes before its checkpoint.
+            reason = "update"
+        else:
+            reason = {"input": "input", "update": "update", "fork": "fork"}.get(source or "", "resume")
         start = _Start(reason=reason, envelope={}, call=call, run_id=run_id)
         if run is not None and run.open:
             start.close = run
