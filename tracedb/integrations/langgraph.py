@@ -69,6 +69,7 @@ from ..errors import (
     UsageError,
 )
 from ..record import STATUS_RUNNING
+from ..redaction import redact
 from .recorded import is_async_recorder, on_loop
 
 try:
@@ -251,14 +252,14 @@ class _Thread:
         self.blobs: dict[tuple, Stored] = {}
         self.writes: dict[tuple, dict[tuple, _Write]] = {}
         self.runs: dict[str, _Run] = {}
+        self.stale: set[str] = set()  # executions of other processes still running
         self.open: Optional[_Run] = None
+        self.heads: dict[str, str] = {}  # namespace -> its latest checkpoint id
 
     # reads
     def latest(self, ns: str) -> Optional[_Ckpt]:
-        cps = self.ckpts.get(ns)
-        if not cps:
-            return None
-        return cps[max(cps)]
+        head = self.heads.get(ns)
+        return None if head is None else self.ckpts[ns][head]
 
     def find(self, ns: str, checkpoint_id: Optional[str]) -> Optional[_Ckpt]:
         if checkpoint_id is None:
@@ -277,6 +278,9 @@ class _Thread:
     def add_checkpoint(self, ck: _Ckpt, blobs: dict) -> None:
         self.ckpts.setdefault(ck.ns, {})[ck.id] = ck
         self.blobs.update(blobs)
+        head = self.heads.get(ck.ns)
+        if head is None or ck.id > head:
+            self.heads[ck.ns] = ck.id
 
     def add_writes(self, ns: str, checkpoint_id: str, items: list) -> None:
         """`items`: (key, _Write) with key (task_id, idx); a regular write is kept once, a
@@ -303,10 +307,17 @@ class _Thread:
             self.ckpts.clear()
             self.blobs.clear()
             self.writes.clear()
+            self.heads.clear()
             return
         for ns, cid in payload.get("checkpoints") or ():
             self.ckpts.get(ns, {}).pop(cid, None)
             self.writes.pop((ns, cid), None)
+        for ns, cps in list(self.ckpts.items()):
+            if cps:
+                self.heads[ns] = max(cps)
+            else:
+                del self.ckpts[ns]
+                self.heads.pop(ns, None)
 
 
 # -- encoding records --------------------------------------------------------------------------
@@ -318,12 +329,18 @@ class _Codec:
         self.readable = readable
 
     def store(self, value: Any) -> tuple:
-        """`value` as kept in the index and recorded."""
-        if self.readable:
+        """`value` as kept in the index."""
+        return self.encode(value, False)[0]
+
+    def encode(self, value: Any, opaque: bool) -> tuple[tuple, bool, Any]:
+        """`value` as kept in the index, and as recorded: (stored, True, the value itself) when
+        JSON holds it exactly, else (stored, False, [type, base64])."""
+        if self.readable and not opaque:
             data = _as_json(value)
             if data is not None:
-                return ("json", data)
-        return self.serde.dumps_typed(value)
+                return ("json", data), True, value
+        stored = self.serde.dumps_typed(value)
+        return stored, False, [stored[0], _b64(stored[1])]
 
     def load(self, stored: tuple) -> Any:
         if stored[0] == "json":
@@ -344,42 +361,33 @@ class _Codec:
         return (item[0], base64.b64decode(item[1]))
 
 
-def _stored_doc(codec: _Codec, value: Any, opaque: bool) -> tuple:
-    if opaque:
-        return codec.serde.dumps_typed(value)
-    return codec.store(value)
-
-
-def _doc_field(payload: dict, name: str, stored: tuple) -> None:
-    plain, item = _Codec.recorded(stored)
+def _doc_field(payload: dict, name: str, plain: bool, item: Any) -> None:
     if plain:
         payload[name] = item
     else:
         payload[name + "_typed"] = item
 
 
-def _checkpoint_payload(ck: _Ckpt, blobs: list, next_nodes, opaque: bool) -> dict:
-    """The `langgraph.checkpoint` event of a checkpoint and its values (ns, channel, version,
-    stored); a value at the version the checkpoint names is keyed by its channel, any other is
-    listed with its version. `opaque`: no channel name as a key (what the store's key rules
-    could rewrite)."""
+def _checkpoint_payload(ck: _Ckpt, md_item: tuple, versions: dict, blobs: list, next_nodes, opaque: bool) -> dict:
+    """The `langgraph.checkpoint` event of a checkpoint, its metadata as recorded (plain, item)
+    and its values (channel, version, plain, item; plain None: the version has no value); a
+    value at the version the checkpoint names is keyed by its channel, any other is listed with
+    its version. `opaque`: no channel name as a key (what the store's key rules could rewrite)."""
     md = ck.md
     payload: dict = {
         "ns": ck.ns, "checkpoint_id": ck.id, "parent_id": ck.parent,
         "step": md.get("step"), "source": md.get("source"), "next": next_nodes,
     }
-    _doc_field(payload, "checkpoint", ck.doc)
-    _doc_field(payload, "metadata", ck.metadata)
-    versions = orjson.loads(ck.doc[1]).get("channel_versions", {}) if ck.doc[0] == "json" else None
+    _doc_field(payload, "checkpoint", *_Codec.recorded(ck.doc))
+    _doc_field(payload, "metadata", *md_item)
     values: dict = {}
     typed: dict = {}
     other: list = []
-    for ch, version, stored in blobs:
-        if stored is None:
+    for ch, version, plain, item in blobs:
+        if plain is None:
             other.append([ch, version, None])
             continue
-        plain, item = _Codec.recorded(stored)
-        if opaque or versions is None or versions.get(ch) != version:
+        if opaque or versions.get(ch) != version:
             other.append([ch, version, "json" if plain else "typed", item])
         elif plain:
             values[ch] = item
@@ -397,11 +405,10 @@ def _checkpoint_payload(ck: _Ckpt, blobs: list, next_nodes, opaque: bool) -> dic
 
 
 def _writes_payload(ns: str, checkpoint_id: str, task_id: str, task_path: str, items: list) -> dict:
-    """`items`: (idx, channel, stored)."""
+    """`items`: (idx, channel, plain, item) as `_Codec.encode` records them."""
     writes = []
     typed = {}
-    for i, (idx, channel, stored) in enumerate(items):
-        plain, item = _Codec.recorded(stored)
+    for i, (idx, channel, plain, item) in enumerate(items):
         if plain:
             writes.append([idx, channel, item])
         else:
@@ -435,7 +442,7 @@ def _replay(thread: _Thread, codec: _Codec, record) -> None:
         if ev.type == DELETED:
             thread.delete(p)
         elif ev.type == CHECKPOINT:
-            ck, blobs = _checkpoint_from_payload(p, eid, ev.seq)
+            ck, blobs = _checkpoint_from_payload(codec, p, eid, ev.seq)
             thread.add_checkpoint(ck, blobs)
         else:
             typed = p.get("typed") or {}
@@ -447,7 +454,7 @@ def _replay(thread: _Thread, codec: _Codec, record) -> None:
             thread.add_writes(p["ns"], p["checkpoint_id"], items)
 
 
-def _checkpoint_from_payload(p: dict, eid: str, seq: int) -> tuple[_Ckpt, dict]:
+def _checkpoint_from_payload(codec: _Codec, p: dict, eid: str, seq: int) -> tuple[_Ckpt, dict]:
     def doc(name):
         if name in p:
             return ("json", orjson.dumps(p[name]))
@@ -459,7 +466,7 @@ def _checkpoint_from_payload(p: dict, eid: str, seq: int) -> tuple[_Ckpt, dict]:
     md = orjson.loads(m[1]) if m[0] == "json" else {"source": p.get("source"), "step": p.get("step")}
     ck = _Ckpt(ns, p["checkpoint_id"], p.get("parent_id"), d, m, md, eid, seq)
     blobs: dict = {}
-    versions = orjson.loads(d[1]).get("channel_versions", {}) if d[0] == "json" else {}
+    versions = codec.load(d).get("channel_versions", {})
     for ch, value in (p.get("values") or {}).items():
         blobs[(ns, ch, versions[ch])] = ("json", orjson.dumps(value))
     for ch, item in (p.get("typed") or {}).items():
@@ -550,19 +557,12 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         self._lock = threading.Lock()
         self._max_threads = max_threads
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._redact_for = self._redaction_check(recorder)
+        store = getattr(recorder, "store", recorder)
+        # The embedded store's redaction rules, to see before recording what they would rewrite.
+        self._redactor = getattr(store, "redactor", None) if hasattr(store, "redact_for") else None
         self._closed = False
 
     # -- plumbing --------------------------------------------------------------------------------
-
-    @staticmethod
-    def _redaction_check(recorder: Any):
-        """The embedded store's `redact_for`, to see a record's redaction before it is made."""
-        store = getattr(recorder, "store", recorder)
-        fn = getattr(store, "redact_for", None)
-        if fn is None or getattr(store, "redactor", None) is None:
-            return None
-        return fn
 
     def _get_reader(self):
         if self._reader is None:
@@ -707,6 +707,8 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
                 _replay(t, self._codec, record)
                 run = _Run(record.execution_id, ours=False, status=record.status)
                 t.runs[run.execution_id] = run
+                if run.status == STATUS_RUNNING:
+                    t.stale.add(run.execution_id)
             t.loaded = True
 
     # -- deciding where a record goes ------------------------------------------------------------
@@ -735,7 +737,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         if run is not None and run.open:
             start.close = run
             start.close_response = _response(t, self._codec, run)
-        start.abandon = [r.execution_id for r in t.runs.values() if not r.ours and r.status == STATUS_RUNNING]
+        start.abandon = list(t.stale)
         base_ck = t.find(ns, base) if base is not None else None
         if base_ck is None and base is not None and ns != "":
             base_ck = t.latest("")
@@ -762,7 +764,12 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
 
     def _check_redaction(self, intent: str, payload: dict) -> bool:
         """True when the store would record `payload` as it is."""
-        return self._redact_for is None or self._redact_for(intent, payload) is payload
+        if self._redactor is None:
+            return True
+        rules = self._redactor.for_intent(intent)
+        if rules is None or not rules.might_match(payload):
+            return True
+        return not redact(payload, rules)[1]
 
     # -- sync recording ----------------------------------------------------------------------------
 
@@ -810,6 +817,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             pass
         with t.lock:
             t.runs[eid].status = "incomplete"
+            t.stale.discard(eid)
 
     def _finish_run(self, t: _Thread, run: _Run, response: dict) -> None:
         with t.lock:
@@ -1034,13 +1042,23 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         updated = checkpoint.get("updated_channels")
         next_nodes = _next_nodes(updated)
         intent = intent_of(t.thread_id)
+        # The checkpoint's own bookkeeping (channel versions, the versions each node saw) in the
+        # serializer's form: not for reading, and the bulk of a checkpoint's keys, which the
+        # store's checks walk otherwise.
+        stored_doc = codec.serde.dumps_typed(doc)
         for opaque in (False, True):
-            blobs = [(ch, v, codec.store(values[ch]) if ch in values and not opaque else
-                      (codec.serde.dumps_typed(values[ch]) if ch in values else None))
-                     for ch, v in chosen.items()]
-            ck = _Ckpt(ns, checkpoint["id"], parent, _stored_doc(codec, doc, opaque),
-                       _stored_doc(codec, md, opaque), md, run.execution_id, 0)
-            payload = _checkpoint_payload(ck, blobs, next_nodes, opaque)
+            stored: dict = {}
+            blobs = []
+            for ch, v in chosen.items():
+                if ch in values:
+                    st, plain, item = codec.encode(values[ch], opaque)
+                else:
+                    st, plain, item = None, None, None
+                stored[(ns, ch, v)] = st
+                blobs.append((ch, v, plain, item))
+            md_stored, *md_item = codec.encode(md, opaque)
+            ck = _Ckpt(ns, checkpoint["id"], parent, stored_doc, md_stored, md, run.execution_id, 0)
+            payload = _checkpoint_payload(ck, md_item, versions, blobs, next_nodes, opaque)
             if self._check_redaction(intent, payload):
                 break
         else:
@@ -1052,7 +1070,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             )
         run.full_ns.add(ns)
         done = ns == "" and (md.get("source") == "update" or _ends_run(updated))
-        return ck, {(ns, ch, v): s for ch, v, s in blobs}, payload, done
+        return ck, stored, payload, done
 
     def _after_put(self, t: _Thread, run: _Run, ck: _Ckpt, blobs: dict, seq: int) -> None:
         ck.seq = seq
@@ -1065,10 +1083,10 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         codec = self._codec
         intent = intent_of(t.thread_id)
         for opaque in (False, True):
-            stored = [(idx, ch, codec.serde.dumps_typed(v) if opaque else codec.store(v)) for idx, ch, v in items]
-            payload = _writes_payload(ns, cid, task_id, task_path, stored)
+            encoded = [(idx, ch, *codec.encode(v, opaque)) for idx, ch, v in items]
+            payload = _writes_payload(ns, cid, task_id, task_path, [(i, ch, p, it) for i, ch, _, p, it in encoded])
             if self._check_redaction(intent, payload):
-                return stored, payload
+                return [(i, ch, st) for i, ch, st, _, _ in encoded], payload
         raise InvalidInputError(
             f"the store's [redaction] rules would rewrite the writes of task {task_id} in thread "
             f"{t.thread_id!r}: they could not be read back as LangGraph saved them",
@@ -1150,12 +1168,16 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
                 for cid in sorted(src.ckpts[ns]):
                     ck = src.ckpts[ns][cid]
                     versions = self._codec.load(ck.doc).get("channel_versions", {})
-                    blobs = [(ch, v, src.blobs.get((ns, ch, v))) for ch, v in versions.items()
-                             if (ns, ch, v) in src.blobs]
-                    events.append((CHECKPOINT, _checkpoint_payload(ck, blobs, None, False)))
+                    blobs = []
+                    for ch, v in versions.items():
+                        if (ns, ch, v) in src.blobs:
+                            st = src.blobs[(ns, ch, v)]
+                            blobs.append((ch, v, *(_Codec.recorded(st) if st is not None else (None, None))))
+                    md_item = _Codec.recorded(ck.metadata)
+                    events.append((CHECKPOINT, _checkpoint_payload(ck, md_item, versions, blobs, None, False)))
                     by_task: dict = {}
                     for (task_id, idx), w in src.writes.get((ns, cid), {}).items():
-                        by_task.setdefault((task_id, w.task_path), []).append((idx, w.channel, w.value))
+                        by_task.setdefault((task_id, w.task_path), []).append((idx, w.channel, *_Codec.recorded(w.value)))
                     for (task_id, path), items in by_task.items():
                         events.append((WRITES, _writes_payload(ns, cid, task_id, path, items)))
             anchor = latest or next(iter(next(iter(src.ckpts.values())).values()))
@@ -1249,6 +1271,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             except (ExecutionClosedError, ExecutionNotFoundError):
                 pass
             t.runs[eid].status = "incomplete"
+            t.stale.discard(eid)
         try:
             ex = await self.recorder.start(intent_of(t.thread_id), start.envelope,
                                            parent_execution_id=start.parent, forked_at_seq=start.fork_seq)
