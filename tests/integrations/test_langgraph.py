@@ -28,6 +28,7 @@ from tests.sidecar.conftest import ServeProcess
 from tests.waiting import wait_until
 from tracedb.client import connect, connect_async
 from tracedb.config import load_config
+from tracedb.errors import IntegrityError, UsageError
 from tracedb.integrations.langgraph import CHECKPOINT, WRITES, TraceDBSaver, intent_of
 from tracedb.reads import Filter, Reader
 
@@ -392,3 +393,153 @@ def test_importing_the_integration_without_the_extra_names_it():
     assert message.startswith("tracedb.integrations.langgraph needs the langgraph extra (langgraph")
     assert message.endswith(" is not installed)")
     assert hint.startswith("install the langgraph extra: `scripts/setup langgraph`")
+
+
+def test_a_client_reading_with_other_redaction_rules_than_the_recorders_refuses_the_thread(tmp_path):
+    data_dir = str(tmp_path / "data")
+    g = StateGraph(Secretive)
+    g.add_node("n", lambda s: {"pair": (s["password"], 2)})
+    g.add_edge(START, "n")
+    g.add_edge("n", END)
+    config = {"configurable": {"thread_id": "s"}}
+    # The saver is told of no redaction; the store records with its default rules (a key
+    # named password), so what it recorded cannot be read back as LangGraph saved it.
+    unaware = load_config(overrides={"data_dir": data_dir, "redact": False})
+    with connect(data_dir=data_dir, embedded=True) as client:
+        with TraceDBSaver(client, config=unaware) as saver:
+            g.compile(checkpointer=saver).invoke({"password": "hunter2", "pair": (1, 2)}, config)
+        with TraceDBSaver(client, config=unaware) as fresh:
+            with pytest.raises(IntegrityError, match="rewritten by the store's \\[redaction\\] rules") as e:
+                fresh.get_tuple(config)
+    assert "EncryptedSerializer" in e.value.hint
+    # Told of the same rules the store applies, a client's saver records so that it reads back.
+    aware = load_config(overrides={"data_dir": data_dir})
+    with connect(data_dir=data_dir, embedded=True) as client:
+        with TraceDBSaver(client, config=aware) as saver:
+            g.compile(checkpointer=saver).invoke({"password": "hunter2", "pair": (1, 2)}, {"configurable": {"thread_id": "s2"}})
+        with TraceDBSaver(client, config=aware) as fresh:
+            assert fresh.get_tuple({"configurable": {"thread_id": "s2"}}).checkpoint["channel_values"]["password"] == "hunter2"
+
+
+# -- sync and async calls, memory, listing, thread operations ------------------------------------
+
+
+def test_an_asyncio_recorder_serves_sync_calls_from_another_thread_and_refuses_its_own_loop(tmp_path):
+    data_dir, log = str(tmp_path / "data"), str(tmp_path / "log")
+    config = {"configurable": {"thread_id": "x"}}
+
+    async def main():
+        store = await tracedb.open_async(data_dir)
+        async with TraceDBSaver(store) as saver:
+            graph = build(log).compile(checkpointer=saver)
+            out = await asyncio.to_thread(graph.invoke, {"steps": []}, config)  # sync, on a worker thread
+            with pytest.raises(UsageError, match="would block it"):
+                saver.get_tuple(config)
+            state = await graph.aget_state(config)
+        await store.close()
+        return out, state
+
+    out, state = asyncio.run(main())
+    assert out == state.values == {"steps": ["a", "b", "slow", "c"]}
+    [rec] = runs_of(data_dir, "x")
+    assert rec.status == "completed"
+
+
+def test_a_thread_dropped_from_memory_is_read_again_with_what_others_recorded_meanwhile(tmp_path):
+    data_dir, log = str(tmp_path / "data"), str(tmp_path / "log")
+    one, two = {"configurable": {"thread_id": "one"}}, {"configurable": {"thread_id": "two"}}
+    with tracedb.open(data_dir) as store:
+        small = TraceDBSaver(store, max_threads=1)
+        other = TraceDBSaver(store)
+        build(log).compile(checkpointer=small).invoke({"steps": []}, one)
+        assert small.get_tuple(one).checkpoint["channel_values"]["steps"] == ["a", "b", "slow", "c"]
+        build(log).compile(checkpointer=small).invoke({"steps": []}, two)  # "one" leaves memory
+        build(log).compile(checkpointer=other).invoke({"steps": ["again"]}, one)
+        steps = small.get_tuple(one).checkpoint["channel_values"]["steps"]
+        big = TraceDBSaver(store)
+        big.get_tuple(one)
+        build(log).compile(checkpointer=other).invoke({"steps": ["third"]}, one)
+        stale = big.get_tuple(one).checkpoint["channel_values"]["steps"]  # kept in memory: not re-read
+    assert steps == ["a", "b", "slow", "c", "again", "a", "b", "slow", "c"]
+    assert stale == steps
+
+
+def test_listing_every_thread_and_deleting_a_thread_hold_after_a_restart(tmp_path):
+    data_dir, log = str(tmp_path / "data"), str(tmp_path / "log")
+    with tracedb.open(data_dir) as store, TraceDBSaver(store) as saver:
+        graph = build(log).compile(checkpointer=saver)
+        for t in ("p", "q", "r"):
+            graph.invoke({"steps": []}, {"configurable": {"thread_id": t}})
+        saver.delete_thread("q")
+        saver.copy_thread("p", "p2")
+    with tracedb.open(data_dir) as store, TraceDBSaver(store) as saver:
+        threads = {tup.config["configurable"]["thread_id"] for tup in saver.list(None)}
+        assert threads == {"p", "r", "p2"}
+        assert saver.get_tuple({"configurable": {"thread_id": "q"}}) is None
+        assert len(list(saver.list({"configurable": {"thread_id": "p2"}}))) == 6
+    ran_q, deleted = runs_of(data_dir, "q")
+    assert ran_q.status == "completed" and len(ran_q.events) == 12  # still in tracedb
+    assert deleted.envelope["reason"] == "delete"
+    assert [(e.type, e.payload) for e in deleted.events[:-1]] == [("langgraph.deleted", {"scope": "thread"})]
+    [p] = runs_of(data_dir, "p")
+    [copy] = runs_of(data_dir, "p2")
+    assert copy.envelope["reason"] == "copy" and copy.envelope["from_thread"] == "p"
+    assert (copy.parentExecutionId, copy.forkedAtSeq) == (p.execution_id, max(
+        e.seq for e in p.events if e.type in (CHECKPOINT, WRITES)
+        and e.payload["checkpoint_id"] == copy.events[-2].payload["checkpoint_id"]))
+
+
+class Count(TypedDict):
+    n: int
+
+
+def test_a_run_stopped_by_an_error_or_a_breakpoint_is_finished_when_the_thread_goes_on(tmp_path):
+    data_dir = str(tmp_path / "data")
+
+    def flaky(state: Count) -> dict:
+        if state["n"] == 0:
+            raise ValueError("no zero")
+        return {"n": state["n"] + 1}
+
+    g = StateGraph(Count)
+    g.add_node("flaky", flaky)
+    g.add_node("after", lambda s: {"n": s["n"] * 10})
+    g.add_edge(START, "flaky")
+    g.add_edge("flaky", "after")
+    g.add_edge("after", END)
+    with tracedb.open(data_dir) as store, TraceDBSaver(store) as saver:
+        graph = g.compile(checkpointer=saver)
+        with pytest.raises(ValueError):
+            graph.invoke({"n": 0}, {"configurable": {"thread_id": "e"}})
+        assert graph.invoke({"n": 1}, {"configurable": {"thread_id": "e"}}) == {"n": 20}
+        paused = g.compile(checkpointer=saver, interrupt_before=["after"])
+        assert paused.invoke({"n": 1}, {"configurable": {"thread_id": "b"}}) == {"n": 2}
+        assert paused.invoke(None, {"configurable": {"thread_id": "b"}}) == {"n": 20}
+    failed, fixed = runs_of(data_dir, "e")
+    assert failed.finalResponse["status"] == "error"
+    assert "no zero" in json.dumps(failed.finalResponse["payload"]["error"])
+    assert fixed.finalResponse["status"] == "success" and fixed.parentExecutionId is None
+    stopped, resumed = runs_of(data_dir, "b")
+    assert stopped.finalResponse["status"] == "stopped"
+    assert stopped.finalResponse["payload"]["next"] == ["after"]
+    assert resumed.parentExecutionId == stopped.execution_id
+
+
+def test_writes_that_come_after_their_runs_last_checkpoint_go_into_a_new_run(tmp_path):
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
+
+    data_dir = str(tmp_path / "data")
+    base = {"configurable": {"thread_id": "late", "checkpoint_ns": ""}}
+    with tracedb.open(data_dir) as store, TraceDBSaver(store) as saver:
+        first = generate_checkpoint()
+        first["updated_channels"] = ["branch:to:work"]
+        c1 = saver.put(base, first, generate_metadata("input", -1), {})
+        last = generate_checkpoint()
+        last["updated_channels"] = ["result"]  # triggers no node: the run is over
+        saver.put({"configurable": dict(base["configurable"], checkpoint_id=c1["configurable"]["checkpoint_id"])},
+                  last, generate_metadata("loop", 0), {})
+        saver.put_writes(c1, [("result", 1)], "task-1", "~__pregel_pull, work")
+        assert saver.get_tuple(c1).pending_writes == [("task-1", "result", 1)]
+    run, late = runs_of(data_dir, "late")
+    assert run.status == "completed" and [e.type for e in run.events] == [CHECKPOINT, CHECKPOINT, "FINAL_RESPONSE"]
+    assert late.envelope["reason"] == "update" and [e.type for e in late.events] == [WRITES, "FINAL_RESPONSE"]

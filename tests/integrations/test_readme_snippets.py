@@ -3,6 +3,7 @@ fake OpenAI server: `openai.OpenAI()` and the Agents SDK find it through OPENAI_
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -31,3 +32,27 @@ def test_the_readme_openai_snippets_record_then_replay_with_no_second_request(tm
         counts.append(fake.request_count - before)
     assert counts == [1, 1]  # each snippet's model call reached the server once: the replays did not
     assert fake.paths == ["/v1/chat/completions", "/v1/responses"]
+
+
+def test_the_langgraph_snippet_of_docs_integrations_runs_as_written(tmp_path):
+    with open(os.path.join(ROOT, "docs", "integrations.md"), encoding="utf-8") as f:
+        [code] = re.findall(r"```python langgraph\n(.*?)```", f.read(), flags=re.S)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for name in ("TRACEDB_SIDECAR", "TRACEDB_DATA_DIR"):
+        env.pop(name, None)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"snippet failed:\n{code}\n{r.stderr}"
+    assert r.stdout.splitlines() == [
+        "{'steps': ['plan', 'act']}",
+        "langgraph:chat-42 completed {'steps': ['plan', 'act']}",
+    ]
+    # The commands the doc gives after it, as written there.
+    listed = subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", "graph-traces", "inspect", "--list",
+                             "--intent", "langgraph:chat-42", "--format", "json"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    replayed = subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", "graph-traces", "replay", row["execution_id"]],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["payload"]["values"] == {"steps": ["plan", "act"]}

@@ -6,5 +6,10 @@
 
 Both record through tracedb's record API and replay with the event-log replay engine
 (`tracedb.replay.ReplaySession`): the same matching, occurrence counting, strict and permissive
-modes and errors. Each needs the `tracedb[openai]` extra. `docs/integrations.md` has the details.
+modes and errors. Each needs the `tracedb[openai]` extra.
+
+- `tracedb.integrations.langgraph`: LangGraph, through a checkpointer (`TraceDBSaver`) whose
+  checkpoints are events of one execution per run; the `tracedb[langgraph]` extra.
+
+`docs/integrations.md` has the details.
 """

@@ -85,7 +85,6 @@ try:
         get_checkpoint_metadata,
         writes_sort_key,
     )
-    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 except ModuleNotFoundError as e:
     raise ExtraNotInstalledError(__name__, "langgraph", e.name) from None
@@ -552,14 +551,23 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         self._reader = reader
         self._owns_reader = False
         self._config = config
-        self._codec = _Codec(self.serde, readable=type(serde or self.serde) is JsonPlusSerializer and serde is None)
+        self._codec = _Codec(self.serde, readable=serde is None)
         self._threads: OrderedDict[str, _Thread] = OrderedDict()
         self._lock = threading.Lock()
         self._max_threads = max_threads
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        # The redaction rules the recorder applies, to see before recording what they would
+        # rewrite: the embedded store's own; for a client, those of the data directory's
+        # configuration, which a `tracedb serve` on it reads too.
         store = getattr(recorder, "store", recorder)
-        # The embedded store's redaction rules, to see before recording what they would rewrite.
-        self._redactor = getattr(store, "redactor", None) if hasattr(store, "redact_for") else None
+        if hasattr(store, "redact_for"):
+            self._redactor = store.redactor
+        else:
+            if self._config is None:
+                from ..config import load_config
+
+                self._config = load_config()
+            self._redactor = self._config.redactor()
         self._closed = False
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -573,10 +581,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             if engine is not None:
                 self._reader = Reader(engine)
             else:
-                from ..config import load_config
-
-                cfg = self._config if self._config is not None else load_config()
-                self._reader = Reader.open(cfg)
+                self._reader = Reader.open(self._config)
                 self._owns_reader = True
         return self._reader
 
