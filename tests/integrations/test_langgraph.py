@@ -28,7 +28,7 @@ from tests.sidecar.conftest import ServeProcess
 from tests.waiting import wait_until
 from tracedb.client import connect, connect_async
 from tracedb.config import load_config
-from tracedb.errors import IntegrityError, UsageError
+from tracedb.errors import ExecutionNotFoundError, IntegrityError, UsageError
 from tracedb.integrations.langgraph import CHECKPOINT, WRITES, TraceDBSaver, intent_of
 from tracedb.reads import Filter, Reader
 
@@ -241,6 +241,12 @@ def test_a_graph_killed_inside_a_node_resumes_from_its_last_durable_checkpoint(t
             graph = build(log).compile(checkpointer=saver)
             assert graph.get_state(config).next == ("slow",)
             out = graph.invoke(None, config)  # LangGraph's own resume
+            # Before the recorder closes (which would mark anything left running incomplete):
+            # the resume itself marked the killed run incomplete.
+            with pytest.raises(ExecutionNotFoundError):
+                recorder.get("no-such-execution")  # a get compacts everything durable first
+            killed_now = runs_of(data_dir, "job-7")[0]
+            assert killed_now.status == "incomplete" and killed_now.header.replayable is False
         assert out == {"steps": ["a", "b", "slow", "c"]}
         # a and b ran once: no completed superstep was lost; only the killed node ran again.
         assert ran(log) == ["a", "b", "slow", "slow", "c"]
