@@ -29,7 +29,7 @@ from tests.waiting import wait_until
 from tracedb.client import connect, connect_async
 from tracedb.config import load_config
 from tracedb.errors import ExecutionNotFoundError, IntegrityError, UsageError
-from tracedb.integrations.langgraph import CHECKPOINT, WRITES, TraceDBSaver, intent_of
+from tracedb.integrations.langgraph import CHECKPOINT, WRITES, TraceDBSaver, intent_of, thread_prefix
 from tracedb.reads import Filter, Reader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -120,6 +120,7 @@ def test_each_run_of_a_graph_is_an_execution_with_its_supersteps_and_final_state
 
     one, two = runs_of(data_dir, "chat-1")
     for rec, out in ((one, first), (two, second)):
+        assert rec.execution_id.startswith("lg-chat-1.") and len(rec.execution_id) == len("lg-chat-1.") + 32
         assert rec.status == "completed" and rec.header.replayable is True
         assert rec.intent == "langgraph:chat-1" and rec.envelope["thread_id"] == "chat-1"
         assert rec.envelope["reason"] == "input"
@@ -549,3 +550,24 @@ def test_writes_that_come_after_their_runs_last_checkpoint_go_into_a_new_run(tmp
     run, late = runs_of(data_dir, "late")
     assert run.status == "completed" and [e.type for e in run.events] == [CHECKPOINT, CHECKPOINT, "FINAL_RESPONSE"]
     assert late.envelope["reason"] == "update" and [e.type for e in late.events] == [WRITES, "FINAL_RESPONSE"]
+
+
+@pytest.mark.parametrize("thread", ["user 7 / chät", "a", "a-b", "x" * 65])
+def test_any_thread_id_names_its_runs_and_reads_back_alone(tmp_path, thread):
+    data_dir, log = str(tmp_path / "data"), str(tmp_path / "log")
+    with tracedb.open(data_dir) as store, TraceDBSaver(store) as saver:
+        graph = build(log).compile(checkpointer=saver)
+        for t in dict.fromkeys(("a", "a-b", thread)):  # threads whose ids prefix one another
+            graph.invoke({"steps": [t]}, {"configurable": {"thread_id": t}})
+    with tracedb.open(data_dir) as store, TraceDBSaver(store) as saver:
+        state = build(log).compile(checkpointer=saver).get_state({"configurable": {"thread_id": thread}})
+        assert state.values == {"steps": [thread, "a", "b", "slow", "c"]}
+        assert len(list(saver.list({"configurable": {"thread_id": thread}}))) == 6
+    runs = runs_of(data_dir, thread)
+    prefix = thread_prefix(thread)
+    assert len(runs) == 1
+    assert all(r.execution_id.startswith(prefix) and r.envelope["thread_id"] == thread for r in runs)
+    if thread in ("a", "a-b"):
+        assert prefix == f"lg-{thread}."
+    else:  # not a plain id: a digest names it
+        assert prefix.startswith("lg-~") and len(prefix) == len("lg-~.") + 32

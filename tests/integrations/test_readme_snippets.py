@@ -52,6 +52,11 @@ def test_the_langgraph_snippet_of_docs_integrations_runs_as_written(tmp_path):
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     [row] = json.loads(listed.stdout)
+    assert row["execution_id"].startswith("lg-chat-42.")
+    by_prefix = subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", "graph-traces", "inspect", "lg-chat-42.",
+                                "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert by_prefix.returncode == 0, by_prefix.stderr
+    assert json.loads(by_prefix.stdout)["execution_id"] == row["execution_id"]
     replayed = subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", "graph-traces", "replay", row["execution_id"]],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert replayed.returncode == 0, replayed.stderr

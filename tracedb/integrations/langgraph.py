@@ -50,8 +50,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import logging
 import random
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -61,6 +63,7 @@ from typing import Any, Optional
 import orjson
 
 from ..errors import (
+    AmbiguousExecutionIdError,
     ExecutionClosedError,
     ExecutionNotFoundError,
     ExtraNotInstalledError,
@@ -68,6 +71,7 @@ from ..errors import (
     InvalidInputError,
     UsageError,
 )
+from ..ids import uuid7_hex
 from ..record import STATUS_RUNNING
 from ..redaction import redact
 from .recorded import is_async_recorder, on_loop
@@ -109,9 +113,26 @@ _SYNC_PROBE = "langgraph~compact-probe"
 _PASSTHROUGH = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
-def intent_of(thread_id: str) -> str:
+def intent_of(thread_id: Any) -> str:
     """The intent of a thread's executions."""
-    return INTENT_PREFIX + thread_id
+    return INTENT_PREFIX + str(thread_id)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def thread_prefix(thread_id: Any) -> str:
+    """The start of the ids of a thread's executions: `lg-<thread id>.`, or, for a thread id
+    that is not 1-64 letters, digits, '-' or '_', `lg-~<32 hex digits of its SHA-256>.`."""
+    text = str(thread_id)
+    if not _PLAIN_KEY.fullmatch(text):
+        text = "~" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"lg-{text}."
+
+
+def run_execution_id(thread_id: Any) -> str:
+    """A new execution id of a thread: its prefix, then a UUIDv7 (time first, as tracedb's own)."""
+    return thread_prefix(thread_id) + uuid7_hex()
 
 
 def _refuse(value: Any) -> Any:
@@ -642,7 +663,16 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         """A thread's executions in the store, oldest first."""
         from ..reads import Filter
 
-        rows = list(self._get_reader().each(Filter(intent=intent_of(thread_id)), judge=False))
+        reader = self._get_reader()
+        # A new thread (the common case) is known by its id prefix, an index range; only a
+        # thread with executions is looked for by its intent, which no index serves.
+        try:
+            reader.resolve(thread_prefix(thread_id))
+        except ExecutionNotFoundError:
+            return []
+        except AmbiguousExecutionIdError:
+            pass
+        rows = list(reader.each(Filter(intent=intent_of(thread_id)), judge=False))
         rows.sort(key=lambda r: (r.created_at_ns, r.execution_id))
         return [r.execution_id for r in rows]
 
@@ -805,13 +835,13 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         for eid in start.abandon:
             self._abandon(t, eid)
         try:
-            ex = self.recorder.start(intent_of(t.thread_id), start.envelope,
+            ex = self.recorder.start(intent_of(t.thread_id), start.envelope, run_execution_id(t.thread_id),
                                      parent_execution_id=start.parent, forked_at_seq=start.fork_seq)
         except (ExecutionNotFoundError, InvalidInputError):
             if start.parent is None:
                 raise
             # The run it continues was pruned meanwhile: the new one goes without a parent.
-            ex = self.recorder.start(intent_of(t.thread_id), start.envelope)
+            ex = self.recorder.start(intent_of(t.thread_id), start.envelope, run_execution_id(t.thread_id))
         with t.lock:
             self._new_run(t, start, ex.execution_id)
 
@@ -961,7 +991,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             got = self._route(dst, kind="copy", ns="", call=object(), base=None)
         if got.close is not None:
             self._finish_run(dst, got.close, got.close_response)
-        ex = self.recorder.start(intent_of(target_thread_id), start.envelope,
+        ex = self.recorder.start(intent_of(target_thread_id), start.envelope, run_execution_id(target_thread_id),
                                  parent_execution_id=start.parent, forked_at_seq=start.fork_seq)
         seqs = [self.recorder.event(ex.execution_id, type_, p) for type_, p in events]
         self._after_copy(dst, ex.execution_id, events, seqs)
@@ -991,7 +1021,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
                 response = _response(t, self._codec, run)
             self._finish_run(t, run, response)
         envelope = {"intent": intent_of(thread_id), "thread_id": thread_id, "reason": reason}
-        ex = self.recorder.start(intent_of(thread_id), envelope)
+        ex = self.recorder.start(intent_of(thread_id), envelope, run_execution_id(thread_id))
         self.recorder.event(ex.execution_id, DELETED, payload)
         with t.lock:
             t.delete(payload)
@@ -1278,12 +1308,12 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             t.runs[eid].status = "incomplete"
             t.stale.discard(eid)
         try:
-            ex = await self.recorder.start(intent_of(t.thread_id), start.envelope,
+            ex = await self.recorder.start(intent_of(t.thread_id), start.envelope, run_execution_id(t.thread_id),
                                            parent_execution_id=start.parent, forked_at_seq=start.fork_seq)
         except (ExecutionNotFoundError, InvalidInputError):
             if start.parent is None:
                 raise
-            ex = await self.recorder.start(intent_of(t.thread_id), start.envelope)
+            ex = await self.recorder.start(intent_of(t.thread_id), start.envelope, run_execution_id(t.thread_id))
         self._new_run(t, start, ex.execution_id)
 
     async def _afinish_run(self, t: _Thread, run: _Run, response: dict) -> None:
@@ -1398,7 +1428,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         got = self._route(dst, kind="copy", ns="", call=object(), base=None)
         if got.close is not None:
             await self._afinish_run(dst, got.close, got.close_response)
-        ex = await self.recorder.start(intent_of(target_thread_id), start.envelope,
+        ex = await self.recorder.start(intent_of(target_thread_id), start.envelope, run_execution_id(target_thread_id),
                                        parent_execution_id=start.parent, forked_at_seq=start.fork_seq)
         seqs = [await self.recorder.event(ex.execution_id, type_, p) for type_, p in events]
         self._after_copy(dst, ex.execution_id, events, seqs)
@@ -1426,7 +1456,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         if run is not None and run.open:
             await self._afinish_run(t, run, _response(t, self._codec, run))
         envelope = {"intent": intent_of(thread_id), "thread_id": thread_id, "reason": reason}
-        ex = await self.recorder.start(intent_of(thread_id), envelope)
+        ex = await self.recorder.start(intent_of(thread_id), envelope, run_execution_id(thread_id))
         await self.recorder.event(ex.execution_id, DELETED, payload)
         t.delete(payload)
         await self.recorder.finish(ex.execution_id, {"status": "success", "payload": payload})
