@@ -679,6 +679,8 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
     # -- loading a thread from the store ---------------------------------------------------------
 
     def _thread(self, thread_id: str) -> _Thread:
+        if self._async:
+            return self._on_loop(lambda: self._athread(thread_id))
         t = self._thread_obj(thread_id)
         if t.loaded:
             return t
@@ -689,12 +691,9 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
                 return t
             t.loading = True
         try:
-            if self._async:
-                self._on_loop(lambda: self._aload(t))
-            else:
-                self._compact_recorder()
-                records = [self.recorder.get(eid) for eid in self._execution_ids(thread_id)]
-                self._apply_loaded(t, records)
+            self._compact_recorder()
+            records = [self.recorder.get(eid) for eid in self._execution_ids(thread_id)]
+            self._apply_loaded(t, records)
         finally:
             with t.lock:
                 t.loading = None
