@@ -873,10 +873,15 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         try:
             return self.recorder.event(run.execution_id, type_, payload)
         finally:
-            with t.lock:
-                run.inflight -= 1
-                if run.inflight == 0:
-                    t.cond.notify_all()
+            self._leave(t, run)
+
+    @staticmethod
+    def _leave(t: _Thread, run: _Run) -> None:
+        """A record counted in `run.inflight` is recorded, or will not be."""
+        with t.lock:
+            run.inflight -= 1
+            if run.inflight == 0:
+                t.cond.notify_all()
 
     def _closed_meanwhile(self, t: _Thread, run: _Run, e: ExecutionClosedError) -> None:
         """The store closed a run under us (idle timeout, an operator): the record goes to a new one."""
@@ -922,7 +927,11 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
                      run_id=md.get("run_id") if isinstance(md.get("run_id"), str) else None)
         for _ in range(2):
             run = self._join(t, **route)
-            ck, blobs, payload, done = self._put_record(t, run, ns, parent, checkpoint, md, new_versions)
+            try:
+                ck, blobs, payload, done = self._put_record(t, run, ns, parent, checkpoint, md, new_versions)
+            except BaseException:
+                self._leave(t, run)
+                raise
             try:
                 seq = self._record(t, run, CHECKPOINT, payload)
             except ExecutionClosedError as e:
@@ -948,7 +957,11 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             if not items:
                 return
             run = self._join(t, kind="writes", ns=ns, call=_call_of(config), base=cid)
-            stored, payload = self._writes_record(t, run, ns, cid, task_id, task_path, items)
+            try:
+                stored, payload = self._writes_record(t, run, ns, cid, task_id, task_path, items)
+            except BaseException:
+                self._leave(t, run)
+                raise
             try:
                 seq = self._record(t, run, WRITES, payload)
             except ExecutionClosedError as e:
@@ -1333,9 +1346,13 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         try:
             return await self.recorder.event(run.execution_id, type_, payload)
         finally:
-            run.inflight -= 1
-            if run.inflight == 0 and run.drained is not None and not run.drained.done():
-                run.drained.set_result(None)
+            self._aleave(run)
+
+    @staticmethod
+    def _aleave(run: _Run) -> None:
+        run.inflight -= 1
+        if run.inflight == 0 and run.drained is not None and not run.drained.done():
+            run.drained.set_result(None)
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:
@@ -1354,7 +1371,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             try:
                 ck, blobs, payload, done = self._put_record(t, run, ns, parent, checkpoint, md, new_versions)
             except BaseException:
-                run.inflight -= 1
+                self._aleave(run)
                 raise
             try:
                 seq = await self._arecord(run, CHECKPOINT, payload)
@@ -1384,7 +1401,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             try:
                 stored, payload = self._writes_record(t, run, ns, cid, task_id, task_path, items)
             except BaseException:
-                run.inflight -= 1
+                self._aleave(run)
                 raise
             try:
                 seq = await self._arecord(run, WRITES, payload)
