@@ -348,10 +348,6 @@ class _Codec:
         self.serde = serde
         self.readable = readable
 
-    def store(self, value: Any) -> tuple:
-        """`value` as kept in the index."""
-        return self.encode(value, False)[0]
-
     def encode(self, value: Any, opaque: bool) -> tuple[tuple, bool, Any]:
         """`value` as kept in the index, and as recorded: (stored, True, the value itself) when
         JSON holds it exactly, else (stored, False, [type, base64])."""
