@@ -12,14 +12,14 @@ It records through any recorder: `tracedb.open` / `tracedb.open_async` (embedded
 calls (`invoke`, `stream`) and async ones (`ainvoke`, `astream`) alike.
 
 **A run is an execution.** Each call of `invoke`/`stream` on a thread (LangGraph's own run: one
-top-level Pregel loop, subgraphs included) is one execution with a generated id; its intent is
-`langgraph:<thread_id>`, so a thread's runs list together (`tracedb inspect --list --intent
+top-level Pregel loop, subgraphs included) is one execution, `lg-<thread>.<UUIDv7>`; its intent
+is `langgraph:<thread_id>`, so a thread's runs list together (`tracedb inspect --list --intent
 langgraph:ID`). Its envelope names the thread, why the run began (`input`, `resume`, `fork`,
 `update`, `copy`, `delete`) and LangGraph's `run_id` when the config's metadata carries one.
 Its events, in the order the graph made them:
 
-    langgraph.checkpoint  {ns, checkpoint_id, parent_id, step, source, next, checkpoint,
-                           metadata, values, typed}      every checkpoint LangGraph saves
+    langgraph.checkpoint  {ns, checkpoint_id, parent_id, step, source, next, metadata,
+                           values, typed, checkpoint_typed}   every checkpoint LangGraph saves
     langgraph.writes      {ns, checkpoint_id, task_id, task_path, node, writes, typed}
                                                           the writes a task made on a checkpoint
     langgraph.deleted     {scope} | {checkpoints}         delete_thread, delete_for_runs, prune
@@ -39,9 +39,9 @@ fork of the run that holds that checkpoint (`parent_execution_id`, `forked_at_se
 the last record of that checkpoint there), as `tracedb trace lineage ID` shows.
 
 **Reads.** The saver keeps each thread it touched in memory, built from what it recorded, and
-after a restart from the store: the thread's executions (found through the read API by intent,
-once the recorder has compacted everything durable) replayed in order. `get_tuple` and `list`
-read that index. Deleting (`delete_thread`, `delete_for_runs`, `prune`) records a
+after a restart from the store: the thread's executions (a new thread ends at its id prefix;
+others are found through the read API by intent, once the recorder has compacted everything
+durable) replayed in order. `get_tuple` and `list` read that index. Deleting (`delete_thread`, `delete_for_runs`, `prune`) records a
 `langgraph.deleted` event: LangGraph no longer sees those checkpoints; the recorded executions
 stay in tracedb until `tracedb prune` removes them.
 """
