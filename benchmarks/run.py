@@ -10,7 +10,9 @@ commands on stores of 10k, 100k and 1M events; building the 1M store takes a min
 otel (OTLP/HTTP ingest of GenAI spans next to the native protocol), integrations (an Agents SDK
 run live, recorded and replayed offline; the OpenAI SDK wrapper's cost per call), web (the
 web view's server time on a store of 1M executions, a 10,000-event timeline, and ingest next to
-it; the 1M store is built once, in a minute or two, and kept in the working directory).
+it; the 1M store is built once, in a minute or two, and kept in the working directory),
+langgraph (LangGraph checkpointers: TraceDBSaver next to AsyncSqliteSaver and AsyncPostgresSaver,
+the same graph, and the same calls without the graph).
 Every row with a target prints whether this run met it; `--json FILE` keeps every figure.
 """
 
@@ -813,6 +815,23 @@ def section_web(args, workdir: str) -> None:
     RESULTS["web"] = result
 
 
+def section_langgraph(args, workdir: str) -> None:
+    from benchmarks import langgraph as lb
+
+    print("\n== LangGraph checkpointers: the same graph (8 supersteps, 641-byte state), 64 producers,"
+          " every commit durable; then the same checkpoints and writes through each saver alone")
+    result = lb.run(workdir, seconds=args.seconds, warmup=args.warmup)
+    for line in lb.report_lines(result):
+        print(line, flush=True)
+    for load, rows in (("graph", result["graph"]), ("saver", result["saver"])):
+        ours = next(iter(rows.values()))
+        sqlite = next((fig for name, fig in rows.items() if name.startswith("AsyncSqliteSaver")), None)
+        if sqlite is not None:
+            check(ours, f">= 10x AsyncSqliteSaver checkpoints/s ({load})",
+                  ours["checkpoints_per_s"] >= 10 * sqlite["checkpoints_per_s"])
+    RESULTS["langgraph"] = result
+
+
 SECTIONS = {
     "wal": section_wal,
     "store": section_store,
@@ -823,6 +842,7 @@ SECTIONS = {
     "integrations": section_integrations,
     "otel": section_otel,
     "web": section_web,
+    "langgraph": section_langgraph,
 }
 
 

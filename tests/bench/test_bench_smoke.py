@@ -64,3 +64,22 @@ def test_the_intentusnet_per_execution_baseline_writes_a_file_per_execution(tmp_
     assert endless["rate"] > 0
     assert "2 executions" in capsys.readouterr().out  # one per thread for the whole run
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_langgraph_section_runs_every_saver_on_the_same_graph(tmp_path):
+    from benchmarks import langgraph
+
+    calls = langgraph.captured_calls()
+    assert [c[0] for c in calls].count("put") == langgraph.STEPS + 2  # input, __start__, each step
+    r = langgraph.run(str(tmp_path), seconds=0.3, warmup=0.1, producers=4)
+    for load in ("graph", "saver"):
+        rows = r[load]
+        names = list(rows)
+        assert names[0].startswith("tracedb") and any(n.startswith("AsyncSqliteSaver") for n in names)
+        assert names[-1].startswith("InMemorySaver")
+        for fig in rows.values():
+            assert fig["checkpoints"] > 0 and fig["checkpoints_per_s"] > 0 and fig["p99_ms"] >= fig["p50_ms"] > 0
+    assert r["state_bytes"] == 641
+    lines = langgraph.report_lines(r)
+    assert any("tracedb / AsyncSqliteSaver" in line for line in lines)
+    assert list(tmp_path.iterdir()) == []

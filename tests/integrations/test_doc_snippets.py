@@ -5,6 +5,7 @@ found through ANTHROPIC_BASE_URL) and its OpenInference one (```python openinfer
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -56,3 +57,31 @@ def test_the_openinference_snippet_records_llm_events(tmp_path, fake):
     assert r.returncode == 0, f"snippet failed:\n{code}\n{r.stderr}"
     assert fake.request_count == 1
     assert r.stdout.strip() == "['llm.requested', 'llm.responded', 'otel.invoke_agent', 'FINAL_RESPONSE']"
+
+
+def test_the_langgraph_snippet_of_docs_integrations_runs_as_written(tmp_path):
+    (code,) = _snippets(os.path.join("docs", "integrations.md"), "langgraph")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for name in ("TRACEDB_SIDECAR", "TRACEDB_DATA_DIR"):
+        env.pop(name, None)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"snippet failed:\n{code}\n{r.stderr}"
+    assert r.stdout.splitlines() == [
+        "{'steps': ['plan', 'act']}",
+        "langgraph:chat-42 completed {'steps': ['plan', 'act']}",
+    ]
+    # The commands the doc gives after it, as written there.
+    def tracedb(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", "graph-traces", *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    listed = tracedb("inspect", "--list", "--intent", "langgraph:chat-42", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert row["execution_id"].startswith("lg-chat-42.")
+    by_prefix = tracedb("inspect", "lg-chat-42.", "--json")
+    assert by_prefix.returncode == 0, by_prefix.stderr
+    assert json.loads(by_prefix.stdout)["execution_id"] == row["execution_id"]
+    replayed = tracedb("replay", row["execution_id"])
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["payload"]["values"] == {"steps": ["plan", "act"]}

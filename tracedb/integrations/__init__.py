@@ -9,5 +9,10 @@
 All record through tracedb's record API and replay with the event-log replay engine
 (`tracedb.replay.ReplaySession`): the same matching, occurrence counting, strict and permissive
 modes and errors. The OpenAI ones need the `tracedb[openai]` extra, the Anthropic one
-`tracedb[anthropic]`. `docs/integrations.md` has the details.
+`tracedb[anthropic]`.
+
+- `tracedb.integrations.langgraph`: LangGraph, through a checkpointer (`TraceDBSaver`) whose
+  checkpoints are events of one execution per run; the `tracedb[langgraph]` extra.
+
+`docs/integrations.md` has the details.
 """
