@@ -570,7 +570,7 @@ def test_any_thread_id_names_its_runs_and_reads_back_alone(tmp_path, thread):
     if thread in ("a", "a-b"):
         assert prefix == f"lg-{thread}."
     else:  # not a plain id: a digest names it
-        assert prefix.startswith("lg-~") and len(prefix) == len("lg-~.") + 32
+        assert prefix.startswith("lg-:") and len(prefix) == len("lg-:.") + 32
 
 
 def test_a_run_waiting_past_the_idle_timeout_is_incomplete_and_its_resume_links_to_it(tmp_path):

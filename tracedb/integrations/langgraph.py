@@ -123,10 +123,10 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 def thread_prefix(thread_id: Any) -> str:
     """The start of the ids of a thread's executions: `lg-<thread id>.`, or, for a thread id
-    that is not 1-64 letters, digits, '-' or '_', `lg-~<32 hex digits of its SHA-256>.`."""
+    that is not 1-64 letters, digits, '-' or '_', `lg-:<32 hex digits of its SHA-256>.`."""
     text = str(thread_id)
     if not _PLAIN_KEY.fullmatch(text):
-        text = "~" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        text = ":" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
     return f"lg-{text}."
 
 
