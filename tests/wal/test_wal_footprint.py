@@ -168,7 +168,12 @@ def test_segment_files_never_exceed_the_segment_size_by_more_than_one_record(tmp
                 assert w._spare_event.wait(30)  # else the next segment may be a plain one
             for name in os.listdir(d):
                 if name.endswith(".wal") or name == SPARE_FILE:
-                    assert os.path.getsize(os.path.join(d, name)) <= size + one + SEAL_BYTES, name
+                    try:
+                        got = os.path.getsize(os.path.join(d, name))
+                    except FileNotFoundError:  # the spare, taken or replaced by the background thread
+                        assert name == SPARE_FILE
+                        continue
+                    assert got <= size + one + SEAL_BYTES, name
             assert wal.scan(d, mode="absolute").damages == []
         segs = wal.list_segments(d)
         assert len(segs) >= 4
