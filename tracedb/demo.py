@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from wal.fs import OsFileSystem, make_dirs
+
 from .errors import TraceDBError
 from .replay import live_session
 from .sidecar.client import Client, resolve_sidecar
@@ -150,7 +152,7 @@ def run_demo(cfg, *, sidecar: Optional[str], start_server: bool, executions: int
                 f"no recorder is listening for data directory {data_dir}",
                 hint="start one with `tracedb serve` (or scripts/run), or run `tracedb demo --start-server`",
             )
-        os.makedirs(data_dir, exist_ok=True)
+        make_dirs(OsFileSystem(), data_dir)  # private (0700), fsynced into its parent, as serve makes it
         server = _start_server(data_dir)
         address = resolve_sidecar(None, data_dir)
     rows = []
