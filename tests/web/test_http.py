@@ -14,6 +14,8 @@ import httpx
 import orjson
 import pytest
 
+import tracedb
+
 from .conftest import REPO, TOKENS, XSS_INTENT, UiProcess
 from .conftest import owner_get as _get
 
@@ -336,3 +338,17 @@ def test_ids_with_slashes_and_url_characters_have_pages(tmp_path):
         assert 'data-id="ends"' in _get(ui.url + "e/ends").text
     finally:
         assert ui.stop() == 0
+
+
+def test_an_empty_store_says_how_to_record_with_the_command_as_it_runs_here(tmp_path):
+    """The first page of an empty store names the commands to run as this tracedb was started
+    (`python -m tracedb` here, since the test starts it so), not a `tracedb` that may not be on PATH."""
+    tracedb.open(str(tmp_path / "data")).close()
+    proc = UiProcess("--data-dir", str(tmp_path / "data"))
+    try:
+        page = _get(proc.url).text
+    finally:
+        assert proc.stop() == 0
+    assert "No executions recorded yet." in page
+    assert f"<code>{sys.executable} -m tracedb demo</code>" in page
+    assert f"<code>{sys.executable} -m tracedb serve</code>" in page

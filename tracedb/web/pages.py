@@ -14,6 +14,7 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
+from ..program import program
 from ..reads import Lineage, Page, Timeline
 from ..record import (
     REASON_EXECUTION_INCOMPLETE,
@@ -239,8 +240,8 @@ def list_page(page: Page, params: dict, *, first_page: bool) -> str:
     elif first_page and not any(params.get(k) for k in ("status", "replayable", "intent", "q", "since", "until")):
         table = (
             '<div class="empty"><p>No executions recorded yet.</p>'
-            "<p>Record a few with <code>tracedb demo</code> (next to a running <code>tracedb serve</code>), "
-            "then reload.</p></div>"
+            f"<p>Record a few with <code>{esc(program())} demo</code> (next to a running "
+            f"<code>{esc(program())} serve</code>), then reload.</p></div>"
         )
     else:
         table = '<div class="empty"><p>No execution matches these filters.</p></div>'
