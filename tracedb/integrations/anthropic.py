@@ -28,7 +28,15 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..errors import ExtraNotInstalledError
-from .recorded import HttpApi, HttpReplay, describe_request, describe_response, http_transports, request_key
+from .recorded import (
+    SDK_MODULE_NAMES,
+    HttpApi,
+    HttpReplay,
+    describe_request,
+    describe_response,
+    http_transports,
+    request_key,
+)
 
 try:
     import anthropic
@@ -103,31 +111,6 @@ class Replay(HttpReplay):
     transports = _transports
 
 
-def replay(
-    client: Any,
-    source: Any,
-    execution_id: Optional[str] = None,
-    *,
-    strict: bool = True,
-    recorder: Any = None,
-    force: bool = False,
-) -> Any:
-    """A copy of `client` that answers from a recorded execution: `Replay(...).wrap(client)`."""
-    return Replay(source, execution_id, strict=strict, recorder=recorder, force=force).wrap(client)
+replay = Replay.replay
 
-
-__all__ = [
-    "AsyncRecordingTransport",
-    "AsyncReplayTransport",
-    "RecordingTransport",
-    "Replay",
-    "ReplayTransport",
-    "async_recording_http_client",
-    "build_response",
-    "describe_request",
-    "describe_response",
-    "record",
-    "recording_http_client",
-    "replay",
-    "request_key",
-]
+__all__ = list(SDK_MODULE_NAMES)

@@ -595,6 +595,24 @@ def http_transports(api: HttpApi) -> SimpleNamespace:
     )
 
 
+# The names each SDK's module (openai.py, anthropic.py) offers, over its own API and transports.
+SDK_MODULE_NAMES = (
+    "AsyncRecordingTransport",
+    "AsyncReplayTransport",
+    "RecordingTransport",
+    "Replay",
+    "ReplayTransport",
+    "async_recording_http_client",
+    "build_response",
+    "describe_request",
+    "describe_response",
+    "record",
+    "recording_http_client",
+    "replay",
+    "request_key",
+)
+
+
 class HttpReplay(ReplayCounts):
     """A replay of one recorded execution's calls through an SDK's HTTP client; `wrap(client)`
     answers from it. A subclass names its SDK: `api` (HttpApi) and `transports` (http_transports).
@@ -610,6 +628,21 @@ class HttpReplay(ReplayCounts):
 
     api: HttpApi
     transports: SimpleNamespace
+
+    @classmethod
+    def replay(
+        cls,
+        client: Any,
+        source: Any,
+        execution_id: Optional[str] = None,
+        *,
+        strict: bool = True,
+        recorder: Any = None,
+        force: bool = False,
+    ) -> Any:
+        """A copy of `client` that answers from a recorded execution: `cls(...).wrap(client)`; each
+        SDK's module offers it as its `replay` function."""
+        return cls(source, execution_id, strict=strict, recorder=recorder, force=force).wrap(client)
 
     def __init__(
         self,
