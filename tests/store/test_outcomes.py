@@ -117,3 +117,18 @@ def test_a_store_at_revision_0004_gets_the_derived_columns_from_its_steps(open_s
     assert backfilled == live
     assert live[ids["running"]]["outcome"] == "incomplete"
     check_mix({**live, ids["running"]: {**live[ids["running"]], "outcome": "running"}}, ids)
+
+
+def test_the_cached_per_token_price_equals_genai_prices_own_calculation():
+    from genai_prices import Usage, calc_price
+
+    at = T0
+    from datetime import datetime, timezone
+
+    when = datetime.fromtimestamp(at / 1e9, tz=timezone.utc)
+    for model in ("gpt-4o-mini", "gpt-4o", "claude-sonnet-4-5", "gemini-2.5-pro"):
+        for n_in, n_out, cached in ((1000, 500, 0), (300_000, 2_000, 1_000), (5_000, 100, 4_000)):
+            table = calc_price(Usage(input_tokens=n_in, output_tokens=n_out, cache_read_tokens=cached or None),
+                               model_ref=model, genai_request_timestamp=when)
+            assert abs(outcomes.price_usd(model, n_in, n_out, cached, at) - float(table.total_price)) < 1e-9, model
+    assert outcomes.price_usd("a-model-no-table-knows", 10, 10, 0, at) is None
