@@ -3,6 +3,7 @@ it, percentiles, and the lines they print."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 
@@ -38,11 +39,12 @@ def execution_envelope(n: int) -> dict:
 
 
 def fill_store_wal(wal_dir: str, executions: int, events_per: int, prefix: str = "exec",
-                   spacing_ns: int = 0) -> int:
+                   spacing_ns: int = 0, scattered_ids: bool = False) -> int:
     """Fill a WAL with the records the store writes for `executions` executions of
     `events_per` events each (start, events, then the finish, which is the last event);
-    execution ids are f"{prefix}-{n:08d}", the n-th started at T0_NS + n * spacing_ns.
-    Returns the number of events."""
+    execution ids are f"{prefix}-{n:08d}" (with `scattered_ids`, 32 hex digits of a hash of n
+    instead: keys in no time order, like the uuid4 ids a caller chooses), the n-th started at
+    T0_NS + n * spacing_ns. Returns the number of events."""
     import wal
 
     from tracedb import compute_envelope_hash
@@ -53,7 +55,8 @@ def fill_store_wal(wal_dir: str, executions: int, events_per: int, prefix: str =
     batch: list[bytes] = []
     n_events = 0
     for e in range(executions):
-        eid = f"{prefix}-{e:08d}"
+        eid = f"{prefix}-{hashlib.blake2b(e.to_bytes(8, 'big'), digest_size=16).hexdigest()}" if scattered_ids \
+            else f"{prefix}-{e:08d}"
         env = execution_envelope(e)
         t0 = T0_NS + e * spacing_ns
         batch.append(encode_start(eid, "summarize", env, compute_envelope_hash(env), t0))

@@ -63,16 +63,17 @@ def _compact_worker(target: str, wal_dir: str, recorder_id: str, batch_records: 
 
 
 def run_fleet(target: str, workdir: str, recorders: int, events: int, events_per: int, batch_records: int,
-              spacing_ns: int = 0) -> dict:
+              spacing_ns: int = 0, scattered_ids: bool = False) -> dict:
     """`recorders` processes, each with a WAL of its share of `events` (executions started
-    `spacing_ns` apart), compacting into `target` at once: {"recorders", "events", "seconds",
-    "events_per_s"}."""
+    `spacing_ns` apart; `scattered_ids`: see fill_store_wal), compacting into `target` at once:
+    {"recorders", "events", "seconds", "events_per_s"}."""
     ctx = multiprocessing.get_context("spawn")
     per = max(1, events // recorders // events_per)
     dirs = []
     for k in range(recorders):
         d = tempfile.mkdtemp(prefix=f"rec{k}-", dir=workdir)
-        fill_store_wal(os.path.join(d, "wal"), per, events_per, prefix=f"r{k}", spacing_ns=spacing_ns)
+        fill_store_wal(os.path.join(d, "wal"), per, events_per, prefix=f"r{k}", spacing_ns=spacing_ns,
+                       scattered_ids=scattered_ids)
         dirs.append(d)
     barrier = ctx.Barrier(recorders)
     out = ctx.Queue()

@@ -1,7 +1,7 @@
 """Benchmark: retention against ingest, in the same run, on SQLite and on PostgreSQL.
 
     from benchmarks import retention
-    result = retention.run(workdir, pg_url, events=200_000)
+    result = retention.run(workdir, pg_url, events=1_000_000)
     for line in retention.report_lines(result):
         print(line)
 
@@ -9,10 +9,11 @@ or, from the project root, `python -m benchmarks.retention [URL] [--events N]`.
 
 Ingest is what retention has to keep up with: the events/s that one recorder compacts into SQLite,
 and that a fleet of four recorders compacts into one PostgreSQL database (benchmarks.pg's fleet,
-the recorders released at once). The executions they record are spread evenly over twice the
-retention period (60 days), so that prune, run next with a 30-day cutoff, deletes about half of
-them and keeps the rest; one execution in a hundred is pinned, and one young execution in a
-hundred is a fork of an old one (its parent is kept). Prune's rate is the steps it deleted over
+the recorders released at once). The executions they record have ids in no time order (a hash,
+as random as the uuid4 ids a caller chooses) and are spread evenly over 33 days; prune, run next
+with a 30-day cutoff, deletes the oldest 3 days (a nightly prune that missed two nights; about a
+tenth of the store) and keeps the rest. One execution in a hundred is pinned, and one young
+execution in a hundred is a fork of an old one (its parent is kept). Prune's rate is the steps it deleted over
 its whole wall time, the space given back included (what `tracedb prune` takes from cron).
 Target: prune's steps/s at least twice the ingest's events/s of the same database.
 """
@@ -33,7 +34,7 @@ from .common import T0_NS, rate_line, ratio_line
 
 DAY_NS = 86_400 * 10**9
 RETENTION_DAYS = 30
-HISTORY_DAYS = 2 * RETENTION_DAYS
+HISTORY_DAYS = RETENTION_DAYS + 3
 TARGET = 2.0
 
 
@@ -94,7 +95,7 @@ def _prune(target: str, fleet: dict) -> dict:
     }
 
 
-def run(workdir: str, pg_url: Optional[str], events: int = 200_000, *, recorders: int = 4,
+def run(workdir: str, pg_url: Optional[str], events: int = 1_000_000, *, recorders: int = 4,
         events_per_execution: int = 50, batch_records: int = 5000) -> dict:
     """Ingest, then prune, on SQLite (one recorder) and, given `pg_url`, on PostgreSQL
     (`recorders` recorders), each in a database of its own. Returns {"sqlite": {...},
@@ -111,7 +112,7 @@ def run(workdir: str, pg_url: Optional[str], events: int = 200_000, *, recorders
 
     try:
         path = os.path.join(work, "traces.db")
-        fleet = pg.run_fleet(path, work, 1, events, events_per_execution, batch_records, spacing(1))
+        fleet = pg.run_fleet(path, work, 1, events, events_per_execution, batch_records, spacing(1), True)
         result["sqlite"] = _prune(path, fleet)
         if pg_url:
             from tracedb import db
@@ -121,7 +122,7 @@ def run(workdir: str, pg_url: Optional[str], events: int = 200_000, *, recorders
             try:
                 with pg.bench_schema(admin, pg_url, result["schemas"]) as url:
                     fleet = pg.run_fleet(url, work, recorders, events, events_per_execution, batch_records,
-                                         spacing(recorders))
+                                         spacing(recorders), True)
                     result["postgresql"] = _prune(url, fleet)
             finally:
                 admin.dispose()
@@ -156,7 +157,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("url", nargs="?", default=os.environ.get("TRACEDB_TEST_PG_URL"),
                     help="PostgreSQL URL (default: $TRACEDB_TEST_PG_URL; none: SQLite only)")
-    ap.add_argument("--events", type=int, default=200_000, help="events per database")
+    ap.add_argument("--events", type=int, default=1_000_000, help="events per database")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args()

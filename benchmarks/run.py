@@ -729,7 +729,7 @@ def section_retention(args, workdir: str) -> None:
 
     print("\n== Retention: prune steps/s against ingest events/s, same run (SQLite: 1 recorder;"
           " PostgreSQL: a fleet of 4)")
-    result = retention.run(workdir, os.environ.get("TRACEDB_TEST_PG_URL"), events=20_000 if args.quick else 200_000)
+    result = retention.run(workdir, os.environ.get("TRACEDB_TEST_PG_URL"), events=100_000 if args.quick else 1_000_000)
     for line in retention.report_lines(result):
         print(line, flush=True)
     RESULTS["retention"] = result
