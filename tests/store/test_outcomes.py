@@ -1,0 +1,171 @@
+"""What each execution came to and cost, folded by compaction (tracedb.outcomes): the embedded
+API, across compaction batches, from the WAL before compaction, and by migration 0005's backfill."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from tests.store.test_row_checksums import downgrade
+from tracedb import db, outcomes
+
+DERIVED = (*outcomes.COLUMNS, "last_event_ns")
+T0 = 1_705_314_600_000_000_000
+
+
+def record_mix(store) -> dict:
+    """Executions of every outcome; their ids by what they should come to."""
+    ids = {}
+    ex = store.start("Ask", {"intent": "Ask"})
+    ex.event("llm.responded", {"response": {"model": "gpt-4o-mini", "usage": {"input_tokens": 1000, "output_tokens": 500}}})
+    ex.event("tool.responded", {"name": "search", "error": {"code": "TOOL_TIMEOUT", "message": "took 30 s"}})
+    ex.event("llm.responded", {"response": {"model": "gpt-4o", "usage": {"input_tokens": 100, "output_tokens": 50}}})
+    ex.finish({"status": "error", "error": {"code": "TOOL_TIMEOUT", "message": "gave up"}})
+    ids["failed"] = ex.execution_id
+    ex = store.start("Ask", {"intent": "Ask"})
+    ex.event("llm.responded", {"response": {"status": 200, "body": {"model": "my-own-model", "usage": {"prompt_tokens": 7, "completion_tokens": 3}}}})
+    ex.finish({"status": "success", "payload": {"answer": 42}})
+    ids["unknown_cost"] = ex.execution_id
+    ex = store.start("Route", {"intent": "Route"})
+    ex.event("AGENT_ATTEMPT_END", {"agent": "a", "status": "error", "exception": "crashed"})
+    ex.event("AGENT_ATTEMPT_END", {"agent": "b", "status": "ok"})
+    ex.finish({"status": "success", "payload": {}})
+    ids["succeeded_after_error"] = ex.execution_id
+    ids["running"] = store.start("Ask", {"intent": "Ask"}).execution_id
+    return ids
+
+
+def rows(engine) -> dict:
+    with engine.connect() as conn:
+        got = conn.execute(sa.text(f"SELECT execution_id, {', '.join(DERIVED)} FROM traces")).all()
+    out = {}
+    for r in got:
+        d = dict(zip(DERIVED, r[1:]))
+        if isinstance(d["models"], str):
+            import orjson
+
+            d["models"] = orjson.loads(d["models"])
+        out[r[0]] = d
+    return out
+
+
+def check_mix(got: dict, ids: dict) -> None:
+    f = got[ids["failed"]]
+    assert f["outcome"] == "failed"
+    assert (f["error_seq"], f["error_type"], f["error_code"], f["error_message"]) == (
+        2, "tool.responded", "TOOL_TIMEOUT", "took 30 s")
+    assert f["models"] == ["gpt-4o-mini", "gpt-4o"]
+    assert (f["input_tokens"], f["output_tokens"]) == (1100, 550)
+    # gpt-4o-mini: $0.15/$0.60 per M tokens; gpt-4o: $2.50/$10 per M tokens.
+    assert abs(f["cost_usd"] - (0.00015 + 0.0003 + 0.00025 + 0.0005)) < 1e-9
+    assert f["prices_version"] == outcomes.prices_version()
+    u = got[ids["unknown_cost"]]
+    assert (u["outcome"], u["models"], u["input_tokens"], u["output_tokens"], u["cost_usd"]) == (
+        "succeeded", ["my-own-model"], 7, 3, None)
+    s = got[ids["succeeded_after_error"]]
+    assert (s["outcome"], s["error_seq"], s["error_code"], s["error_message"]) == ("succeeded", 1, "error", "crashed")
+    r = got[ids["running"]]
+    assert (r["outcome"], r["error_seq"], r["models"], r["cost_usd"], r["prices_version"]) == (
+        "running", None, [], 0.0, None)
+
+
+def test_the_fold_derives_outcome_error_models_tokens_and_cost(open_store):
+    store = open_store()
+    ids = record_mix(store)
+    store.compact()
+    check_mix(rows(store._engine), ids)
+
+
+def test_the_fold_is_the_same_in_batches_of_one_record(open_store):
+    store = open_store(compact_batch_records=1)
+    ids = record_mix(store)
+    result = store.compact()
+    assert result.batches > 10
+    check_mix(rows(store._engine), ids)
+
+
+def test_an_execution_closed_unfinished_is_incomplete_and_a_late_incomplete_keeps_a_finish(open_store):
+    store = open_store(compact_batch_records=1)
+    ex = store.start("Ask", {"intent": "Ask"})
+    ex.finish({"status": "failure", "message": "no"})
+    left = store.start("Ask", {"intent": "Ask"}).execution_id
+    store.compact()
+    store.close()
+    # Reopened, the recorder marks what was left running incomplete (recovery).
+    again = open_store()
+    again.compact()
+    got = rows(again._engine)
+    assert got[ex.execution_id]["outcome"] == "failed"
+    assert got[ex.execution_id]["error_code"] == "failure"
+    assert got[left]["outcome"] == "incomplete"
+
+
+def test_a_store_at_revision_0004_gets_the_derived_columns_from_its_steps(open_store, data_dir):
+    store = open_store(compact_batch_records=3)
+    ids = record_mix(store)
+    store.close()
+    engine = db.create_engine(f"{data_dir}/traces.db", write=True)
+    try:
+        live = rows(engine)
+        downgrade(engine, "0004")
+        with engine.connect() as conn:
+            assert "outcome" not in {c["name"] for c in sa.inspect(conn).get_columns("traces")}
+        db.migrate(engine)
+        backfilled = rows(engine)
+    finally:
+        engine.dispose()
+    # The recorder's close marked the running one incomplete: the backfill agrees.
+    assert backfilled == live
+    assert live[ids["running"]]["outcome"] == "incomplete"
+    check_mix({**live, ids["running"]: {**live[ids["running"]], "outcome": "running"}}, ids)
+
+
+def test_the_cached_per_token_price_equals_genai_prices_own_calculation():
+    from genai_prices import Usage, calc_price
+
+    at = T0
+    from datetime import datetime, timezone
+
+    when = datetime.fromtimestamp(at / 1e9, tz=timezone.utc)
+    for model in ("gpt-4o-mini", "gpt-4o", "claude-sonnet-4-5", "gemini-2.5-pro"):
+        for n_in, n_out, cached in ((1000, 500, 0), (300_000, 2_000, 1_000), (5_000, 100, 4_000)):
+            table = calc_price(Usage(input_tokens=n_in, output_tokens=n_out, cache_read_tokens=cached or None),
+                               model_ref=model, genai_request_timestamp=when)
+            assert abs(outcomes.price_usd(model, n_in, n_out, cached, at) - float(table.total_price)) < 1e-9, model
+    assert outcomes.price_usd("a-model-no-table-knows", 10, 10, 0, at) is None
+
+
+def check_filters_and_stats(reader, ids: dict) -> None:
+    """The listing's outcome filters and `stats` over `record_mix`'s executions (closed store)."""
+    from tracedb.reads import Filter
+
+    def found(**kw):
+        return {r.execution_id for r in reader.page(Filter(**kw)).items}
+
+    assert found(outcome="failed") == {ids["failed"]}
+    assert found(model="gpt-4o") == {ids["failed"]}
+    assert found(model="gpt") == set()
+    assert found(error="TOOL_TIMEOUT") == {ids["failed"]}
+    assert found(min_cost=0.001) == {ids["failed"]}
+    assert ids["running"] not in found(slower_than=0)
+    s = reader.stats(by="model")
+    assert s["total"]["executions"] == 4 and s["total"]["failed"] == 1
+    assert s["total"]["failure_rate"] == round(1 / 3, 6)  # of the three that finished, one failed
+    assert s["total"]["cost_unknown"] == 1
+    by_model = {g["key"]: g for g in s["groups"]}
+    assert set(by_model) == {"gpt-4o-mini", "gpt-4o", "my-own-model"}
+    assert by_model["gpt-4o"]["failed"] == 1 and by_model["my-own-model"]["succeeded"] == 1
+    assert by_model["gpt-4o-mini"]["input_tokens"] == 1100  # the execution's, under each model it called
+    days = reader.stats(by="day")["groups"]
+    assert len(days) == 1 and days[0]["key"].endswith("T00:00:00Z") and days[0]["executions"] == 4
+    assert reader.stats(by="outcome")["groups"][0] == {**reader.stats(by="outcome")["groups"][0], "key": "succeeded", "executions": 2}
+
+
+def test_filters_and_stats_in_sql_on_sqlite(data_dir):
+    import tracedb
+    from tracedb.config import load_config
+    from tracedb.reads import Reader
+
+    with tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0}) as store:
+        ids = record_mix(store)
+    with Reader.open(load_config(overrides={"data_dir": data_dir})) as reader:
+        check_filters_and_stats(reader, ids)
