@@ -13,6 +13,7 @@ recorder out for as long as it rewrites the tables.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -191,13 +192,14 @@ def _with_ancestors(conn, parents: set, candidates: set) -> set:
     return kept
 
 
-def _batch(engine: Engine, cutoff_ns: int, after, limit: int, dry_run: bool,
+def _batch(conn, cutoff_ns: int, after, limit: int, dry_run: bool,
            outside_parents: Optional[Callable[[], set]] = None) -> _Batch:
-    """One batch in one short transaction, run again when it loses a deadlock or a lock wait."""
+    """One batch in one short transaction on `conn`, run again when it loses a deadlock or a
+    lock wait."""
     backoff = Backoff(first_s=0.01, max_s=0.5)
     while True:
         try:
-            with engine.begin() as conn:
+            with conn.begin():
                 return _run_batch(conn, cutoff_ns, after, limit, dry_run, outside_parents)
         except sa.exc.DBAPIError as e:
             state = db.sqlstate(e)
@@ -205,6 +207,30 @@ def _batch(engine: Engine, cutoff_ns: int, after, limit: int, dry_run: bool,
                 raise
             log.warning("prune batch hit %s (SQLSTATE %s); running it again", type(e.orig).__name__, state)
             time.sleep(backoff.next_delay())
+
+
+# While prune walks, its connection leaves SQLite's WAL to grow to this many pages before it
+# copies them into the database (the default is 1,000 pages, 4 MB): a batch's commit does not
+# checkpoint pages the next batch writes again (b-tree interior, free-list and pointer-map
+# pages), and the truncating checkpoint at the end copies each page once.
+PRUNE_WAL_AUTOCHECKPOINT_PAGES = 16384
+
+
+@contextlib.contextmanager
+def _walk_connection(engine: Engine):
+    """The one connection a prune walks with; on SQLite, with a longer automatic checkpoint
+    interval for the walk, set back before the connection goes back to the pool."""
+    with engine.connect() as conn:
+        if engine.dialect.name != "sqlite":
+            yield conn
+            return
+        raw = conn.connection.driver_connection
+        before = raw.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        raw.execute(f"PRAGMA wal_autocheckpoint={PRUNE_WAL_AUTOCHECKPOINT_PAGES}").fetchall()
+        try:
+            yield conn
+        finally:
+            raw.execute(f"PRAGMA wal_autocheckpoint={int(before)}").fetchall()
 
 
 def _estimate(engine: Engine, cutoff_ns: int) -> int:
@@ -258,19 +284,20 @@ def prune(
     deleted = steps = pinned = parents = batches = 0
     # (created_at_ns, execution_id) < (cutoff, ""): exactly the traces created before the cutoff.
     after: tuple[int, str] = (cutoff, "")
-    while True:
-        b = _batch(engine, cutoff, after, batch_traces, dry_run, outside_parents)
-        deleted += b.deleted
-        steps += b.steps
-        pinned += b.pinned
-        parents += b.parents
-        if b.deleted and not dry_run:
-            batches += 1
-        if progress is not None and deleted and (b.deleted or b.last is None):
-            progress(deleted, max(estimate - parents, deleted))
-        if b.last is None:
-            break
-        after = b.last
+    with _walk_connection(engine) as conn:
+        while True:
+            b = _batch(conn, cutoff, after, batch_traces, dry_run, outside_parents)
+            deleted += b.deleted
+            steps += b.steps
+            pinned += b.pinned
+            parents += b.parents
+            if b.deleted and not dry_run:
+                batches += 1
+            if progress is not None and deleted and (b.deleted or b.last is None):
+                progress(deleted, max(estimate - parents, deleted))
+            if b.last is None:
+                break
+            after = b.last
     if dry_run:
         return PruneResult(deleted, steps, pinned, parents, 0, 0, True)
     freed = 0
