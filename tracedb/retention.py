@@ -298,11 +298,12 @@ def prune(
             if b.last is None:
                 break
             after = b.last
+        if engine.dialect.name == "sqlite" and deleted and not dry_run:
+            _reclaim(conn)  # on the walk's connection: its checkpoint interval too
     if dry_run:
         return PruneResult(deleted, steps, pinned, parents, 0, 0, True)
     freed = 0
     if engine.dialect.name == "sqlite" and deleted:
-        _reclaim(engine)
         freed = max(0, before - _size(files))
     elif engine.dialect.name == "postgresql" and deleted:
         _vacuum_pg(engine)
@@ -331,15 +332,14 @@ def _vacuum_pg(engine: Engine) -> None:
 VACUUM_PAGES_PER_STEP = 2048
 
 
-def _reclaim(engine: Engine) -> None:
+def _reclaim(conn) -> None:
     """Give freed pages back to the file system, a bounded number of pages per write lock."""
-    with engine.connect() as conn:
-        raw = conn.connection.driver_connection
-        while raw.execute("PRAGMA freelist_count").fetchone()[0] > 0:
-            # executescript steps the pragma to completion; a plain execute frees one page.
-            raw.executescript(f"PRAGMA incremental_vacuum({VACUUM_PAGES_PER_STEP});")
-        # Move SQLite's own WAL into the file and cut it to zero bytes.
-        raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    raw = conn.connection.driver_connection
+    while raw.execute("PRAGMA freelist_count").fetchone()[0] > 0:
+        # executescript steps the pragma to completion; a plain execute frees one page.
+        raw.executescript(f"PRAGMA incremental_vacuum({VACUUM_PAGES_PER_STEP});")
+    # Move SQLite's own WAL into the file and cut it to zero bytes.
+    raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
 def set_pinned(engine: Engine, execution_id: str, pinned: bool) -> None:
