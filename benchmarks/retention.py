@@ -49,9 +49,11 @@ def _mark_pins_and_forks(engine) -> tuple[int, int]:
     cutoff = T0_NS + (HISTORY_DAYS - RETENTION_DAYS) * DAY_NS
     with engine.begin() as conn:
         ids = conn.execute(sa.select(t.execution_id, t.created_at_ns).order_by(t.created_at_ns, t.execution_id)).all()
-        old = [r.execution_id for r in ids if r.created_at_ns < cutoff]
-        young = [r.execution_id for r in ids if r.created_at_ns >= cutoff]
         pins = [r.execution_id for r in ids[::100]]
+        pinned = set(pins)
+        # Parents among the old traces prune would delete were they not parents.
+        old = [r.execution_id for r in ids if r.created_at_ns < cutoff and r.execution_id not in pinned]
+        young = [r.execution_id for r in ids if r.created_at_ns >= cutoff]
         conn.execute(traces.update().where(t.execution_id.in_(pins)).values(pinned=True))
         forks = 0
         for k, eid in enumerate(young[::100]):
