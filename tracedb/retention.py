@@ -280,6 +280,8 @@ def prune(
         progress = None  # a dry run shows no bar, as it never has
     else:
         before = _size(files) if engine.dialect.name == "sqlite" else _pg_size(engine)
+    if engine.dialect.name == "postgresql":
+        _analyze_if_unknown(engine)
     estimate = _estimate(engine, cutoff) if progress is not None else 0
     deleted = steps = pinned = parents = batches = 0
     # (created_at_ns, execution_id) < (cutoff, ""): exactly the traces created before the cutoff.
@@ -309,6 +311,22 @@ def prune(
         _vacuum_pg(engine)
         freed = max(0, before - _pg_size(engine))
     return PruneResult(deleted, steps, pinned, parents, batches, freed, False)
+
+
+def _analyze_if_unknown(engine: Engine) -> None:
+    """ANALYZE those of the two tables whose row count the planner does not know (never analyzed
+    nor vacuumed: a database loaded minutes ago, before autovacuum came by). Without it, each
+    batch deletes its steps with a sequential scan of `trace_steps` (0.26 s instead of 0.02 s a
+    batch of 500 traces on 1M steps). ANALYZE blocks no reader or writer."""
+    with engine.connect() as conn:
+        unknown = conn.exec_driver_sql(
+            "SELECT relname FROM pg_class WHERE oid IN ('traces'::regclass, 'trace_steps'::regclass) "
+            "AND reltuples < 0 ORDER BY relname"
+        ).scalars().all()
+        conn.rollback()
+        auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+        for name in unknown:
+            auto.exec_driver_sql(f"ANALYZE {name}")
 
 
 def _pg_size(engine: Engine) -> int:
