@@ -3,6 +3,7 @@ it, percentiles, and the lines they print."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 
@@ -37,10 +38,13 @@ def execution_envelope(n: int) -> dict:
     return {"intent": "summarize", "n": n}
 
 
-def fill_store_wal(wal_dir: str, executions: int, events_per: int, prefix: str = "exec") -> int:
+def fill_store_wal(wal_dir: str, executions: int, events_per: int, prefix: str = "exec",
+                   spacing_ns: int = 0, scattered_ids: bool = False) -> int:
     """Fill a WAL with the records the store writes for `executions` executions of
     `events_per` events each (start, events, then the finish, which is the last event);
-    execution ids are f"{prefix}-{n:08d}". Returns the number of events."""
+    execution ids are f"{prefix}-{n:08d}" (with `scattered_ids`, 32 hex digits of a hash of n
+    instead: keys in no time order, like the uuid4 ids a caller chooses), the n-th started at
+    T0_NS + n * spacing_ns. Returns the number of events."""
     import wal
 
     from tracedb import compute_envelope_hash
@@ -51,12 +55,14 @@ def fill_store_wal(wal_dir: str, executions: int, events_per: int, prefix: str =
     batch: list[bytes] = []
     n_events = 0
     for e in range(executions):
-        eid = f"{prefix}-{e:08d}"
+        eid = f"{prefix}-{hashlib.blake2b(e.to_bytes(8, 'big'), digest_size=16).hexdigest()}" if scattered_ids \
+            else f"{prefix}-{e:08d}"
         env = execution_envelope(e)
-        batch.append(encode_start(eid, "summarize", env, compute_envelope_hash(env), T0_NS))
+        t0 = T0_NS + e * spacing_ns
+        batch.append(encode_start(eid, "summarize", env, compute_envelope_hash(env), t0))
         for i in range(1, events_per):
-            batch.append(encode_event(eid, i, "tool.responded", payload, T0_NS + i))
-        batch.append(encode_finish(eid, events_per, {"status": "success", "payload": {"n": e}}, T0_NS + events_per))
+            batch.append(encode_event(eid, i, "tool.responded", payload, t0 + i))
+        batch.append(encode_finish(eid, events_per, {"status": "success", "payload": {"n": e}}, t0 + events_per))
         n_events += events_per
         if len(batch) >= 10_000:
             w.append_many(batch)

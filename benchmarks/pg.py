@@ -19,6 +19,7 @@ one recorder (SQLite has one writer at a time).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -61,13 +62,18 @@ def _compact_worker(target: str, wal_dir: str, recorder_id: str, batch_records: 
         engine.dispose()
 
 
-def _run_config(target: str, workdir: str, recorders: int, events: int, events_per: int, batch_records: int) -> dict:
+def run_fleet(target: str, workdir: str, recorders: int, events: int, events_per: int, batch_records: int,
+              spacing_ns: int = 0, scattered_ids: bool = False) -> dict:
+    """`recorders` processes, each with a WAL of its share of `events` (executions started
+    `spacing_ns` apart; `scattered_ids`: see fill_store_wal), compacting into `target` at once:
+    {"recorders", "events", "seconds", "events_per_s"}."""
     ctx = multiprocessing.get_context("spawn")
     per = max(1, events // recorders // events_per)
     dirs = []
     for k in range(recorders):
         d = tempfile.mkdtemp(prefix=f"rec{k}-", dir=workdir)
-        fill_store_wal(os.path.join(d, "wal"), per, events_per, prefix=f"r{k}")
+        fill_store_wal(os.path.join(d, "wal"), per, events_per, prefix=f"r{k}", spacing_ns=spacing_ns,
+                       scattered_ids=scattered_ids)
         dirs.append(d)
     barrier = ctx.Barrier(recorders)
     out = ctx.Queue()
@@ -99,6 +105,21 @@ def _schema_url(pg_url: str, schema: str) -> str:
     return url.render_as_string(hide_password=False)
 
 
+@contextlib.contextmanager
+def bench_schema(admin, pg_url: str, made: list):
+    """A fresh schema for one configuration, dropped when it is done: yields the URL whose
+    search_path is that schema. Its name is appended to `made`."""
+    schema = "tracedb_bench_" + uuid.uuid4().hex[:12]
+    made.append(schema)
+    with admin.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield _schema_url(pg_url, schema)
+    finally:
+        with admin.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+
+
 def run(
     pg_url: str,
     events: int = 200_000,
@@ -124,22 +145,12 @@ def run(
         with admin.connect() as conn:
             result["server"] = conn.exec_driver_sql("SHOW server_version").scalar()
         for n in recorders:
-            schema = "tracedb_bench_" + uuid.uuid4().hex[:12]
-            result["schemas"].append(schema)  # created for this run and dropped at its end
-            with admin.connect() as conn:
-                conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-            try:
-                result["postgresql"][str(n)] = _run_config(
-                    _schema_url(pg_url, schema), work, n, events, events_per_execution, batch_records
-                )
-            finally:
-                with admin.connect() as conn:
-                    conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
-                        f'DROP SCHEMA "{schema}" CASCADE'
-                    )
+            # Each schema is created for this run and dropped at its end.
+            with bench_schema(admin, pg_url, result["schemas"]) as url:
+                result["postgresql"][str(n)] = run_fleet(url, work, n, events, events_per_execution, batch_records)
         if sqlite:
             path = os.path.join(work, "bench.db")
-            result["sqlite"] = {"1": _run_config(path, work, 1, events, events_per_execution, batch_records)}
+            result["sqlite"] = {"1": run_fleet(path, work, 1, events, events_per_execution, batch_records)}
     finally:
         admin.dispose()
         shutil.rmtree(work, ignore_errors=True)

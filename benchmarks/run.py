@@ -724,6 +724,17 @@ def section_pg(args, workdir: str) -> None:
     RESULTS["pg"] = result
 
 
+def section_retention(args, workdir: str) -> None:
+    from benchmarks import retention
+
+    print("\n== Retention: prune steps/s against ingest events/s, same run (SQLite: 1 recorder;"
+          " PostgreSQL: a fleet of 4)")
+    result = retention.run(workdir, os.environ.get("TRACEDB_TEST_PG_URL"), events=100_000 if args.quick else 1_000_000)
+    for line in retention.report_lines(result):
+        print(line, flush=True)
+    RESULTS["retention"] = result
+
+
 # -- the CLI's read commands ----------------------------------------------------------------
 
 
@@ -848,6 +859,7 @@ SECTIONS = {
     "replay": section_replay,
     "sidecar": section_sidecar,
     "pg": section_pg,
+    "retention": section_retention,
     "cli": section_cli,
     "integrations": section_integrations,
     "otel": section_otel,

@@ -13,6 +13,7 @@ recorder out for as long as it rewrites the tables.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -191,13 +192,14 @@ def _with_ancestors(conn, parents: set, candidates: set) -> set:
     return kept
 
 
-def _batch(engine: Engine, cutoff_ns: int, after, limit: int, dry_run: bool,
+def _batch(conn, cutoff_ns: int, after, limit: int, dry_run: bool,
            outside_parents: Optional[Callable[[], set]] = None) -> _Batch:
-    """One batch in one short transaction, run again when it loses a deadlock or a lock wait."""
+    """One batch in one short transaction on `conn`, run again when it loses a deadlock or a
+    lock wait."""
     backoff = Backoff(first_s=0.01, max_s=0.5)
     while True:
         try:
-            with engine.begin() as conn:
+            with conn.begin():
                 return _run_batch(conn, cutoff_ns, after, limit, dry_run, outside_parents)
         except sa.exc.DBAPIError as e:
             state = db.sqlstate(e)
@@ -205,6 +207,30 @@ def _batch(engine: Engine, cutoff_ns: int, after, limit: int, dry_run: bool,
                 raise
             log.warning("prune batch hit %s (SQLSTATE %s); running it again", type(e.orig).__name__, state)
             time.sleep(backoff.next_delay())
+
+
+# While prune walks, its connection leaves SQLite's WAL to grow to this many pages before it
+# copies them into the database (the default is 1,000 pages, 4 MB): a batch's commit does not
+# checkpoint pages the next batch writes again (b-tree interior, free-list and pointer-map
+# pages), and the truncating checkpoint at the end copies each page once.
+PRUNE_WAL_AUTOCHECKPOINT_PAGES = 16384
+
+
+@contextlib.contextmanager
+def _walk_connection(engine: Engine):
+    """The one connection a prune walks with; on SQLite, with a longer automatic checkpoint
+    interval for the walk, set back before the connection goes back to the pool."""
+    with engine.connect() as conn:
+        if engine.dialect.name != "sqlite":
+            yield conn
+            return
+        raw = conn.connection.driver_connection
+        before = raw.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        raw.execute(f"PRAGMA wal_autocheckpoint={PRUNE_WAL_AUTOCHECKPOINT_PAGES}").fetchall()
+        try:
+            yield conn
+        finally:
+            raw.execute(f"PRAGMA wal_autocheckpoint={int(before)}").fetchall()
 
 
 def _estimate(engine: Engine, cutoff_ns: int) -> int:
@@ -241,7 +267,7 @@ def prune(
     a fork (created after its parent) goes before, or with, the trace it was made from.
 
     Idempotent: a second run deletes nothing more. Then reclaims space (incremental vacuum, and
-    a truncating checkpoint of SQLite's own WAL; a plain VACUUM on PostgreSQL).
+    a truncating checkpoint of SQLite's own WAL; a plain VACUUM, without ANALYZE, on PostgreSQL).
     """
     if older_than_s < 0:
         raise InvalidInputError(f"older_than must not be negative, got {older_than_s}")
@@ -254,33 +280,53 @@ def prune(
         progress = None  # a dry run shows no bar, as it never has
     else:
         before = _size(files) if engine.dialect.name == "sqlite" else _pg_size(engine)
+    if engine.dialect.name == "postgresql":
+        _analyze_if_unknown(engine)
     estimate = _estimate(engine, cutoff) if progress is not None else 0
     deleted = steps = pinned = parents = batches = 0
     # (created_at_ns, execution_id) < (cutoff, ""): exactly the traces created before the cutoff.
     after: tuple[int, str] = (cutoff, "")
-    while True:
-        b = _batch(engine, cutoff, after, batch_traces, dry_run, outside_parents)
-        deleted += b.deleted
-        steps += b.steps
-        pinned += b.pinned
-        parents += b.parents
-        if b.deleted and not dry_run:
-            batches += 1
-        if progress is not None and deleted and (b.deleted or b.last is None):
-            progress(deleted, max(estimate - parents, deleted))
-        if b.last is None:
-            break
-        after = b.last
+    with _walk_connection(engine) as conn:
+        while True:
+            b = _batch(conn, cutoff, after, batch_traces, dry_run, outside_parents)
+            deleted += b.deleted
+            steps += b.steps
+            pinned += b.pinned
+            parents += b.parents
+            if b.deleted and not dry_run:
+                batches += 1
+            if progress is not None and deleted and (b.deleted or b.last is None):
+                progress(deleted, max(estimate - parents, deleted))
+            if b.last is None:
+                break
+            after = b.last
+        if engine.dialect.name == "sqlite" and deleted and not dry_run:
+            _reclaim(conn)  # on the walk's connection: its checkpoint interval too
     if dry_run:
         return PruneResult(deleted, steps, pinned, parents, 0, 0, True)
     freed = 0
     if engine.dialect.name == "sqlite" and deleted:
-        _reclaim(engine)
         freed = max(0, before - _size(files))
     elif engine.dialect.name == "postgresql" and deleted:
         _vacuum_pg(engine)
         freed = max(0, before - _pg_size(engine))
     return PruneResult(deleted, steps, pinned, parents, batches, freed, False)
+
+
+def _analyze_if_unknown(engine: Engine) -> None:
+    """ANALYZE those of the two tables whose row count the planner does not know (never analyzed
+    nor vacuumed: a database loaded minutes ago, before autovacuum came by). Without it, each
+    batch deletes its steps with a sequential scan of `trace_steps` (0.26 s instead of 0.02 s a
+    batch of 500 traces on 1M steps). ANALYZE blocks no reader or writer."""
+    with engine.connect() as conn:
+        unknown = conn.exec_driver_sql(
+            "SELECT relname FROM pg_class WHERE oid IN ('traces'::regclass, 'trace_steps'::regclass) "
+            "AND reltuples < 0 ORDER BY relname"
+        ).scalars().all()
+        conn.rollback()
+        auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+        for name in unknown:
+            auto.exec_driver_sql(f"ANALYZE {name}")
 
 
 def _pg_size(engine: Engine) -> int:
@@ -294,25 +340,28 @@ def _pg_size(engine: Engine) -> int:
 
 def _vacuum_pg(engine: Engine) -> None:
     """A plain VACUUM: makes the deleted rows' space reusable and truncates empty trailing pages.
-    It takes no lock that blocks the recorders' reads or writes."""
+    It takes no lock that blocks the recorders' reads or writes.
+
+    Without ANALYZE: sampling the two tables took four times as long as the VACUUM itself (a
+    store of 1M steps, a tenth pruned), and autovacuum analyzes a table anyway once a tenth of
+    its rows changed (autovacuum_analyze_scale_factor)."""
     with engine.connect() as conn:
         # VACUUM cannot run inside a transaction block.
         auto = conn.execution_options(isolation_level="AUTOCOMMIT")
-        auto.exec_driver_sql("VACUUM (ANALYZE) trace_steps, traces")
+        auto.exec_driver_sql("VACUUM trace_steps, traces")
 
 
 VACUUM_PAGES_PER_STEP = 2048
 
 
-def _reclaim(engine: Engine) -> None:
+def _reclaim(conn) -> None:
     """Give freed pages back to the file system, a bounded number of pages per write lock."""
-    with engine.connect() as conn:
-        raw = conn.connection.driver_connection
-        while raw.execute("PRAGMA freelist_count").fetchone()[0] > 0:
-            # executescript steps the pragma to completion; a plain execute frees one page.
-            raw.executescript(f"PRAGMA incremental_vacuum({VACUUM_PAGES_PER_STEP});")
-        # Move SQLite's own WAL into the file and cut it to zero bytes.
-        raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    raw = conn.connection.driver_connection
+    while raw.execute("PRAGMA freelist_count").fetchone()[0] > 0:
+        # executescript steps the pragma to completion; a plain execute frees one page.
+        raw.executescript(f"PRAGMA incremental_vacuum({VACUUM_PAGES_PER_STEP});")
+    # Move SQLite's own WAL into the file and cut it to zero bytes.
+    raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
 def set_pinned(engine: Engine, execution_id: str, pinned: bool) -> None:

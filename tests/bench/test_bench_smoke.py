@@ -4,6 +4,7 @@ shows up in the test suite and not in the next benchmark run."""
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -82,4 +83,23 @@ def test_the_langgraph_section_runs_every_saver_on_the_same_graph(tmp_path):
     assert r["state_bytes"] == 641
     lines = langgraph.report_lines(r)
     assert any("tracedb / AsyncSqliteSaver" in line for line in lines)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_retention_section_prunes_a_tenth_and_keeps_pins_and_fork_parents(tmp_path):
+    from benchmarks import retention
+
+    pg_url = os.environ.get("TRACEDB_TEST_PG_URL")
+    r = retention.run(str(tmp_path), pg_url, events=5_000)
+    for name in ("sqlite", "postgresql") if pg_url else ("sqlite",):
+        fig = r[name]
+        assert fig["ingest"]["events"] == 5_000
+        p = fig["prune"]
+        # 3 days of 33: about a tenth of the executions, less what stays.
+        assert 0 < p["deleted_steps"] < 5_000 * 0.2 and p["deleted_steps"] % 50 == 0
+        assert p["kept_pinned"] >= 1 and p["kept_parents"] >= 1
+        assert fig["ratio"] == p["steps_per_s"] / fig["ingest"]["events_per_s"]
+        assert fig["met"] == (fig["ratio"] >= 2.0)
+    lines = retention.report_lines(r)
+    assert any("target >= 2x" in line for line in lines)
     assert list(tmp_path.iterdir()) == []

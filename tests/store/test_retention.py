@@ -94,6 +94,37 @@ def test_prune_works_in_batches_and_gives_space_back(open_store, clock):
     assert os.path.getsize(db_path + "-wal") == 0
 
 
+def test_prune_gives_its_connection_back_with_sqlites_checkpoint_interval(open_store, clock):
+    # The walk checkpoints less often; the connection the recorder's compactor takes from the
+    # pool next must checkpoint as before, whether prune deleted, or failed half-way.
+    store = open_store(prune_batch_traces=2)
+    for i in range(5):
+        record(store, clock, f"exec-old{i}")
+    store.compact()
+    clock.advance(31 * DAY)
+    seen = []
+
+    def progress(done, total):
+        with store.engine.connect() as other:  # the pool's other connection, not the walk's
+            seen.append(other.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar())
+        if done >= 4:
+            raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError):
+        store.prune(older_than_s=30 * DAY, progress=progress)
+    assert seen and set(seen) == {1000}
+    assert store.prune(older_than_s=30 * DAY).deleted_traces == 1
+    # Every connection the pool holds, the walk's among them, held at once (read outside a
+    # transaction: the engine's BEGIN IMMEDIATE would make them wait for each other).
+    conns = [store.engine.connect() for _ in range(store.engine.pool.size() + 2)]
+    try:
+        intervals = [c.connection.driver_connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] for c in conns]
+        assert intervals == [1000] * len(conns)
+    finally:
+        for c in conns:
+            c.close()
+
+
 def test_cli_prune_runs_next_to_a_live_recorder(open_store, clock, data_dir):
     store = open_store()
     record_seed_002(store, "exec-old")
