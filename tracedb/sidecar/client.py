@@ -55,7 +55,7 @@ from .. import handles
 from ..backoff import Backoff
 from ..ids import new_execution_id
 from ..record import ExecutionRecord, compute_envelope_hash
-from ..validation import check_finite
+from ..validation import DUMP_OPTS, ENVELOPE_OPTS, check_finite, dumps_checked
 from . import protocol as P
 from .outage import (
     CONTINUE,
@@ -76,6 +76,7 @@ RETRYABLE = frozenset({P.UNAVAILABLE, P.OVERLOADED})
 # was never started learns it in about a second, not after the reconnect timeout.
 DEFAULT_CONNECT_TIMEOUT_S = 1.0
 _OPT = orjson.OPT_APPEND_NEWLINE
+_FRAME_OPTS = _OPT | DUMP_OPTS
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -305,6 +306,9 @@ def _request_change(op: str, execution_id: str, text: str) -> dict:
 
 
 def _request_start(rid, intent, envelope, execution_id, parent_execution_id, forked_at_seq) -> dict:
+    # The envelope is written as the store writes (and hashes) it in-process, a datetime as its
+    # str(): one envelope gets one hash on every way in (docs/values.md).
+    envelope = orjson.Fragment(dumps_checked(envelope, "envelope", ENVELOPE_OPTS, default=str))
     req = {"id": rid, "op": "start", "intent": intent, "envelope": envelope, "execution_id": execution_id}
     if parent_execution_id is not None:
         req["parent_execution_id"] = parent_execution_id
@@ -314,7 +318,8 @@ def _request_start(rid, intent, envelope, execution_id, parent_execution_id, for
 
 def _encode(req: dict, max_frame_bytes: int) -> bytes:
     try:
-        frame = orjson.dumps(req, option=_OPT)
+        # The store's encoding options: a datetime in a payload is refused, as in-process.
+        frame = orjson.dumps(req, option=_FRAME_OPTS)
     except (TypeError, orjson.JSONEncodeError) as e:
         raise E.InvalidInputError(
             f"cannot record a value that is not JSON: {e}",
@@ -638,7 +643,7 @@ class _ViaSidecar:
             self.remote.known_down = lambda o=self.outage: o.down
 
     def start(self, intent, envelope, execution_id, parent_execution_id, forked_at_seq):
-        execution_id = execution_id or new_execution_id()
+        execution_id = new_execution_id() if execution_id is None else execution_id
         req = _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq)
         resp = self._write(req, execution_id)
         if resp is None:  # dropped (fail open): the handle goes on, its records dropped likewise
@@ -1332,7 +1337,7 @@ class _AsyncViaSidecar:
             self._failed(e)
 
     async def start(self, intent, envelope, execution_id, parent_execution_id, forked_at_seq):
-        execution_id = execution_id or new_execution_id()
+        execution_id = new_execution_id() if execution_id is None else execution_id
         req = _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq)
         resp = await self._write(req, execution_id)
         if resp is None:  # dropped (fail open)
