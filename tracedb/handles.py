@@ -2,7 +2,7 @@
 
 A recorder is the embedded store (`tracedb.open`, `tracedb.open_async`) or a client of the sidecar:
 each has `event(id, type, payload)`, `finish(id, response)`, `invalidate(id, reason)`,
-`abandon(id, reason)` and `get(id)`. The handle binds the id.
+`abandon(id, reason)`, `mark_recording_failure(id, detail)` and `get(id)`. The handle binds the id.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ class Execution:
         """Mark this execution incomplete now: its agent is gone and will record no more."""
         self.recorder.abandon(self.execution_id, reason)
 
+    def mark_recording_failure(self, detail: str) -> None:
+        """Flag this execution not replayable (recording_failure): records of it were lost."""
+        self.recorder.mark_recording_failure(self.execution_id, detail)
+
     def get(self) -> ExecutionRecord:
         """This execution's record so far."""
         return self.recorder.get(self.execution_id)
@@ -68,6 +72,10 @@ class AsyncExecution:
     async def abandon(self, reason: str) -> None:
         """Mark this execution incomplete now: its agent is gone and will record no more."""
         await self.recorder.abandon(self.execution_id, reason)
+
+    async def mark_recording_failure(self, detail: str) -> None:
+        """Flag this execution not replayable (recording_failure): records of it were lost."""
+        await self.recorder.mark_recording_failure(self.execution_id, detail)
 
     async def get(self) -> ExecutionRecord:
         """This execution's record so far."""

@@ -160,10 +160,6 @@ def check_record_size(data: bytes) -> bytes:
 class Execution(handles.Execution):
     """One execution being recorded in the embedded store: `event()`, then `finish()`."""
 
-    def mark_recording_failure(self, detail: str) -> None:
-        """Flag this execution not replayable (recording_failure)."""
-        self.recorder.mark_recording_failure(self.execution_id, detail)
-
     @property
     def store(self) -> "Store":
         """The store it records into."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from asyncio import get_running_loop
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import handles
 from .codec import OP_INVALIDATE, OP_RECORDING_FAILURE
@@ -111,10 +111,13 @@ class AsyncStore:
         parent_execution_id: Optional[str] = None,
         forked_at_seq: Optional[int] = None,
         created_at_ns: Optional[int] = None,
+        meta: Optional[dict] = None,
     ) -> "AsyncExecution":
-        """Start an execution; returns once its start record is durable."""
+        """Start an execution; returns once its start record is durable (`Store.start`)."""
         s = self.store
-        start = s.reserve_start(intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns)
+        start = s.reserve_start(
+            intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns, meta=meta
+        )
         sink = self._sink()
         try:
             if start.state is not None and (start.explicit or parent_execution_id is not None):
@@ -182,31 +185,57 @@ class AsyncStore:
         await sink.durable()
         return status
 
-    async def record_execution(self, intent: str, envelope: dict, execution_id: Optional[str] = None, **kw):
-        """`Store.record_execution` (a whole execution checked, then one WAL append), off the loop;
-        returns the execution's id."""
-        ex = await self._run(self.store.record_execution, intent, envelope, execution_id, **kw)
-        return ex.execution_id
+    async def record_execution(
+        self,
+        intent: str,
+        envelope: dict,
+        execution_id: Optional[str] = None,
+        *,
+        events=(),
+        response: Optional[dict] = None,
+        closing=(),
+        created_at_ns: Optional[int] = None,
+        meta: Optional[dict] = None,
+        recorded_at_ns=None,
+    ) -> "AsyncExecution":
+        """`Store.record_execution` (a whole execution checked, then one WAL append), off the loop."""
+        ex = await self._run(
+            self.store.record_execution, intent, envelope, execution_id, events=events, response=response,
+            closing=closing, created_at_ns=created_at_ns, meta=meta, recorded_at_ns=recorded_at_ns,
+        )
+        return AsyncExecution(self, ex.execution_id, ex.envelope_hash)
 
     async def get(self, execution_id: str) -> ExecutionRecord:
         """The execution's whole record."""
         return await self._run(self.store.get, execution_id)
 
-    async def list(self, status=None, since=None, until=None, limit=None) -> list[TraceSummary]:
+    async def list(
+        self,
+        status: Optional[str] = None,
+        since=None,
+        until=None,
+        limit: Optional[int] = None,
+    ) -> list[TraceSummary]:
         """Executions by creation time, filtered."""
         return await self._run(self.store.list, status, since, until, limit)
 
-    async def compact(self, **kw) -> CompactResult:
+    async def compact(self, *, progress: Optional[Callable[[int, int], None]] = None) -> CompactResult:
         """Apply every durable WAL record to the database now."""
-        return await self._run(self.store.compact, **kw)
+        return await self._run(self.store.compact, progress=progress)
 
-    async def recover(self, **kw) -> RecoverResult:
+    async def recover(self, *, progress: Optional[Callable[[int, int], None]] = None) -> RecoverResult:
         """Compact and mark orphaned running executions incomplete."""
-        return await self._run(self.store.recover, **kw)
+        return await self._run(self.store.recover, progress=progress)
 
-    async def prune(self, older_than_s=None, dry_run=False, **kw) -> PruneResult:
+    async def prune(
+        self,
+        older_than_s: Optional[float] = None,
+        dry_run: bool = False,
+        *,
+        progress: Optional[Callable[[int, int], None]] = None,
+    ) -> PruneResult:
         """Delete old terminal traces."""
-        return await self._run(self.store.prune, older_than_s, dry_run, **kw)
+        return await self._run(self.store.prune, older_than_s, dry_run, progress=progress)
 
     async def pin(self, execution_id: str) -> None:
         """Keep a trace forever."""
@@ -233,17 +262,13 @@ class AsyncStore:
 class AsyncExecution(handles.AsyncExecution):
     """One execution being recorded through an `AsyncStore`."""
 
-    async def mark_recording_failure(self, detail: str) -> None:
-        """Flag this execution not replayable (recording_failure)."""
-        await self.recorder.mark_recording_failure(self.execution_id, detail)
-
     @property
     def astore(self) -> AsyncStore:
         """The store it records into."""
         return self.recorder
 
 
-async def open_store_async(data_dir=None, *, config=None, clock=None) -> AsyncStore:
+async def open_store_async(data_dir=None, *, config=None, clock: Optional[Callable[[], int]] = None) -> AsyncStore:
     """Open the data directory for asyncio callers; recovery runs in a worker thread."""
     loop = asyncio.get_running_loop()
     cfg = as_config(config, data_dir)

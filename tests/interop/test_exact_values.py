@@ -88,10 +88,11 @@ def test_the_asyncio_twin_records_a_whole_execution_or_nothing(tmp_path):
                 response={"status": "ok"},
             )
         assert astore.store.durable_lsn == lsn
-        eid = await astore.record_execution(
+        ex = await astore.record_execution(
             "I", {"intent": "I"}, "exec-b", events=[("myapp.x", {"a": 1})], response={"status": "ok"},
         )
-        rec = await astore.get(eid)
+        assert isinstance(ex, tracedb.AsyncExecution) and ex.execution_id == "exec-b"
+        rec = await ex.get()
         await astore.close()
         return rec
 

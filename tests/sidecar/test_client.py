@@ -121,7 +121,7 @@ def test_sync_client_reconnects_and_resends_without_duplicates(store_server, tdi
         assert ex.event("tool.requested", {"n": 1}) == 1
         proxy.cut_after(0)  # the next answer is lost with its connection
         assert ex.event("tool.responded", {"n": 2}) == 2
-        assert proxy.cuts == 1 and client._remote.reconnects == 1
+        assert proxy.cuts == 1 and client._recorder.remote.reconnects == 1
         proxy.cut_after(0)
         assert ex.finish({"status": "success"}) == 3
         rec = client.get(ex.execution_id)
@@ -142,7 +142,7 @@ def test_async_client_resends_a_pipeline_cut_in_the_middle(store_server, tdir):
         proxy.cut_after(20)
         seqs = await asyncio.gather(*(ex.event("tool.responded", {"i": i}) for i in range(60)))
         assert seqs == list(range(1, 61))
-        assert proxy.cuts == 1 and client._remote.reconnects >= 1
+        assert proxy.cuts == 1 and client._recorder.remote.reconnects >= 1
         rec = await client.get(ex.execution_id)
         await client.close()
         return rec
@@ -164,7 +164,7 @@ def test_async_client_reconnects_when_answers_stop_coming_and_records_nothing_tw
             asyncio.gather(*(ex.event("tool.responded", {"i": i}) for i in range(10))), timeout=20
         )
         assert seqs == list(range(1, 11))
-        assert proxy.stalls == 1 and client._remote.reconnects >= 1
+        assert proxy.stalls == 1 and client._recorder.remote.reconnects >= 1
         rec = await client.get(ex.execution_id)
         await client.close()
         return rec

@@ -248,7 +248,7 @@ def test_the_sync_client_reconnects_after_an_idle_close_without_losing_or_repeat
             # Without seq an event cannot be resent safely; it must not be lost to the close.
             assert client.event("exec-noseq", "t.b", {"n": 1}) == 1
             assert ex.finish({"status": "ok"}) == 3
-            assert other.last_seq == 0 and client._remote.reconnects == 2
+            assert other.last_seq == 0 and client._recorder.remote.reconnects == 2
             rec = client.get("exec-idle")
             noseq = client.get("exec-noseq")
         assert [(e.seq, e.payload) for e in rec.events] == [(1, {"n": 1}), (2, {"n": 2}), (3, {"status": "ok"})]
@@ -275,10 +275,10 @@ def test_the_async_client_reconnects_after_an_idle_close_without_losing_or_repea
             assert await asyncio.gather(ex.event("t.a", {"n": 2}), ex.event("t.a", {"n": 3})) == [2, 3]
             await client.start("I", {"q": 2}, "exec-noseq")
             await wait_until_async(lambda: listener.closed["idle"] == 2, 10, "the idle connection to be closed again")
-            await wait_until_async(lambda: client._remote._writer is None, 10, "the client to see the close")
+            await wait_until_async(lambda: client._recorder.remote._writer is None, 10, "the client to see the close")
             assert await client.event("exec-noseq", "t.b", {"n": 1}) == 1
             assert await ex.finish({"status": "ok"}) == 4
-            assert client._remote.reconnects == 2
+            assert client._recorder.remote.reconnects == 2
             return await client.get("exec-idle"), await client.get("exec-noseq")
         finally:
             await client.close()

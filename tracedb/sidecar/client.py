@@ -44,7 +44,8 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Awaitable, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Optional, Protocol
 from urllib.parse import urlparse
 
 import orjson
@@ -54,7 +55,7 @@ from .. import handles
 from ..backoff import Backoff
 from ..ids import new_execution_id
 from ..record import ExecutionRecord, compute_envelope_hash
-from ..validation import check_finite
+from ..validation import DUMP_OPTS, ENVELOPE_OPTS, check_finite, dumps_checked
 from . import protocol as P
 from .outage import (
     CONTINUE,
@@ -75,6 +76,7 @@ RETRYABLE = frozenset({P.UNAVAILABLE, P.OVERLOADED})
 # was never started learns it in about a second, not after the reconnect timeout.
 DEFAULT_CONNECT_TIMEOUT_S = 1.0
 _OPT = orjson.OPT_APPEND_NEWLINE
+_FRAME_OPTS = _OPT | DUMP_OPTS
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -247,7 +249,66 @@ def _address_for(policy: str, sidecar: Optional[str], data_dir: Optional[str], e
     return address
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """Where a client records and how long it waits, resolved once for the sync and the asyncio
+    client alike: `address` None records in-process into `data_dir`; `fail_open` is
+    on_outage="continue", whose timeouts are already cut to `outage_timeout_s`."""
+
+    address: Optional[str]
+    data_dir: Optional[str]
+    token: Optional[str]
+    timeout_s: float
+    reconnect_timeout_s: float
+    connect_timeout_s: float
+    fail_open: bool
+    outage_timeout_s: float
+
+    def transport(self) -> dict:
+        """The keyword arguments of a connection to the sidecar."""
+        return dict(token=self.token, timeout_s=self.timeout_s, reconnect_timeout_s=self.reconnect_timeout_s,
+                    connect_timeout_s=self.connect_timeout_s)
+
+
+def _plan(sidecar, data_dir, token, timeout_s, reconnect_timeout_s, connect_timeout_s, embedded, on_outage,
+          outage_timeout_s) -> _Plan:
+    """`connect()`'s arguments resolved (see the module doc and `Client`)."""
+    policy = outage_policy(on_outage)
+    address = _address_for(policy, sidecar, data_dir, embedded)
+    if address is None:
+        return _Plan(None, default_data_dir(data_dir), None, timeout_s, reconnect_timeout_s, connect_timeout_s,
+                     False, outage_timeout_s)
+    fail_open = policy == CONTINUE
+    if fail_open:
+        # Waiting for an answer, then reconnecting and waiting again: outage_timeout_s in all.
+        timeout_s = min(timeout_s, outage_timeout_s / 2)
+        reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s / 2)
+    return _Plan(address, data_dir, _token_for(address, token, data_dir), timeout_s, reconnect_timeout_s,
+                 connect_timeout_s, fail_open, outage_timeout_s)
+
+
+def _request_event(execution_id: str, type: str, payload: Any, seq: Optional[int]) -> dict:
+    req = {"id": None, "op": "event", "execution_id": execution_id, "type": type, "payload": payload}
+    if seq is not None:
+        req["seq"] = seq
+    return req
+
+
+def _request_finish(execution_id: str, response: dict, seq: Optional[int]) -> dict:
+    req = {"id": None, "op": "finish", "execution_id": execution_id, "response": response}
+    if seq is not None:
+        req["seq"] = seq
+    return req
+
+
+def _request_change(op: str, execution_id: str, text: str) -> dict:
+    return {"id": None, "op": op, "execution_id": execution_id, _CHANGES[op][0]: text}
+
+
 def _request_start(rid, intent, envelope, execution_id, parent_execution_id, forked_at_seq) -> dict:
+    # The envelope is written as the store writes (and hashes) it in-process, a datetime as its
+    # str(): one envelope gets one hash on every way in (docs/values.md).
+    envelope = orjson.Fragment(dumps_checked(envelope, "envelope", ENVELOPE_OPTS, default=str))
     req = {"id": rid, "op": "start", "intent": intent, "envelope": envelope, "execution_id": execution_id}
     if parent_execution_id is not None:
         req["parent_execution_id"] = parent_execution_id
@@ -257,7 +318,8 @@ def _request_start(rid, intent, envelope, execution_id, parent_execution_id, for
 
 def _encode(req: dict, max_frame_bytes: int) -> bytes:
     try:
-        frame = orjson.dumps(req, option=_OPT)
+        # The store's encoding options: a datetime in a payload is refused, as in-process.
+        frame = orjson.dumps(req, option=_FRAME_OPTS)
     except (TypeError, orjson.JSONEncodeError) as e:
         raise E.InvalidInputError(
             f"cannot record a value that is not JSON: {e}",
@@ -485,10 +547,240 @@ class Execution(handles.Execution):
         return self._next_seq - 1
 
 
+# -- where a client records: one recorder, chosen once ---------------------------------------------
+
+NO_OUTAGE = {"down": False, "outages": 0, "unrecorded": 0, "executions_affected": 0}
+# The status changes of the by-id API: the request's op, its text field, the store's method.
+_CHANGES = {
+    "invalidate": ("reason", "invalidate"),
+    "abandon": ("reason", "abandon"),
+    "recording_failure": ("detail", "mark_recording_failure"),
+}
+
+
+class Recorder(Protocol):
+    """What a `Client` records through, chosen once at `connect()`: the embedded store or a
+    sidecar. Each method does what the Client's of the same name does; `start` returns the
+    execution's id, its envelope hash and the seq its next event gets; `change` is `invalidate`,
+    `abandon` or `recording_failure` (`_CHANGES`)."""
+
+    address: Optional[str]
+    embedded: bool
+
+    def start(self, intent: str, envelope: dict, execution_id: Optional[str],
+              parent_execution_id: Optional[str], forked_at_seq: Optional[int]) -> tuple[str, str, int]: ...
+
+    def event(self, execution_id: str, type: str, payload: Any, seq: Optional[int]) -> Optional[int]: ...
+
+    def finish(self, execution_id: str, response: dict, seq: Optional[int]) -> Optional[int]: ...
+
+    def change(self, op: str, execution_id: str, text: str) -> None: ...
+
+    def get(self, execution_id: str) -> ExecutionRecord: ...
+
+    def ping(self) -> bool: ...
+
+    def outage_stats(self) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+class _Embedded:
+    """Records in-process, into the embedded store (`tracedb.open`)."""
+
+    address = None
+    embedded = True
+
+    def __init__(self, store):
+        self.store = store
+
+    def start(self, intent, envelope, execution_id, parent_execution_id, forked_at_seq):
+        ex = self.store.start(intent, envelope, execution_id,
+                              parent_execution_id=parent_execution_id, forked_at_seq=forked_at_seq)
+        return ex.execution_id, ex.envelope_hash, 1
+
+    def event(self, execution_id, type, payload, seq):
+        return self.store.event(execution_id, type, payload)
+
+    def finish(self, execution_id, response, seq):
+        return self.store.finish(execution_id, response)
+
+    def change(self, op, execution_id, text):
+        getattr(self.store, _CHANGES[op][1])(execution_id, text)
+
+    def get(self, execution_id):
+        return self.store.get(execution_id)
+
+    def ping(self):
+        return True
+
+    def outage_stats(self):
+        return dict(NO_OUTAGE)
+
+    def close(self):
+        self.store.close()
+
+
+class _ViaSidecar:
+    """Records through a sidecar (`tracedb serve`), under the outage policy."""
+
+    embedded = False
+
+    def __init__(self, plan: _Plan):
+        self.address = plan.address
+        self.outage: Optional[Outage] = Outage(plan.address) if plan.fail_open else None
+        self.outage_timeout_s = plan.outage_timeout_s
+        self.prober: Optional[threading.Thread] = None
+        self.closing = threading.Event()
+        try:
+            self.remote = _SyncSidecar(plan.address, **plan.transport())
+        except RecorderUnavailableError as e:
+            if self.outage is None:
+                raise
+            self.remote = _SyncSidecar(plan.address, connect_now=False, **plan.transport())
+            self._failed(e)
+        if self.outage is not None:
+            self.remote.known_down = lambda o=self.outage: o.down
+
+    def start(self, intent, envelope, execution_id, parent_execution_id, forked_at_seq):
+        execution_id = new_execution_id() if execution_id is None else execution_id
+        req = _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq)
+        resp = self._write(req, execution_id)
+        if resp is None:  # dropped (fail open): the handle goes on, its records dropped likewise
+            return execution_id, compute_envelope_hash(envelope), 1
+        return resp["execution_id"], resp["envelope_hash"], resp.get("last_seq", 0) + 1
+
+    def event(self, execution_id, type, payload, seq):
+        resp = self._write(_request_event(execution_id, type, payload, seq), execution_id)
+        return None if resp is None else resp["seq"]
+
+    def finish(self, execution_id, response, seq):
+        resp = self._write(_request_finish(execution_id, response, seq), execution_id)
+        return None if resp is None else resp["seq"]
+
+    def change(self, op, execution_id, text):
+        self._write(_request_change(op, execution_id, text), execution_id)
+
+    def get(self, execution_id):
+        resp = self.remote.request({"id": None, "op": "get", "execution_id": execution_id}, execution_id)
+        return ExecutionRecord.from_dict(resp["record"])
+
+    def ping(self):
+        return bool(self.remote.request({"id": None, "op": "ping"}).get("ok"))
+
+    def outage_stats(self):
+        return dict(NO_OUTAGE) if self.outage is None else self.outage.stats()
+
+    def _write(self, req: dict, execution_id: Optional[str]) -> Optional[dict]:
+        """Send a write request under the outage policy: its response, or None if it was dropped."""
+        o = self.outage
+        if o is None:
+            return self.remote.request(req, execution_id)
+        if o.down:
+            o.drop(execution_id, req)
+            return None
+        x = o.lost.get(execution_id) if execution_id is not None else None
+        try:
+            if x is None:
+                return self.remote.request(req, execution_id)
+            with x.lock:
+                resp = run_steps(o.send(x, req), lambda r: self.remote.request(r, execution_id))
+        except RecorderUnavailableError as e:
+            self._failed(e)
+            o.drop(execution_id, req)
+            return None
+        if resp is DROPPED:
+            o.drop(execution_id, req)
+            return None
+        return resp
+
+    # -- the outage prober (a background thread while the recorder is down) ----------------
+
+    def _failed(self, cause: BaseException) -> None:
+        if self.outage.failed(cause) and not self.closing.is_set():
+            self.prober = threading.Thread(target=self._probe, name="tracedb-outage-probe", daemon=True)
+            self.prober.start()
+
+    def _probe(self) -> None:
+        """Until the recorder answers, try it; then tell it about every execution that lost
+        records (the agent's threads never wait for this)."""
+        o = self.outage
+        try:
+            while not self.closing.is_set():
+                if o.down:
+                    if not self._answers():
+                        self.closing.wait(PROBE_INTERVAL_S)
+                        continue
+                    o.recovered()
+                try:
+                    for x in o.untold():
+                        with x.lock:
+                            if x.untold:
+                                run_steps(o.tell(x), lambda r, eid=x.execution_id: self.remote.request(r, eid))
+                except RecorderUnavailableError as e:
+                    o.failed(e)
+                    continue
+                if o.prober_done():
+                    return
+        except BaseException:  # noqa: BLE001 - the agent goes on; the next failure starts a prober
+            log.exception("tracedb: the outage prober stopped")
+        o.prober_stopped()
+
+    def _answers(self) -> bool:
+        """One probe on a connection of its own: True once the recorder's store answers."""
+        try:
+            conn = _SyncConn(self.address, self.remote.token, PROBE_WAIT_S)
+        except OSError:
+            return False
+        try:
+            for rid, req in enumerate(_probe_requests(self.remote.token, self.outage, "tracedb-py-probe"), 1):
+                resp = conn.roundtrip(rid, orjson.dumps(req, option=_OPT))
+                if rid == 1 and not resp.get("ok"):
+                    return False
+            return resp.get("ok") or (resp.get("error") or {}).get("code") not in RETRYABLE
+        except (OSError, ValueError):
+            return False
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        prober = self.prober
+        if prober is not None:
+            deadline = time.monotonic() + self.outage_timeout_s
+            while prober.is_alive() and not (self.outage.down and time.monotonic() >= deadline):
+                prober.join(PROBE_INTERVAL_S)
+            self.closing.set()
+            prober.join()
+        self.closing.set()
+        if self.outage is not None:
+            _unflagged(self.outage)
+        self.remote.close()
+
+
+def _probe_requests(token: Optional[str], outage: Outage, client: str) -> list[dict]:
+    """A probe's two requests (ids 1 and 2): hello, then a `get` that only an open store answers."""
+    hello = {"id": 1, "op": "hello", "client": client}
+    if token:
+        hello["token"] = token
+    return [hello, {"id": 2, "op": "get", "execution_id": outage.probe_id()}]
+
+
+def _unflagged(o: Outage) -> None:
+    left = o.untold()
+    if left:
+        log.error(
+            "tracedb: closed with %d execution(s) that lost records the recorder never heard of "
+            "(it was unreachable): it closes them incomplete (execution_incomplete) when its idle "
+            "timeout passes or it stops", len(left),
+            extra={"address": o.address, "execution_ids": [x.execution_id for x in left[:20]]},
+        )
+
+
 class Client:
     """Records executions through a sidecar or, with none configured, in-process (sync API).
 
-    Thread-safe: calls from several threads are serialised on one connection.
+    Where it records is chosen once, when it is made (see the module doc): every call then goes
+    to that one recorder. Thread-safe: calls from several threads are serialised on one connection.
 
     `on_outage` (or TRACEDB_ON_OUTAGE) chooses what a call does when the sidecar cannot be
     reached: "raise" (default) raises RecorderUnavailableError; "continue" fails open: the agent
@@ -512,124 +804,30 @@ class Client:
         on_outage: Optional[str] = None,
         outage_timeout_s: float = DEFAULT_OUTAGE_TIMEOUT_S,
     ):
-        policy = outage_policy(on_outage)
-        self.address = _address_for(policy, sidecar, data_dir, embedded)
-        self._store = None
-        self._remote: Optional[_SyncSidecar] = None
-        self._outage: Optional[Outage] = None
-        self._outage_timeout_s = outage_timeout_s
-        self._prober: Optional[threading.Thread] = None
-        self._closing = threading.Event()
-        if self.address is None:
+        plan = _plan(sidecar, data_dir, token, timeout_s, reconnect_timeout_s, connect_timeout_s, embedded,
+                     on_outage, outage_timeout_s)
+        if plan.address is None:
             import tracedb
 
-            self._store = tracedb.open(default_data_dir(data_dir))
-            return
-        if policy == CONTINUE:
-            self._outage = Outage(self.address)
-            # Waiting for an answer, then reconnecting and waiting again: outage_timeout_s in all.
-            timeout_s = min(timeout_s, outage_timeout_s / 2)
-            reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s / 2)
-        kwargs = dict(token=_token_for(self.address, token, data_dir), timeout_s=timeout_s,
-                      reconnect_timeout_s=reconnect_timeout_s, connect_timeout_s=connect_timeout_s)
-        try:
-            self._remote = _SyncSidecar(self.address, **kwargs)
-        except RecorderUnavailableError as e:
-            if self._outage is None:
-                raise
-            self._remote = _SyncSidecar(self.address, connect_now=False, **kwargs)
-            self._failed(e)
-        if self._outage is not None:
-            self._remote.known_down = lambda o=self._outage: o.down
+            self._recorder: Recorder = _Embedded(tracedb.open(plan.data_dir))
+        else:
+            self._recorder = _ViaSidecar(plan)
+
+    @property
+    def address(self) -> Optional[str]:
+        """The sidecar's address; None when recording in-process."""
+        return self._recorder.address
+
+    @property
+    def embedded(self) -> bool:
+        """True when recording in-process (no sidecar)."""
+        return self._recorder.embedded
 
     def outage_stats(self) -> dict:
         """With on_outage="continue": whether the recorder is down, how many outages, how many
         records were dropped (less those the recorder turned out to have kept) and how many
         executions they touched (all zero otherwise)."""
-        if self._outage is None:
-            return {"down": False, "outages": 0, "unrecorded": 0, "executions_affected": 0}
-        return self._outage.stats()
-
-    def _write(self, req: dict, execution_id: Optional[str]) -> Optional[dict]:
-        """Send a write request under the outage policy: its response, or None if it was dropped."""
-        o = self._outage
-        if o is None:
-            return self._remote.request(req, execution_id)
-        if o.down:
-            o.drop(execution_id, req)
-            return None
-        x = o.lost.get(execution_id) if execution_id is not None else None
-        try:
-            if x is None:
-                return self._remote.request(req, execution_id)
-            with x.lock:
-                resp = run_steps(o.send(x, req), lambda r: self._remote.request(r, execution_id))
-        except RecorderUnavailableError as e:
-            self._failed(e)
-            o.drop(execution_id, req)
-            return None
-        if resp is DROPPED:
-            o.drop(execution_id, req)
-            return None
-        return resp
-
-    # -- the outage prober (a background thread while the recorder is down) ----------------
-
-    def _failed(self, cause: BaseException) -> None:
-        if self._outage.failed(cause) and not self._closing.is_set():
-            self._prober = threading.Thread(target=self._probe, name="tracedb-outage-probe", daemon=True)
-            self._prober.start()
-
-    def _probe(self) -> None:
-        """Until the recorder answers, try it; then tell it about every execution that lost
-        records (the agent's threads never wait for this)."""
-        o = self._outage
-        try:
-            while not self._closing.is_set():
-                if o.down:
-                    if not self._answers():
-                        self._closing.wait(PROBE_INTERVAL_S)
-                        continue
-                    o.recovered()
-                try:
-                    for x in o.untold():
-                        with x.lock:
-                            if x.untold:
-                                run_steps(o.tell(x), lambda r, eid=x.execution_id: self._remote.request(r, eid))
-                except RecorderUnavailableError as e:
-                    o.failed(e)
-                    continue
-                if o.prober_done():
-                    return
-        except BaseException:  # noqa: BLE001 - the agent goes on; the next failure starts a prober
-            log.exception("tracedb: the outage prober stopped")
-        o.prober_stopped()
-
-    def _answers(self) -> bool:
-        """One probe on a connection of its own: True once the recorder's store answers."""
-        remote = self._remote
-        try:
-            conn = _SyncConn(self.address, remote.token, PROBE_WAIT_S)
-        except OSError:
-            return False
-        try:
-            hello = {"id": 1, "op": "hello", "client": "tracedb-py-probe"}
-            if remote.token:
-                hello["token"] = remote.token
-            if not conn.roundtrip(1, orjson.dumps(hello, option=_OPT)).get("ok"):
-                return False
-            probe = {"id": 2, "op": "get", "execution_id": self._outage.probe_id()}
-            resp = conn.roundtrip(2, orjson.dumps(probe, option=_OPT))
-            return resp.get("ok") or (resp.get("error") or {}).get("code") not in RETRYABLE
-        except (OSError, ValueError):
-            return False
-        finally:
-            conn.close()
-
-    @property
-    def embedded(self) -> bool:
-        """True when recording in-process (no sidecar)."""
-        return self._store is not None
+        return self._recorder.outage_stats()
 
     def start(
         self,
@@ -641,119 +839,59 @@ class Client:
         forked_at_seq: Optional[int] = None,
     ) -> Execution:
         """Start recording an execution; returns once the start is durable."""
-        if self._store is not None:
-            ex = self._store.start(
-                intent, envelope, execution_id,
-                parent_execution_id=parent_execution_id, forked_at_seq=forked_at_seq,
-            )
-            return Execution(self, ex.execution_id, ex.envelope_hash)
-        execution_id = execution_id or new_execution_id()
-        req = _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq)
-        resp = self._write(req, execution_id)
-        if resp is None:  # dropped (fail open): the handle goes on, its records dropped likewise
-            return Execution(self, execution_id, compute_envelope_hash(envelope))
-        return Execution(self, resp["execution_id"], resp["envelope_hash"], resp.get("last_seq", 0) + 1)
+        eid, envelope_hash, next_seq = self._recorder.start(
+            intent, envelope, execution_id, parent_execution_id, forked_at_seq)
+        return Execution(self, eid, envelope_hash, next_seq)
 
     def execution(self, execution_id: str, envelope_hash: str = "", next_seq: int = 1) -> Execution:
         """A handle on an execution started elsewhere (e.g. by a previous client)."""
         return Execution(self, execution_id, envelope_hash, next_seq)
 
-    def event(self, execution_id: str, type: str, payload: Any = None, *, seq: Optional[int] = None) -> int:
-        """Record one event of an execution by id; returns its seq once durable. Give `seq` (the
-        seq it should get) to make it safe to resend: without it, a connection lost after sending
-        raises `OutcomeUnknownError` instead of resending (see the module doc)."""
-        if self._store is not None:
-            return self._store.event(execution_id, type, payload)
-        req = {"id": None, "op": "event", "execution_id": execution_id, "type": type, "payload": payload}
-        if seq is not None:
-            req["seq"] = seq
-        resp = self._write(req, execution_id)
-        return None if resp is None else resp["seq"]
+    def event(self, execution_id: str, type: str, payload: Any = None, *, seq: Optional[int] = None) -> Optional[int]:
+        """Record one event of an execution by id; returns its seq once durable (None: not
+        recorded, the client fails open and the recorder is unreachable). Give `seq` (the seq it
+        should get) to make it safe to resend: without it, a connection lost after sending raises
+        `OutcomeUnknownError` instead of resending (see the module doc)."""
+        return self._recorder.event(execution_id, type, payload, seq)
 
-    def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> int:
-        """Record an execution's final response by id; returns its seq once durable. Without
-        `seq`, a lost connection raises `OutcomeUnknownError`, as for `event`."""
-        if self._store is not None:
-            return self._store.finish(execution_id, response)
-        req = {"id": None, "op": "finish", "execution_id": execution_id, "response": response}
-        if seq is not None:
-            req["seq"] = seq
-        resp = self._write(req, execution_id)
-        return None if resp is None else resp["seq"]
+    def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> Optional[int]:
+        """Record an execution's final response by id; returns its seq once durable (None as for
+        `event`). Without `seq`, a lost connection raises `OutcomeUnknownError`, as for `event`."""
+        return self._recorder.finish(execution_id, response, seq)
 
     def invalidate(self, execution_id: str, reason: str) -> None:
         """Mark an execution manually invalidated (not replayable)."""
-        if self._store is not None:
-            self._store.invalidate(execution_id, reason)
-            return
-        self._write({"id": None, "op": "invalidate", "execution_id": execution_id, "reason": reason}, execution_id)
+        self._recorder.change("invalidate", execution_id, reason)
 
     def abandon(self, execution_id: str, reason: str) -> None:
         """Mark a running execution incomplete (execution_incomplete) because its agent died:
         what recovery does after a crash, now instead of after the idle timeout."""
-        if self._store is not None:
-            self._store.abandon(execution_id, reason)
-            return
-        self._write({"id": None, "op": "abandon", "execution_id": execution_id, "reason": reason}, execution_id)
+        self._recorder.change("abandon", execution_id, reason)
 
     def mark_recording_failure(self, execution_id: str, detail: str) -> None:
         """Flag an execution not replayable because records of it were lost (recording_failure,
         `detail` as its note); its status does not change."""
-        if self._store is not None:
-            self._store.mark_recording_failure(execution_id, detail)
-            return
-        req = {"id": None, "op": "recording_failure", "execution_id": execution_id, "detail": detail}
-        self._write(req, execution_id)
+        self._recorder.change("recording_failure", execution_id, detail)
 
     def get(self, execution_id: str) -> ExecutionRecord:
         """The execution's whole record."""
-        if self._store is not None:
-            return self._store.get(execution_id)
-        resp = self._remote.request({"id": None, "op": "get", "execution_id": execution_id}, execution_id)
-        return ExecutionRecord.from_dict(resp["record"])
+        return self._recorder.get(execution_id)
 
     def ping(self) -> bool:
         """True when the recorder answers."""
-        if self._store is not None:
-            return True
-        return bool(self._remote.request({"id": None, "op": "ping"}).get("ok"))
+        return self._recorder.ping()
 
     def close(self) -> None:
         """Close the connection (or the embedded store). A fail-open client still telling the
         recorder about executions that lost records finishes that first; while the recorder is
         down it waits for it `outage_timeout_s` at most (see docs/clients.md)."""
-        if self._store is not None:
-            self._store.close()
-            self._store = None
-        prober = self._prober
-        if prober is not None:
-            deadline = time.monotonic() + self._outage_timeout_s
-            while prober.is_alive() and not (self._outage.down and time.monotonic() >= deadline):
-                prober.join(PROBE_INTERVAL_S)
-            self._closing.set()
-            prober.join()
-        self._closing.set()
-        if self._outage is not None:
-            _unflagged(self._outage)
-        if self._remote is not None:
-            self._remote.close()
+        self._recorder.close()
 
     def __enter__(self) -> "Client":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _unflagged(o: Outage) -> None:
-    left = o.untold()
-    if left:
-        log.error(
-            "tracedb: closed with %d execution(s) that lost records the recorder never heard of "
-            "(it was unreachable): it closes them incomplete (execution_incomplete) when its idle "
-            "timeout passes or it stops", len(left),
-            extra={"address": o.address, "execution_ids": [x.execution_id for x in left[:20]]},
-        )
 
 
 def connect(sidecar: Optional[str] = None, **kwargs) -> Client:
@@ -804,7 +942,8 @@ class _AsyncSidecar:
         fast) and say hello."""
         await self._reconnect(time.monotonic() + self.connect_timeout_s, initial=True)
 
-    async def _open(self):
+    async def open(self):
+        """A new connection's (reader, writer)."""
         kind, where = parse_address(self.address)
         limit = 1 << 30  # responses (a `get` of a big record) may be long lines
         if kind == "unix":
@@ -822,7 +961,7 @@ class _AsyncSidecar:
         while not self._closed:
             writer = None
             try:
-                reader, writer = await asyncio.wait_for(self._open(), timeout=attempt_timeout_s)
+                reader, writer = await asyncio.wait_for(self.open(), timeout=attempt_timeout_s)
                 self.next_id += 1
                 hello = {"id": self.next_id, "op": "hello", "client": "tracedb-py-async"}
                 if self.token:
@@ -1036,14 +1175,17 @@ class AsyncExecution(handles.AsyncExecution):
     def __init__(self, client: "AsyncClient", execution_id: str, envelope_hash: str, next_seq: int = 1):
         super().__init__(client, execution_id, envelope_hash)
         self._next_seq = next_seq
+        self._sender: AsyncRecorder = client._recorder
 
-    def event(self, type: str, payload: Any = None) -> Awaitable[int]:
-        """Record one event (sent now); await it for its seq, which comes once it is durable."""
-        return self.recorder.send_event(self.execution_id, type, payload, self._take(), self)
+    def event(self, type: str, payload: Any = None) -> Awaitable[Optional[int]]:
+        """Record one event (sent now); await it for its seq, which comes once it is durable
+        (None: not recorded, the client fails open and the recorder is unreachable)."""
+        return self._sender.send_event(self.execution_id, type, payload, self._take(), self)
 
-    def finish(self, response: dict) -> Awaitable[int]:
-        """Record the final response (FINAL_RESPONSE, sent now); await it for its seq."""
-        return self.recorder.send_finish(self.execution_id, response, self._take(), self)
+    def finish(self, response: dict) -> Awaitable[Optional[int]]:
+        """Record the final response (FINAL_RESPONSE, sent now); await it for its seq (None as
+        for `event`)."""
+        return self._sender.send_finish(self.execution_id, response, self._take(), self)
 
     @property
     def last_seq(self) -> int:
@@ -1051,18 +1193,18 @@ class AsyncExecution(handles.AsyncExecution):
         return self._next_seq - 1
 
     def _take(self) -> Optional[int]:
-        if self.recorder.embedded:
+        if self._sender.embedded:
             return None
         seq = self._next_seq
         self._next_seq += 1
         return seq
 
-    def rewind(self, seq: int) -> None:
+    def _rewind(self, seq: int) -> None:
         """The request sent with `seq` failed: later calls reuse that seq. Requests already sent
         behind the failed one fail with seq_conflict and rewind to the same point."""
         self._next_seq = min(self._next_seq, seq)
 
-    def resync(self, next_seq: int) -> None:
+    def _resync(self, next_seq: int) -> None:
         """The recorder's next seq for this execution, learnt after records were dropped."""
         self._next_seq = next_seq
 
@@ -1100,95 +1242,175 @@ class _SeqAwaitable:
             resp = yield from self._fut.__await__()
         except E.TraceDBError:
             if self._execution is not None and self._seq is not None:
-                self._execution.rewind(self._seq)
+                self._execution._rewind(self._seq)
             raise
         return resp["seq"]
 
 
-class AsyncClient:
-    """The asyncio twin of `Client`: the same names, awaited. Create with `await connect_async()`."""
+class AsyncRecorder(Protocol):
+    """What an `AsyncClient` records through, chosen once at `connect_async()`: `Recorder`,
+    awaited, except that `send_event` and `send_finish` send at call time and return an
+    awaitable of the seq (so that calls can be pipelined); `execution` is the handle whose seq
+    counter a failed send rewinds."""
 
-    def __init__(self):
-        self.address: Optional[str] = None
-        self._store = None
-        self._remote: Optional[_AsyncSidecar] = None
-        self._outage: Optional[Outage] = None
-        self._outage_timeout_s = DEFAULT_OUTAGE_TIMEOUT_S
-        self._prober: Optional[asyncio.Task] = None
-        self._closing = False
+    address: Optional[str]
+    embedded: bool
 
-    @classmethod
-    async def create(
-        cls,
-        sidecar: Optional[str] = None,
-        *,
-        data_dir: Optional[str] = None,
-        token: Optional[str] = None,
-        timeout_s: float = 60.0,
-        reconnect_timeout_s: float = 30.0,
-        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-        embedded: Optional[bool] = None,
-        on_outage: Optional[str] = None,
-        outage_timeout_s: float = DEFAULT_OUTAGE_TIMEOUT_S,
-    ) -> "AsyncClient":
-        """Connect (or open the embedded store). `on_outage` as for `Client`."""
-        self = cls()
-        policy = outage_policy(on_outage)
-        self.address = _address_for(policy, sidecar, data_dir, embedded)
-        if self.address is None:
-            import tracedb
+    async def start(self, intent: str, envelope: dict, execution_id: Optional[str],
+                    parent_execution_id: Optional[str], forked_at_seq: Optional[int]) -> tuple[str, str, int]: ...
 
-            self._store = await tracedb.open_async(default_data_dir(data_dir))
-            return self
-        if policy == CONTINUE:
-            # Executions' exchanges with the recorder take turns on the loop, not on threads.
-            self._outage = Outage(self.address, new_lock=asyncio.Lock)
-            self._outage_timeout_s = outage_timeout_s
-            timeout_s = min(timeout_s, outage_timeout_s / 2)
-            reconnect_timeout_s = min(reconnect_timeout_s, outage_timeout_s / 2)
-        self._remote = _AsyncSidecar(
-            self.address, token=_token_for(self.address, token, data_dir), timeout_s=timeout_s,
-            reconnect_timeout_s=reconnect_timeout_s, connect_timeout_s=connect_timeout_s,
-        )
+    def send_event(self, execution_id: str, type: str, payload: Any, seq: Optional[int],
+                   execution: Optional["AsyncExecution"]) -> Awaitable[Optional[int]]: ...
+
+    def send_finish(self, execution_id: str, response: dict, seq: Optional[int],
+                    execution: Optional["AsyncExecution"]) -> Awaitable[Optional[int]]: ...
+
+    async def change(self, op: str, execution_id: str, text: str) -> None: ...
+
+    async def get(self, execution_id: str) -> ExecutionRecord: ...
+
+    async def ping(self) -> bool: ...
+
+    def outage_stats(self) -> dict: ...
+
+    async def close(self) -> None: ...
+
+
+class _AsyncEmbedded:
+    """Records in-process, into the embedded store's asyncio twin (`tracedb.open_async`)."""
+
+    address = None
+    embedded = True
+
+    def __init__(self, astore):
+        self.astore = astore
+
+    async def start(self, intent, envelope, execution_id, parent_execution_id, forked_at_seq):
+        ex = await self.astore.start(intent, envelope, execution_id,
+                                     parent_execution_id=parent_execution_id, forked_at_seq=forked_at_seq)
+        return ex.execution_id, ex.envelope_hash, 1
+
+    def send_event(self, execution_id, type, payload, seq, execution):
+        # A task starts in creation order: call order is kept in-process too.
+        return asyncio.ensure_future(self.astore.event(execution_id, type, payload))
+
+    def send_finish(self, execution_id, response, seq, execution):
+        return asyncio.ensure_future(self.astore.finish(execution_id, response))
+
+    async def change(self, op, execution_id, text):
+        await getattr(self.astore, _CHANGES[op][1])(execution_id, text)
+
+    async def get(self, execution_id):
+        return await self.astore.get(execution_id)
+
+    async def ping(self):
+        return True
+
+    def outage_stats(self):
+        return dict(NO_OUTAGE)
+
+    async def close(self):
+        await self.astore.close()
+
+
+class _AsyncViaSidecar:
+    """Records through a sidecar (`tracedb serve`), pipelined, under the outage policy."""
+
+    embedded = False
+
+    def __init__(self, plan: _Plan):
+        self.address = plan.address
+        # Executions' exchanges with the recorder take turns on the loop, not on threads.
+        self.outage: Optional[Outage] = Outage(plan.address, new_lock=asyncio.Lock) if plan.fail_open else None
+        self.outage_timeout_s = plan.outage_timeout_s
+        self.prober: Optional[asyncio.Task] = None
+        self.closing = False
+        self.remote = _AsyncSidecar(plan.address, **plan.transport())
+
+    async def connect(self) -> None:
+        """Connect now: a recorder that never answers fails this, unless the client fails open."""
         try:
-            await self._remote.connect()
+            await self.remote.connect()
         except RecorderUnavailableError as e:
-            if self._outage is None:
+            if self.outage is None:
                 raise
             self._failed(e)
-        return self
 
-    def outage_stats(self) -> dict:
-        """As `Client.outage_stats`."""
-        if self._outage is None:
-            return {"down": False, "outages": 0, "unrecorded": 0, "executions_affected": 0}
-        return self._outage.stats()
+    async def start(self, intent, envelope, execution_id, parent_execution_id, forked_at_seq):
+        execution_id = new_execution_id() if execution_id is None else execution_id
+        req = _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq)
+        resp = await self._write(req, execution_id)
+        if resp is None:  # dropped (fail open)
+            return execution_id, compute_envelope_hash(envelope), 1
+        return resp["execution_id"], resp["envelope_hash"], resp.get("last_seq", 0) + 1
+
+    def send_event(self, execution_id, type, payload, seq, execution):
+        return self._submit_seq(_request_event(execution_id, type, payload, seq), execution_id, seq, execution)
+
+    def send_finish(self, execution_id, response, seq, execution):
+        return self._submit_seq(_request_finish(execution_id, response, seq), execution_id, seq, execution)
+
+    async def change(self, op, execution_id, text):
+        await self._write(_request_change(op, execution_id, text), execution_id)
+
+    async def get(self, execution_id):
+        resp = await self.remote.request({"id": None, "op": "get", "execution_id": execution_id}, execution_id)
+        return ExecutionRecord.from_dict(resp["record"])
+
+    async def ping(self):
+        return bool((await self.remote.request({"id": None, "op": "ping"})).get("ok"))
+
+    def outage_stats(self):
+        return dict(NO_OUTAGE) if self.outage is None else self.outage.stats()
 
     async def _write(self, req: dict, execution_id: Optional[str], seq: Optional[int] = None,
                      execution: Optional[AsyncExecution] = None) -> Optional[dict]:
-        """`Client._write`, awaited: the response, or None if the record was dropped."""
-        o = self._outage
+        """`_ViaSidecar._write`, awaited: the response, or None if the record was dropped."""
+        o = self.outage
         if o is None:
-            return await self._remote.request(req, execution_id)
+            return await self.remote.request(req, execution_id)
         resp = DROPPED
         if not o.down:
             x = o.lost.get(execution_id) if execution_id is not None else None
             try:
                 if x is None:
-                    return await self._remote.request(req, execution_id)
+                    return await self.remote.request(req, execution_id)
                 async with x.lock:
-                    resp = await arun_steps(o.send(x, req), lambda r: self._remote.request(r, execution_id))
+                    resp = await arun_steps(o.send(x, req), lambda r: self.remote.request(r, execution_id))
             except RecorderUnavailableError as e:
                 self._failed(e)
                 resp = DROPPED
         if resp is DROPPED:
             o.drop(execution_id, req)
             if execution is not None and seq is not None:
-                execution.rewind(seq)
+                execution._rewind(seq)
             return None
         if execution is not None and resp.get("seq") is not None:
-            execution.resync(resp["seq"] + 1)
+            execution._resync(resp["seq"] + 1)
         return resp
+
+    def _submit_seq(self, req: dict, execution_id: str, seq: Optional[int], execution):
+        o = self.outage
+        if o is not None and (o.down or execution_id in o.lost):
+            # Fail open, with the recorder down or an execution that lost records: the slow
+            # path, in a task (tasks start in call order).
+            return asyncio.ensure_future(self._seq_of(self._write(req, execution_id, seq, execution)))
+        try:
+            fut = self.remote.submit(req, execution_id)
+        except E.TraceDBError:
+            if execution is not None and seq is not None:
+                execution._rewind(seq)  # never sent: its seq is free again
+            raise
+        aw = _SeqAwaitable(fut, seq, execution)
+        if o is None:
+            return aw
+        fut.add_done_callback(functools.partial(self._dropped_if_unavailable, req, execution_id, seq, execution))
+        return _FailOpen(aw)
+
+    @staticmethod
+    async def _seq_of(write) -> Optional[int]:
+        resp = await write
+        return None if resp is None else resp["seq"]
 
     def _dropped_if_unavailable(self, req: dict, execution_id: str, seq: Optional[int], execution, fut) -> None:
         """Done callback of a fail-open request sent on the fast path: a request the recorder did
@@ -1198,26 +1420,26 @@ class AsyncClient:
         e = fut.exception()
         if isinstance(e, RecorderUnavailableError):
             self._failed(e)
-            self._outage.drop(execution_id, req)
+            self.outage.drop(execution_id, req)
             if execution is not None and seq is not None:
-                execution.rewind(seq)
+                execution._rewind(seq)
 
     # -- the outage prober (a task while the recorder is down) ------------------------------
 
     def _failed(self, cause: BaseException) -> None:
-        if self._outage.failed(cause) and not self._closing:
-            self._prober = asyncio.get_running_loop().create_task(self._probe())
+        if self.outage.failed(cause) and not self.closing:
+            self.prober = asyncio.get_running_loop().create_task(self._probe())
 
     async def _probe(self) -> None:
-        """As `Client._probe`, on the loop; executions are told about concurrently."""
-        o = self._outage
+        """As `_ViaSidecar._probe`, on the loop; executions are told about concurrently."""
+        o = self.outage
         try:
-            while not self._closing:
+            while not self.closing:
                 if o.down:
                     if not await self._answers():
                         await asyncio.sleep(PROBE_INTERVAL_S)
                         continue
-                    self._remote.recorder_back()
+                    self.remote.recorder_back()
                     o.recovered()
                 try:
                     await asyncio.gather(*(self._tell(x) for x in o.untold()))
@@ -1235,19 +1457,16 @@ class AsyncClient:
     async def _tell(self, x) -> None:
         async with x.lock:
             if x.untold:
-                await arun_steps(self._outage.tell(x), lambda r: self._remote.request(r, x.execution_id))
+                await arun_steps(self.outage.tell(x), lambda r: self.remote.request(r, x.execution_id))
 
     async def _answers(self) -> bool:
-        """As `Client._answers`."""
-        remote = self._remote
+        """As `_ViaSidecar._answers`."""
+        remote = self.remote
         writer = None
         try:
-            reader, writer = await asyncio.wait_for(remote._open(), timeout=PROBE_WAIT_S)
-            hello = {"id": 1, "op": "hello", "client": "tracedb-py-async-probe"}
-            if remote.token:
-                hello["token"] = remote.token
-            writer.write(orjson.dumps(hello, option=_OPT))
-            writer.write(orjson.dumps({"id": 2, "op": "get", "execution_id": self._outage.probe_id()}, option=_OPT))
+            reader, writer = await asyncio.wait_for(remote.open(), timeout=PROBE_WAIT_S)
+            for req in _probe_requests(remote.token, self.outage, "tracedb-py-async-probe"):
+                writer.write(orjson.dumps(req, option=_OPT))
             deadline = time.monotonic() + PROBE_WAIT_S
             while True:
                 line = await asyncio.wait_for(reader.readline(), timeout=max(0.01, deadline - time.monotonic()))
@@ -1266,10 +1485,66 @@ class AsyncClient:
             if writer is not None:
                 writer.close()
 
+    async def close(self) -> None:
+        prober = self.prober
+        if prober is not None:
+            deadline = time.monotonic() + self.outage_timeout_s
+            while not prober.done() and not (self.outage.down and time.monotonic() >= deadline):
+                await asyncio.wait([prober], timeout=PROBE_INTERVAL_S)
+            self.closing = True
+            prober.cancel()
+            await asyncio.gather(prober, return_exceptions=True)
+        self.closing = True
+        if self.outage is not None:
+            _unflagged(self.outage)
+        await self.remote.close()
+
+
+class AsyncClient:
+    """The asyncio twin of `Client`: the same names, parameters and results, awaited. Create with
+    `await connect_async()`; where it records is chosen then, once."""
+
+    def __init__(self, recorder: AsyncRecorder):
+        self._recorder = recorder
+
+    @classmethod
+    async def create(
+        cls,
+        sidecar: Optional[str] = None,
+        *,
+        data_dir: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout_s: float = 60.0,
+        reconnect_timeout_s: float = 30.0,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        embedded: Optional[bool] = None,
+        on_outage: Optional[str] = None,
+        outage_timeout_s: float = DEFAULT_OUTAGE_TIMEOUT_S,
+    ) -> "AsyncClient":
+        """Connect (or open the embedded store); the arguments are `Client`'s."""
+        plan = _plan(sidecar, data_dir, token, timeout_s, reconnect_timeout_s, connect_timeout_s, embedded,
+                     on_outage, outage_timeout_s)
+        if plan.address is None:
+            import tracedb
+
+            return cls(_AsyncEmbedded(await tracedb.open_async(plan.data_dir)))
+        recorder = _AsyncViaSidecar(plan)
+        await recorder.connect()
+        return cls(recorder)
+
+    @property
+    def address(self) -> Optional[str]:
+        """The sidecar's address; None when recording in-process."""
+        return self._recorder.address
+
     @property
     def embedded(self) -> bool:
         """True when recording in-process (no sidecar)."""
-        return self._store is not None
+        return self._recorder.embedded
+
+    def outage_stats(self) -> dict:
+        """As `Client.outage_stats`."""
+        return self._recorder.outage_stats()
 
     async def start(
         self,
@@ -1281,122 +1556,47 @@ class AsyncClient:
         forked_at_seq: Optional[int] = None,
     ) -> AsyncExecution:
         """Start recording an execution; returns once the start is durable."""
-        if self._store is not None:
-            ex = await self._store.start(
-                intent, envelope, execution_id,
-                parent_execution_id=parent_execution_id, forked_at_seq=forked_at_seq,
-            )
-            return AsyncExecution(self, ex.execution_id, ex.envelope_hash)
-        execution_id = execution_id or new_execution_id()
-        req = _request_start(None, intent, envelope, execution_id, parent_execution_id, forked_at_seq)
-        resp = await self._write(req, execution_id)
-        if resp is None:  # dropped (fail open)
-            return AsyncExecution(self, execution_id, compute_envelope_hash(envelope))
-        return AsyncExecution(self, resp["execution_id"], resp["envelope_hash"], resp.get("last_seq", 0) + 1)
+        eid, envelope_hash, next_seq = await self._recorder.start(
+            intent, envelope, execution_id, parent_execution_id, forked_at_seq)
+        return AsyncExecution(self, eid, envelope_hash, next_seq)
 
     def execution(self, execution_id: str, envelope_hash: str = "", next_seq: int = 1) -> AsyncExecution:
         """A handle on an execution started elsewhere."""
         return AsyncExecution(self, execution_id, envelope_hash, next_seq)
 
-    async def event(self, execution_id: str, type: str, payload: Any = None, *, seq: Optional[int] = None) -> int:
-        """Record one event of an execution by id; returns its seq once durable. Give `seq` (the
-        seq it should get) to make it safe to resend: without it, a connection lost after sending
-        raises `OutcomeUnknownError` instead of resending (see the module doc)."""
-        return await self.send_event(execution_id, type, payload, seq)
+    async def event(self, execution_id: str, type: str, payload: Any = None, *,
+                    seq: Optional[int] = None) -> Optional[int]:
+        """As `Client.event`: its seq once durable, None when a fail-open client dropped it."""
+        return await self._recorder.send_event(execution_id, type, payload, seq, None)
 
-    def send_event(self, execution_id, type, payload, seq, execution=None):
-        """Send an event now; returns an awaitable of its seq (see AsyncExecution.event)."""
-        if self._store is not None:
-            # A task starts in creation order: call order is kept in-process too.
-            return asyncio.ensure_future(self._store.event(execution_id, type, payload))
-        req = {"id": None, "op": "event", "execution_id": execution_id, "type": type, "payload": payload}
-        if seq is not None:
-            req["seq"] = seq
-        return self._submit_seq(req, execution_id, seq, execution)
-
-    def _submit_seq(self, req: dict, execution_id: str, seq: Optional[int], execution):
-        o = self._outage
-        if o is not None and (o.down or execution_id in o.lost):
-            # Fail open, with the recorder down or an execution that lost records: the slow
-            # path, in a task (tasks start in call order).
-            return asyncio.ensure_future(self._seq_of(self._write(req, execution_id, seq, execution)))
-        try:
-            fut = self._remote.submit(req, execution_id)
-        except E.TraceDBError:
-            if execution is not None and seq is not None:
-                execution.rewind(seq)  # never sent: its seq is free again
-            raise
-        aw = _SeqAwaitable(fut, seq, execution)
-        if o is None:
-            return aw
-        fut.add_done_callback(functools.partial(self._dropped_if_unavailable, req, execution_id, seq, execution))
-        return _FailOpen(aw)
-
-    @staticmethod
-    async def _seq_of(write) -> Optional[int]:
-        resp = await write
-        return None if resp is None else resp["seq"]
-
-    async def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> int:
-        """Record an execution's final response by id; returns its seq once durable. Without
-        `seq`, a lost connection raises `OutcomeUnknownError`, as for `event`."""
-        return await self.send_finish(execution_id, response, seq)
-
-    def send_finish(self, execution_id, response, seq, execution=None):
-        """Send a final response now; returns an awaitable of its seq."""
-        if self._store is not None:
-            return asyncio.ensure_future(self._store.finish(execution_id, response))
-        req = {"id": None, "op": "finish", "execution_id": execution_id, "response": response}
-        if seq is not None:
-            req["seq"] = seq
-        return self._submit_seq(req, execution_id, seq, execution)
+    async def finish(self, execution_id: str, response: dict, *, seq: Optional[int] = None) -> Optional[int]:
+        """As `Client.finish`."""
+        return await self._recorder.send_finish(execution_id, response, seq, None)
 
     async def invalidate(self, execution_id: str, reason: str) -> None:
         """Mark an execution manually invalidated (not replayable)."""
-        if self._store is not None:
-            await self._store.invalidate(execution_id, reason)
-            return
-        await self._write({"id": None, "op": "invalidate", "execution_id": execution_id, "reason": reason}, execution_id)
+        await self._recorder.change("invalidate", execution_id, reason)
 
     async def abandon(self, execution_id: str, reason: str) -> None:
         """Mark a running execution incomplete because its agent died (see Client.abandon)."""
-        if self._store is not None:
-            await self._store.abandon(execution_id, reason)
-            return
-        await self._write({"id": None, "op": "abandon", "execution_id": execution_id, "reason": reason}, execution_id)
+        await self._recorder.change("abandon", execution_id, reason)
+
+    async def mark_recording_failure(self, execution_id: str, detail: str) -> None:
+        """As `Client.mark_recording_failure`."""
+        await self._recorder.change("recording_failure", execution_id, detail)
 
     async def get(self, execution_id: str) -> ExecutionRecord:
         """The execution's whole record."""
-        if self._store is not None:
-            return await self._store.get(execution_id)
-        resp = await self._remote.request({"id": None, "op": "get", "execution_id": execution_id}, execution_id)
-        return ExecutionRecord.from_dict(resp["record"])
+        return await self._recorder.get(execution_id)
 
     async def ping(self) -> bool:
         """True when the recorder answers."""
-        if self._store is not None:
-            return True
-        return bool((await self._remote.request({"id": None, "op": "ping"})).get("ok"))
+        return await self._recorder.ping()
 
     async def close(self) -> None:
         """Close the connection (or the embedded store); a fail-open client first finishes
         telling the recorder what was lost, as `Client.close`."""
-        if self._store is not None:
-            await self._store.close()
-            self._store = None
-        prober = self._prober
-        if prober is not None:
-            deadline = time.monotonic() + self._outage_timeout_s
-            while not prober.done() and not (self._outage.down and time.monotonic() >= deadline):
-                await asyncio.wait([prober], timeout=PROBE_INTERVAL_S)
-            self._closing = True
-            prober.cancel()
-            await asyncio.gather(prober, return_exceptions=True)
-        self._closing = True
-        if self._outage is not None:
-            _unflagged(self._outage)
-        if self._remote is not None:
-            await self._remote.close()
+        await self._recorder.close()
 
     async def __aenter__(self) -> "AsyncClient":
         return self
