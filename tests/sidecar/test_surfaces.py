@@ -23,7 +23,7 @@ from tracedb.store_async import AsyncStore, open_store_async
 # What the sync store has that is not the user's API: the staging interface the asyncio store,
 # the sidecar and OTLP ingest call, and what the sidecar asks on its hot path.
 STORE_INTERNALS = {
-    "engine", "applied_lsn", "durable_lsn", "redactor", "wal", "append_future", "append_one_future",
+    "engine", "read_engine", "applied_lsn", "durable_lsn", "redactor", "wal", "append_future", "append_one_future",
     "append_staged", "note_append", "not_held_error", "reserve_start", "check_new_in_db", "stage_start",
     "cancel_start", "stage_event", "stage_finish", "redact_for", "stage_status_change", "stage_invalidate",
     "stage_abandon", "next_seq", "status_of", "open_executions",
