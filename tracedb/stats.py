@@ -17,7 +17,8 @@ failure_rate is failed / (succeeded + failed), None when none finished. Duration
 to last event of executions that are no longer running, nearest-rank percentiles: over all
 time read off the index ix_traces_duration (an index walk), else ranked with window functions.
 cost_usd sums the known costs; cost_unknown counts the executions whose cost is unknown (a
-model the price table does not know). By model, an execution that called several models counts under each.
+model the price table does not know). By model, an execution that called several models
+counts under each.
 Day and hour keys are the UTC start of the bucket, ISO 8601. The database alone is read: an
 execution the WAL holds beyond it (no recorder running) counts once `tracedb recover` ran.
 """
