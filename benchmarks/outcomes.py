@@ -65,8 +65,9 @@ _TURN = (("tool.responded", None), ("llm.requested", _llm_request), ("llm.respon
          ("tool.requested", _tool_request))
 
 
-def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) -> float:
-    """Events/s of live compaction of agent-shaped executions; `derive=False`: the fold off."""
+def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) -> tuple[float, float]:
+    """Events/s of live compaction of agent-shaped executions, per second of wall time and per
+    second of this process's CPU time; `derive=False`: the fold off."""
     import tracedb
     from tracedb import compactor, outcomes
     from tracedb.state import StagedBatch
@@ -77,7 +78,7 @@ def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) 
         outcomes.fold_finish = outcomes.fold_closed = lambda *a: None
     d = tempfile.mkdtemp(dir=workdir)
     store = tracedb.open(os.path.join(d, "data"), config={"compact_interval_ms": 0, "idle_timeout_s": 0})
-    elapsed, steps, chunk = 0.0, 0, 300
+    elapsed, cpu, steps, chunk = 0.0, 0.0, 0, 300
 
     async def record(lo: int, hi: int) -> None:
         batch = StagedBatch()
@@ -97,19 +98,22 @@ def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) 
     try:
         for lo in range(0, executions, chunk):
             asyncio.run(record(lo, min(executions, lo + chunk)))
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             steps += store.compact().steps
             elapsed += time.perf_counter() - t0
+            cpu += time.process_time() - c0
         store.close()
     finally:
         compactor.may_matter, outcomes.fold_finish, outcomes.fold_closed = saved
         shutil.rmtree(d)
-    return steps / elapsed
+    return steps / elapsed, steps / cpu
 
 
 def derivation_cost(workdir: str, executions: int, rounds: int = 3, events_per: int = 20) -> dict:
     """Best-of-`rounds` live compaction throughput with and without the fold, interleaved. The
-    price table is loaded first (once per process: its import and parse), and timed apart."""
+    price table is loaded first (once per process: its import and parse), and timed apart. The
+    CPU-time ratio is the steadier one on a loaded machine (other processes' time slices do not
+    count); the fold does no I/O, so it is what the fold costs."""
     from tracedb import outcomes
 
     t0 = time.perf_counter()
@@ -119,8 +123,12 @@ def derivation_cost(workdir: str, executions: int, rounds: int = 3, events_per: 
     for _ in range(rounds):
         off.append(_compact_live(workdir, executions, events_per, derive=False))
         on.append(_compact_live(workdir, executions, events_per, derive=True))
-    return {"events": executions * events_per, "with_fold_events_per_s": max(on),
-            "without_fold_events_per_s": max(off), "ratio": max(on) / max(off), "price_table_load_s": table_s}
+    best_on, best_off = max(w for w, _ in on), max(w for w, _ in off)
+    cpu_on, cpu_off = max(c for _, c in on), max(c for _, c in off)
+    return {"events": executions * events_per, "with_fold_events_per_s": best_on,
+            "without_fold_events_per_s": best_off, "ratio": best_on / best_off,
+            "with_fold_events_per_cpu_s": cpu_on, "without_fold_events_per_cpu_s": cpu_off,
+            "cpu_ratio": cpu_on / cpu_off, "price_table_load_s": table_s}
 
 
 def build_store(path: str, executions: int, now_ns: int, seed: int = 7) -> None:
@@ -193,7 +201,8 @@ def queries(reader, now_ns: int) -> dict:
         "stats --since 24h --by intent": lambda: reader.stats(day, "intent"),
         "stats --since 24h --by model": lambda: reader.stats(day, "model"),
         "stats --since 7d --by day": lambda: reader.stats(now_ns - 7 * 86_400 * 10**9, "day"),
-        "stats (all time)": lambda: reader.stats(),
+        "stats --all": lambda: reader.stats(),
+        "stats --all --by intent": lambda: reader.stats(None, "intent"),
     }
     for label, where in (
         ("--outcome failed", Filter(outcome="failed")),
@@ -242,6 +251,8 @@ def report_lines(result: dict) -> list[str]:
         f"  live compaction, fold on:  {d['with_fold_events_per_s']:>12,.0f} events/s",
         f"  ratio (on / off): {d['ratio']:.3f}   target >= 0.90 (derivation costs at most 10%): "
         f"{'met' if d['ratio'] >= 0.90 else 'NOT met'}",
+        f"  per CPU second: {d['without_fold_events_per_cpu_s']:,.0f} off, {d['with_fold_events_per_cpu_s']:,.0f} on, "
+        f"ratio {d['cpu_ratio']:.3f}: {'met' if d['cpu_ratio'] >= 0.90 else 'NOT met'}",
         f"  (the price table's first use in a process, import and parse, not in the ratio: {d['price_table_load_s']:.2f} s)",
     ]
     sizes = sorted(result["scale"])
@@ -250,8 +261,9 @@ def report_lines(result: dict) -> list[str]:
     for label, t_small in result["scale"][small]["queries"].items():
         t_big = result["scale"][big]["queries"][label]
         lines.append(f"  {label:44} {t_small * 1e3:10.1f}ms {t_big * 1e3:10.1f}ms   {t_big / t_small:5.2f}")
-    stats_big = result["scale"][big]["queries"]["stats --since 24h"]
-    lines.append(f"  stats --since 24h at {big:,}: {stats_big:.3f} s   target <= 1 s: {'met' if stats_big <= 1 else 'NOT met'}")
+    for label in ("stats --since 24h", "stats --all"):
+        t = result["scale"][big]["queries"][label]
+        lines.append(f"  {label} at {big:,}: {t:.3f} s   target <= 1 s: {'met' if t <= 1 else 'NOT met'}")
     lines.append("  (stores built with direct inserts: " + ", ".join(
         f"{s:,} in {result['scale'][s]['build_s']:.0f} s" for s in sizes) + ")")
     return lines

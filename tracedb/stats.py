@@ -14,9 +14,11 @@ draws (`tracedb.reads.Reader.stats`). Its answer:
              "cost_unknown": int}
 
 failure_rate is failed / (succeeded + failed), None when none finished. Durations are creation
-to last event of executions that are no longer running, nearest-rank percentiles. cost_usd sums
-the known costs; cost_unknown counts the executions whose cost is unknown (a model the price
-table does not know). By model, an execution that called several models counts under each.
+to last event of executions that are no longer running, nearest-rank percentiles: over all
+time read off the index ix_traces_duration (an index walk), else ranked with window functions.
+cost_usd sums the known costs; cost_unknown counts the executions whose cost is unknown (a
+model the price table does not know). By model, an execution that called several models
+counts under each.
 Day and hour keys are the UTC start of the bucket, ISO 8601. The database alone is read: an
 execution the WAL holds beyond it (no recorder running) counts once `tracedb recover` ran.
 """
@@ -59,7 +61,7 @@ def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None) -> d
     where = "WHERE traces.created_at_ns >= :since" if since_ns is not None else ""
     params = {} if since_ns is None else {"since": since_ns}
     with engine.connect() as conn:
-        total = _groups(conn, sa, engine.dialect.name, None, where, params)
+        total = _groups(conn, sa, engine.dialect.name, None, where, params, walk=since_ns is None)
         groups = _groups(conn, sa, engine.dialect.name, by, where, params) if by is not None else []
     total = total[0] if total else _group(None, (0,) * 8, {})
     if by in _BUCKET_NS:
@@ -86,7 +88,30 @@ def totals(engine) -> dict:
     return {"executions": [tuple(r) for r in executions], "models": [tuple(r) for r in models]}
 
 
-def _groups(conn, sa, dialect: str, by: Optional[str], where: str, params: dict) -> list[dict]:
+# The rows ix_traces_duration holds (migration 0005): its predicate, word for word, so that
+# SQLite sees the query's WHERE imply the partial index's.
+_FINISHED = "traces.outcome <> 'running' AND traces.last_event_ns IS NOT NULL"
+_DURATION = "(traces.last_event_ns - traces.created_at_ns)"
+
+
+def _walked(conn, sa, n: int) -> dict:
+    """{None: (p50, p95, p99)} of every finished execution (`n` of them), each the k-th
+    duration read off ix_traces_duration (an index walk, no sort): nearest rank
+    k = ceil(p * n / 100)."""
+    if not n:
+        return {}
+    cuts = []
+    for p in _PERCENTILES:
+        rank = (p * n + 99) // 100
+        # The high percentiles are walked from the top: fewer index entries to step over.
+        order, offset = ("ASC", rank - 1) if rank * 2 <= n else ("DESC", n - rank)
+        cuts.append(conn.execute(sa.text(
+            f"SELECT {_DURATION} FROM traces WHERE {_FINISHED} ORDER BY {_DURATION} {order} LIMIT 1 OFFSET :k"
+        ), {"k": offset}).scalar_one())
+    return {None: tuple(cuts)}
+
+
+def _groups(conn, sa, dialect: str, by: Optional[str], where: str, params: dict, walk: bool = False) -> list[dict]:
     source, key = _source(dialect, by)
     counts = conn.execute(sa.text(
         f"SELECT {key} AS k, COUNT(*), "
@@ -95,21 +120,26 @@ def _groups(conn, sa, dialect: str, by: Optional[str], where: str, params: dict)
         "SUM(CASE WHEN outcome = 'incomplete' THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN outcome = 'running' THEN 1 ELSE 0 END), "
         "SUM(COALESCE(input_tokens, 0)), SUM(COALESCE(output_tokens, 0)), SUM(COALESCE(cost_usd, 0)), "
-        "SUM(CASE WHEN cost_usd IS NULL THEN 1 ELSE 0 END) "
+        "SUM(CASE WHEN cost_usd IS NULL THEN 1 ELSE 0 END), "
+        f"SUM(CASE WHEN {_FINISHED} THEN 1 ELSE 0 END) "
         f"FROM {source} {where}" + (f" GROUP BY {key}" if by is not None else "")
     ), params).all()
-    # Nearest-rank percentiles with window functions (both databases have them; SQLite has no
-    # percentile aggregate): the smallest duration whose rank r has r * 100 >= p * n.
-    cuts = ", ".join(f"MIN(CASE WHEN rn * 100 >= {p} * n THEN dur END)" for p in _PERCENTILES)
-    finished = ("AND" if where else "WHERE") + " traces.outcome <> 'running' AND traces.last_event_ns IS NOT NULL"
-    ranked = conn.execute(sa.text(
-        f"SELECT k, {cuts} FROM ("
-        f"SELECT k, dur, ROW_NUMBER() OVER (PARTITION BY k ORDER BY dur) AS rn, COUNT(*) OVER (PARTITION BY k) AS n "
-        f"FROM (SELECT {key} AS k, traces.last_event_ns - traces.created_at_ns AS dur "
-        f"FROM {source} {where} {finished}) AS d) AS r GROUP BY k"
-    ), params).all()
-    durations = {r[0]: r[1:] for r in ranked}
-    return [_group(r[0], r[1:], durations) for r in counts if r[1]]
+    if walk and by is None and not where:
+        durations = _walked(conn, sa, counts[0][-1] if counts else 0)
+    else:
+        # Nearest-rank percentiles with window functions (both databases have them; SQLite has
+        # no percentile aggregate): the smallest duration whose rank r has r * 100 >= p * n.
+        # A window or a grouping sorts the durations it holds.
+        cuts = ", ".join(f"MIN(CASE WHEN rn * 100 >= {p} * n THEN dur END)" for p in _PERCENTILES)
+        finished = ("AND " if where else "WHERE ") + _FINISHED
+        ranked = conn.execute(sa.text(
+            f"SELECT k, {cuts} FROM ("
+            f"SELECT k, dur, ROW_NUMBER() OVER (PARTITION BY k ORDER BY dur) AS rn, COUNT(*) OVER (PARTITION BY k) AS n "
+            f"FROM (SELECT {key} AS k, {_DURATION} AS dur "
+            f"FROM {source} {where} {finished}) AS d) AS r GROUP BY k"
+        ), params).all()
+        durations = {r[0]: r[1:] for r in ranked}
+    return [_group(r[0], r[1:-1], durations) for r in counts if r[1]]
 
 
 def _group(key, c, durations: dict) -> dict:

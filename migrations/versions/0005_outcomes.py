@@ -43,6 +43,13 @@ _INDEXES = (
     ("ix_traces_error_code", ("error_code",)),
     ("ix_traces_cost", ("cost_usd",)),
 )
+# Durations of finished executions in order, with the columns they come from (an index-only walk
+# on both databases): a percentile over all time is ORDER BY ... LIMIT 1 OFFSET k (tracedb.stats),
+# not a sort of every duration. tracedb.models declares the same index.
+_DURATION_INDEX = (
+    "CREATE INDEX ix_traces_duration ON traces ((last_event_ns - created_at_ns), created_at_ns, last_event_ns) "
+    "WHERE outcome <> 'running' AND last_event_ns IS NOT NULL"
+)
 
 
 def upgrade() -> None:
@@ -53,6 +60,7 @@ def upgrade() -> None:
     _backfill(op.get_bind())
     for name, cols in _INDEXES:
         op.create_index(name, "traces", list(cols))
+    op.execute(_DURATION_INDEX)
 
 
 def _backfill(bind) -> None:
@@ -97,6 +105,7 @@ def _backfill(bind) -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_traces_duration", "traces")
     for name, _ in _INDEXES:
         op.drop_index(name, "traces")
     # ALTER TABLE ... DROP COLUMN (SQLite 3.35 and later), for the reason in upgrade().

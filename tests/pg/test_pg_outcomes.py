@@ -4,7 +4,7 @@ batch, and migration 0005's backfill of a database at revision 0004, agree."""
 from __future__ import annotations
 
 import tracedb
-from tests.store.test_outcomes import check_filters_and_stats, check_mix, record_mix, rows
+from tests.store.test_outcomes import check_filters_and_stats, check_mix, check_percentiles, record_mix, rows
 from tests.store.test_row_checksums import downgrade
 from tracedb import db
 
@@ -31,3 +31,7 @@ def test_filters_and_stats_in_sql_on_postgresql(pg_url, tmp_path):
         ids = record_mix(store)
     with Reader.open(load_config(overrides={"data_dir": str(tmp_path / "data"), "db_url": pg_url})) as reader:
         check_filters_and_stats(reader, ids)
+
+
+def test_stats_percentiles_are_exact_on_postgresql(pg_engine):
+    check_percentiles(pg_engine)

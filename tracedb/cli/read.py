@@ -418,24 +418,31 @@ def verify(ctx, execution_id, as_json):
 
 
 @main.command()
-@click.option("--since", type=TimeParam(), help="Executions created at or after: ISO time or an age such as 24h or 7d.")
+@click.option("--since", type=TimeParam(),
+              help="Executions created at or after: ISO time or an age such as 24h or 7d  [default: 24h].")
+@click.option("--all", "all_time", is_flag=True, help="Every execution in the store, instead of the last 24h.")
 @click.option("--by", type=click.Choice(("intent", "model", "outcome", "day", "hour")),
               help="A line per intent, model, outcome, day or hour (UTC) besides the total.")
 @json_option("The aggregates as JSON: {since_ns, by, total, groups} (see docs/cli.md).")
 @click.pass_context
-def stats(ctx, since, by, as_json):
+def stats(ctx, since, all_time, by, as_json):
     """Counts, failure rate, p50/p95/p99 duration, tokens and cost of executions, computed in SQL.
 
     FAILED% is failed / (succeeded + failed); durations run from creation to the last event of
     executions no longer running; COST sums the known costs, and `+N?` says how many executions
     have a cost unknown (a model the price table does not know). By model, an execution that
-    called several models counts under each.
+    called several models counts under each. Without --since or --all: the last 24 hours.
 
     \b
     Example:
-      tracedb stats --since 24h
+      tracedb stats
+      tracedb stats --all --by model
       tracedb stats --since 7d --by day --json | jq '.groups[] | {key, failed, cost_usd}'
     """
+    if all_time and since is not None:
+        raise click.UsageError("give --since or --all, not both")
+    if since is None and not all_time:
+        since = TimeParam().convert("24h", None, ctx)
     since_ns = None if since is None else int(since.timestamp() * 1e9)
     with reading(ctx) as reader:
         out = reader.stats(since_ns, by)
