@@ -171,8 +171,6 @@ def main() -> int:
     """Child side: compact on request until standard input ends."""
     spec = json.loads(sys.stdin.buffer.readline())
     _die_with_parent(spec["parent_pid"])
-    # The test hook of tracedb.compactor writes to stdout, which is this process's answer pipe.
-    os.environ.pop("TRACEDB_TEST_COMPACT_PAUSE", None)
     from . import db
     from .compactor import Compactor
 

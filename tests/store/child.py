@@ -5,7 +5,7 @@ usage: child.py DATA_DIR SCENARIO [N]
   after       the whole seed 002 execution, FINAL_RESPONSE included, then READY (scenario 3)
   before      open the store only, then READY (scenario 1: crash before the intent is recorded)
   bulk N      N executions of 10 events each recorded without compaction, then READY, then
-              compact (the test pauses it with TRACEDB_TEST_COMPACT_PAUSE and kills it there)
+              compact (the test runs it under tests/pause_launcher.py, which pauses it, and kills it there)
   flagged [compacted]
               start, one event, flagged recording_failure with a lost-records note (`NOTE`),
               compacted first if asked, then READY

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import tracedb
+from tests import pause_launcher
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
@@ -86,12 +87,13 @@ def record_seed_002(store, execution_id="exec-a1b2c3d4", envelope=None):
 class Child:
     """A real recorder process (tests/store/child.py) that a test can SIGKILL at a known point."""
 
-    def __init__(self, data_dir: str, *args: str, env: dict | None = None):
+    def __init__(self, data_dir: str, *args: str, pause: str | None = None):
+        """`pause`, "<point>:<batch>": the compactor stops there and says PAUSED (pause_launcher)."""
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
-        full_env.update(env or {})
+        argv = [CHILD, data_dir, *args]
         self.proc = subprocess.Popen(
-            [sys.executable, CHILD, data_dir, *args],
+            pause_launcher.command(pause, *argv) if pause else [sys.executable, *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -123,8 +125,8 @@ class Child:
 def child(data_dir):
     started = []
 
-    def _start(*args, env=None):
-        c = Child(data_dir, *args, env=env)
+    def _start(*args, pause=None):
+        c = Child(data_dir, *args, pause=pause)
         started.append(c)
         return c
 
