@@ -9,7 +9,7 @@ import pytest
 
 import tracedb
 from tracedb import db
-from tracedb.cli.main import format_duration
+from tracedb.humanize import format_duration
 from tracedb.config import load_config
 from tracedb.reads import Filter, Reader
 
@@ -166,7 +166,10 @@ def test_an_invalidation_later_does_not_lengthen_the_duration(data_dir, run):
      (2 * 3600 * S + 5 * 60 * S, "2h05m"), (3 * 86400 * S + 4 * 3600 * S, "3d04h")],
 )
 def test_durations_read_as_a_person_writes_them(ns, text):
+    from tracedb.web.pages import fmt_duration
+
     assert format_duration(ns) == text
+    assert fmt_duration(ns) == ("–" if ns is None else text)  # the web view prints the same
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import click
 import orjson
 
 from ..errors import EXIT_INTEGRITY
+from ..humanize import format_duration
 from ..paging import DEFAULT_PAGE_SIZE
 from ..program import as_invoked
 from ..record import REASON_RECORDING_FAILURE, STATUS_RUNNING, STATUSES, LostRecords, lost_records, utc_iso
@@ -21,7 +22,6 @@ from .main import (
     TimeParam,
     emit_json,
     execution_id_argument,
-    format_duration,
     json_option,
     main,
     reading,
