@@ -35,13 +35,7 @@ import sys
 import time
 
 from .compactor import CompactResult
-from .errors import TraceDBError
-
-
-class WorkerGoneError(TraceDBError):
-    """The compactor process exited or stopped answering; the recorder compacts in-process."""
-
-    code = "compactor_gone"
+from .errors import TraceDBError, WorkerGoneError  # WorkerGoneError: re-exported (its old home)
 
 
 STALL_S = 120.0
