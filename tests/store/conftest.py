@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import tracedb
+from tests.conftest import FakeClock  # noqa: F401 - re-exported: tests/pg imports it from here
 from tests import pause_launcher
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,29 +31,6 @@ ENVELOPE = {
     "payload": {"document": "invoice-17"},
     "routingMetadata": {"hop": 3},
 }
-
-
-class FakeClock:
-    """Nanoseconds since the epoch that move only when a test says so."""
-
-    def __init__(self, start_ns: int = 1_705_314_600_000_000_000):  # 2024-01-15T10:30:00Z
-        self.ns = start_ns
-
-    def __call__(self) -> int:
-        return self.ns
-
-    def advance(self, seconds: float) -> None:
-        self.ns += int(seconds * 1e9)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def data_dir(tmp_path) -> str:
-    return str(tmp_path / "data")
 
 
 @pytest.fixture
