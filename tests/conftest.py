@@ -13,6 +13,17 @@ from tests.fake_anthropic import FakeAnthropic
 from tests.fake_openai import FakeOpenAI
 
 T0_NS = 1_705_314_600_000_000_000  # 2024-01-15T10:30:00Z
+# Seed 002's example events (type, payload), up to the router's decision; the FINAL_RESPONSE
+# ({"status": "success"}) is what finish() records.
+SEED_002 = [
+    ("INTENT_RECEIVED", {"intent": "ProcessIntent"}),
+    ("AGENT_ATTEMPT_START", {"agent": "processor-a"}),
+    ("AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
+    ("FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
+    ("AGENT_ATTEMPT_START", {"agent": "processor-b"}),
+    ("AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
+    ("ROUTER_DECISION", {"agent": "processor-b"}),
+]
 QUIET = {"compact_interval_ms": 0, "idle_timeout_s": 0}  # no background compaction, no idle close
 
 

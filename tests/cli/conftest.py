@@ -7,21 +7,13 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 import tracedb
-from tests.conftest import T0_NS, FakeClock
+from tests.conftest import SEED_002, T0_NS, FakeClock
 from tests.other_user import nobody  # noqa: F401 - the fixture, for the tests of this folder
 from tracedb.cli import main
 from tracedb.reads import Filter
 
 ENVELOPE = {"intent": "ProcessIntent", "payload": {"document": "invoice-17"}}
-EVENTS = [
-    ("INTENT_RECEIVED", {"intent": "ProcessIntent"}),
-    ("AGENT_ATTEMPT_START", {"agent": "processor-a"}),
-    ("AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
-    ("FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
-    ("AGENT_ATTEMPT_START", {"agent": "processor-b"}),
-    ("AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
-    ("ROUTER_DECISION", {"agent": "processor-b"}),
-]
+EVENTS = SEED_002
 T0 = T0_NS  # where FakeClock starts
 
 

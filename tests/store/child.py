@@ -17,17 +17,10 @@ import sys
 import threading
 
 import tracedb
+from tests.conftest import SEED_002
 from tracedb.record import lost_records_note
 
-EVENTS = [
-    ("INTENT_RECEIVED", {"intent": "ProcessIntent"}),
-    ("AGENT_ATTEMPT_START", {"agent": "processor-a"}),
-    ("AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
-    ("FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
-    ("AGENT_ATTEMPT_START", {"agent": "processor-b"}),
-    ("AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
-    ("ROUTER_DECISION", {"agent": "processor-b"}),
-]
+EVENTS = SEED_002
 # 3 records lost between 2024-01-15T10:30:01Z and 10:30:04Z.
 NOTE = lost_records_note(3, 1_705_314_601_000_000_000, 1_705_314_604_000_000_000)
 

@@ -9,21 +9,15 @@ import sys
 import pytest
 
 import tracedb
-from tests.conftest import FakeClock  # noqa: F401 - re-exported: tests/pg imports it from here
 from tests import pause_launcher
+from tests.conftest import SEED_002, FakeClock  # noqa: F401 - re-exported: tests/pg imports it from here
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 
 # Seed 002's example event sequence; FINAL_RESPONSE is recorded by finish().
 SEED_002_EVENTS = [
-    (1, "INTENT_RECEIVED", {"intent": "ProcessIntent"}),
-    (2, "AGENT_ATTEMPT_START", {"agent": "processor-a"}),
-    (3, "AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
-    (4, "FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
-    (5, "AGENT_ATTEMPT_START", {"agent": "processor-b"}),
-    (6, "AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
-    (7, "ROUTER_DECISION", {"agent": "processor-b"}),
+    *((seq, t, p) for seq, (t, p) in enumerate(SEED_002, 1)),
     (8, "FINAL_RESPONSE", {"status": "success"}),
 ]
 ENVELOPE = {
