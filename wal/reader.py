@@ -155,6 +155,18 @@ def _flags_fit(reserved: int, rtype: int) -> bool:
     return not reserved or (reserved == fmt.FLAG_GROUP_START and rtype == fmt.TYPE_DATA)
 
 
+def _written_data_ends(data: bytes, off: int, end: int, at_eof: bool, path: str, base: int) -> bool:
+    """Whether the written data of the segment at `path` ends at `off` of `data` (its bytes
+    from file offset `base`, up to `end`): zeros from there to the end of the file, which is
+    preallocated space. Fewer zero bytes than a record header at the end of the file are too (a
+    segment sealed short of its SEAL when the writer stopped): no record fits there."""
+    if data.count(0, off, end) != end - off:
+        return False
+    if at_eof and end - off < fmt.RECORD_HEADER_SIZE:
+        return True
+    return data[off : off + fmt.RECORD_HEADER_SIZE] == _ZERO_HEAD and (at_eof or _zeros_from(path, base + end))
+
+
 def _check_record(buf, off: int, end: int, seed: int, expected_lsn: int):
     """Validate the record at `off`. Returns (lsn, type, n, record_end) or a string of what's wrong.
 
@@ -592,13 +604,7 @@ class WalReader:
                             if n <= _MAX and off + HEAD + ALIGN + n > end:
                                 self._need = HEAD + ALIGN + n
                                 break
-                        if data.count(0, off, end) == end - off and (
-                            # Preallocated space: the end of the written data. Fewer zero bytes
-                            # than a header at the end of the file are too (a segment sealed
-                            # short of its SEAL when the writer stopped): no record fits there.
-                            (at_eof and end - off < fmt.RECORD_HEADER_SIZE)
-                            or (buf[off : off + HEAD] == _ZERO_HEAD and (at_eof or _zeros_from(seg.path, base + end)))
-                        ):
+                        if _written_data_ends(data, off, end, at_eof, seg.path, base):
                             zero_end = True
                             break
                         got = check(buf, off, end, seed, expected)
