@@ -33,7 +33,13 @@ from wal.fs import PRIVATE_FILE, OsFileSystem, copy_to_new_file, make_dirs, make
 from wal.reader import APPLIED_FILE, GAPS_FILE
 
 from .config import Config
-from .errors import EXIT_USAGE, ConfigError, IntegrityError, StoreNotFoundError, TraceDBError
+from .errors import (  # BackupError, BackupDestinationError: also re-exported (their old home)
+    BackupDestinationError,
+    BackupError,
+    ConfigError,
+    IntegrityError,
+    StoreNotFoundError,
+)
 
 RECORDER_ID_FILE = "RECORDER_ID"
 DB_FILE = "traces.db"
@@ -51,18 +57,6 @@ class BackupResult:
     wal_segments: int
     wal_bytes: int
     database_bytes: int
-
-
-class BackupError(TraceDBError):
-    """A backup or restore that cannot be made as asked."""
-
-    code = "backup"
-
-
-class BackupDestinationError(BackupError):
-    """A destination the command refuses before writing anything: a usage error (exit 2)."""
-
-    exit_code = EXIT_USAGE
 
 
 def backup(config: Config, dest: str) -> BackupResult:

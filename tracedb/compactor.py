@@ -41,8 +41,6 @@ it reconnects and retries once by itself.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -71,11 +69,13 @@ from .record import (
 
 log = logging.getLogger(__name__)
 
-# Test-only: "<point>:<batch>" makes the compactor stop at that point of that batch (1-based),
-# announce it on stdout and wait to be killed. Points: before_commit (inside the transaction,
-# rows written) and after_commit (committed, before the WAL is told). Crash tests use it to
-# SIGKILL a real process at a known place.
-FAULT_ENV = "TRACEDB_TEST_COMPACT_PAUSE"
+# A hook called as hook(point, batch) at two points of every batch (batch counted from 1):
+# before_commit (inside the transaction, rows written) and after_commit (committed, before the
+# WAL is told). None in production. Crash tests install one (tests/pause_launcher.py) that
+# blocks at a chosen point so that they can SIGKILL a real process at a known place; a
+# Compactor takes its own with `pause=`, else the one set here when it was made.
+PauseHook = Callable[[str, int], None]
+pause_hook: Optional[PauseHook] = None
 
 _STEP_COLS = ("execution_id", "seq", "type", "payload", "recorded_at_ns", "lsn", "payload_crc")
 _TRACE_COLS = (
@@ -269,6 +269,7 @@ class Compactor:
         batch_records: int = 5000,
         clock: Callable[[], int] = time.time_ns,
         source: Optional[Callable[[int, int, int], Optional[list]]] = None,
+        pause: Optional[PauseHook] = None,
     ):
         """`source(first_lsn, max_records, to_lsn)`, when given, is asked first for the records
         to apply, as (lsn, payload, hint) (`wal.Wal.take_retained`: what the recorder in this
@@ -289,7 +290,7 @@ class Compactor:
         self._conn = None
         self._data_version: Optional[int] = None
         self._batches_total = 0
-        self._fault = os.environ.get(FAULT_ENV) or None
+        self._pause_hook = pause if pause is not None else pause_hook
         self._server = engine.dialect.name != "sqlite"
         self._text = _pg_text if engine.dialect.name == "postgresql" else _same
         # Set after any failure: the in-memory applied LSN may be behind the database (a COMMIT
@@ -491,10 +492,8 @@ class Compactor:
         return 0
 
     def _pause(self, point: str) -> None:
-        spec = self._fault
-        if spec and spec == f"{point}:{self._batches_total}":
-            os.write(1, f"PAUSED {point}\n".encode())
-            threading.Event().wait()
+        if self._pause_hook is not None:
+            self._pause_hook(point, self._batches_total)
 
     # -- one batch -----------------------------------------------------------------------
     def _apply(self, recs, hinted: bool) -> tuple[int, int, int, int, int]:

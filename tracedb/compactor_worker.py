@@ -35,13 +35,7 @@ import sys
 import time
 
 from .compactor import CompactResult
-from .errors import TraceDBError
-
-
-class WorkerGoneError(TraceDBError):
-    """The compactor process exited or stopped answering; the recorder compacts in-process."""
-
-    code = "compactor_gone"
+from .errors import TraceDBError, WorkerGoneError  # WorkerGoneError: re-exported (its old home)
 
 
 STALL_S = 120.0
@@ -171,8 +165,6 @@ def main() -> int:
     """Child side: compact on request until standard input ends."""
     spec = json.loads(sys.stdin.buffer.readline())
     _die_with_parent(spec["parent_pid"])
-    # The test hook of tracedb.compactor writes to stdout, which is this process's answer pipe.
-    os.environ.pop("TRACEDB_TEST_COMPACT_PAUSE", None)
     from . import db
     from .compactor import Compactor
 

@@ -389,3 +389,61 @@ class AmbiguousExecutionIdError(TraceDBError):
         )
         self.prefix = prefix
         self.candidates = tuple(candidates)
+
+
+# -- errors of the backup, the compactor process, the sidecar and the IntentusNet adapter --------
+
+
+class BackupError(TraceDBError):
+    """A backup or restore that cannot be made as asked."""
+
+    code = "backup"
+
+
+class BackupDestinationError(BackupError):
+    """A destination the command refuses before writing anything: a usage error (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class WorkerGoneError(TraceDBError):
+    """The compactor process exited or stopped answering; the recorder compacts in-process."""
+
+    code = "compactor_gone"
+
+
+class SidecarError(TraceDBError):
+    """An error response of the sidecar without a more specific class; `code` is the wire code."""
+
+    def __init__(self, code: str, message: str, *, hint: Optional[str] = None):
+        super().__init__(message, hint=hint)
+        self.code = code
+
+
+class RecorderUnavailableError(RecordingFailedError):
+    """The recorder could not be reached (or kept refusing) within `reconnect_timeout_s`."""
+
+    code = "unavailable"
+
+
+class OutcomeUnknownError(RecorderUnavailableError):
+    """The connection failed after an `event` or `finish` without `seq` was sent: it may or may
+    not be recorded, and resending it could record it twice."""
+
+
+class SeqConflictError(InvalidInputError):
+    """The event's expected seq does not fit the execution (another writer, or a skipped seq)."""
+
+    code = "seq_conflict"
+
+
+class ServerConfigError(TraceDBError):
+    """The server was asked to listen somewhere it must not (or cannot)."""
+
+    code = "config"
+
+
+class RecordNotFoundError(ExecutionNotFoundError, FileNotFoundError):
+    """No such execution (the IntentusNet adapter, tracedb.interop). Also a FileNotFoundError,
+    which is what IntentusNet's code catches around `ExecutionStore.load` (its FileExecutionStore
+    raises that)."""

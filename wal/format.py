@@ -9,6 +9,7 @@ MAGIC = b"TDBWAL\x00\x01"
 FORMAT_VERSION = 1
 SEGMENT_HEADER_SIZE = 40
 RECORD_HEADER_SIZE = 20
+RECORD_CRC_SIZE = 4  # the masked CRC leads the header and covers the rest of the record
 MAX_PAYLOAD_BYTES = 64 << 20
 ALIGN = 8
 
@@ -28,7 +29,7 @@ _REC_TAIL = struct.Struct("<IQBBH")  # length, lsn, type, padding, flags
 _REC_HEAD = struct.Struct("<IIQBBH")  # crc + tail
 _SEAL_PAYLOAD = struct.Struct("<QQ")  # last lsn, data record count
 _U32 = struct.Struct("<I")
-_MASK_DELTA = 0xA282EAD8
+MASK_DELTA = 0xA282EAD8  # LevelDB's CRC mask: rotate right by 15 bits, add this (mod 2**32)
 
 
 
@@ -64,11 +65,11 @@ crc32c = _load_crc32c()
 
 def mask(crc: int) -> int:
     """LevelDB's CRC mask: a CRC stored in data that is itself checksummed stays strong."""
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + MASK_DELTA) & 0xFFFFFFFF
 
 
 def unmask(masked: int) -> int:
-    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
+    rot = (masked - MASK_DELTA) & 0xFFFFFFFF
     return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
 
 
@@ -133,7 +134,7 @@ def frame_record(out: bytearray, seed: int, lsn: int, rtype: int, payload) -> No
     pad = -(RECORD_HEADER_SIZE + n) % ALIGN
     tail = _REC_TAIL.pack(n, lsn, rtype, pad, 0)
     c = crc32c(payload, crc32c(tail, seed))
-    out += _U32.pack(((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF)  # mask()
+    out += _U32.pack(((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + MASK_DELTA) & 0xFFFFFFFF)  # mask()
     out += tail
     out += payload
     if pad:
@@ -160,7 +161,7 @@ def frame_data_records(out: bytearray, seed: int, first_lsn: int, payloads) -> i
         pad = -(RECORD_HEADER_SIZE + n) % ALIGN
         tail = pack_tail(n, lsn, TYPE_DATA, pad, 0)
         c = crc(payload, crc(tail, seed))
-        out += pack_crc(((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF)  # mask()
+        out += pack_crc(((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + MASK_DELTA) & 0xFFFFFFFF)  # mask()
         out += tail
         out += payload
         if pad:

@@ -10,6 +10,7 @@ from . import aio
 from .errors import WalUsageError
 from .fs import write_all
 from .futures import running_loop
+from .group_commit import Owner
 
 
 class LoopFlusher:
@@ -24,7 +25,7 @@ class LoopFlusher:
 
     A mixin, sharing the Wal's lock and open group: it relies on the Wal's `_lock` (with
     `_synced`, the condition on it), `_group` (the open group), `_owner` (who writes and syncs
-    a group now: None, "thread", "loop" or "rotating"), `_failed`, `fs`, `_fd` and `directory`,
+    a group now: a group_commit.Owner), `_failed`, `fs`, `_fd` and `directory`,
     and on its methods `_check_open`, `_take_group_locked`, `_group_synced`, `_ring_locked` and
     `_fail`. The state `_init_loop_flusher` sets is its own; the Wal's flusher thread reads it to
     decide when it takes over.
@@ -99,7 +100,7 @@ class LoopFlusher:
             if self._aio_loop is not loop:
                 return
             self._detaching = True  # the loop starts no flush from now on, even if it runs again
-            while self._owner == "rotating":
+            while self._owner is Owner.ROTATING:
                 self._synced.wait()
         # Finish the flush in flight. One the loop took just before, and has not submitted
         # yet (it restarted in another thread), is waited for too.
@@ -167,12 +168,12 @@ class LoopFlusher:
         group is being flushed (its end starts the next one) or there is none."""
         with self._lock:
             if (
-                self._owner is not None or not self._group or self._failed is not None
+                self._owner is not Owner.IDLE or not self._group or self._failed is not None
                 or running_loop() is not self._aio_loop or self._detaching
             ):
                 return
             group, waiters, last_lsn, rotate_to = self._take_group_locked()
-            self._owner = "loop"
+            self._owner = Owner.LOOP
             self._aio_job = (len(group), waiters, last_lsn, rotate_to, time.perf_counter())
             syncer = self._syncer
         try:
@@ -218,7 +219,7 @@ class LoopFlusher:
         except BaseException as e:
             # Interrupted (KeyboardInterrupt in the loop's thread) while it still owned the
             # fd: fail closed rather than leave the fd owned by nobody who will release it.
-            if self._owner == "loop":
+            if self._owner is Owner.LOOP:
                 self._fail("acknowledging a group", e, waiters)
             raise
         return True

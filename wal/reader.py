@@ -155,6 +155,18 @@ def _flags_fit(reserved: int, rtype: int) -> bool:
     return not reserved or (reserved == fmt.FLAG_GROUP_START and rtype == fmt.TYPE_DATA)
 
 
+def _written_data_ends(data: bytes, off: int, end: int, at_eof: bool, path: str, base: int) -> bool:
+    """Whether the written data of the segment at `path` ends at `off` of `data` (its bytes
+    from file offset `base`, up to `end`): zeros from there to the end of the file, which is
+    preallocated space. Fewer zero bytes than a record header at the end of the file are too (a
+    segment sealed short of its SEAL when the writer stopped): no record fits there."""
+    if data.count(0, off, end) != end - off:
+        return False
+    if at_eof and end - off < fmt.RECORD_HEADER_SIZE:
+        return True
+    return data[off : off + fmt.RECORD_HEADER_SIZE] == _ZERO_HEAD and (at_eof or _zeros_from(path, base + end))
+
+
 def _check_record(buf, off: int, end: int, seed: int, expected_lsn: int):
     """Validate the record at `off`. Returns (lsn, type, n, record_end) or a string of what's wrong.
 
@@ -544,6 +556,10 @@ class WalReader:
                 limit = to_lsn if to_lsn is not None else _NO_LIMIT
                 unpack = fmt.REC_HEAD.unpack_from
                 crc32c = fmt.crc32c
+                mask = fmt.mask
+                # The record layout (FORMAT.md), bound to locals for the loop below.
+                HEAD, CRC_SIZE, ALIGN = fmt.RECORD_HEADER_SIZE, fmt.RECORD_CRC_SIZE, fmt.ALIGN
+                DATA, GROUP_START = fmt.TYPE_DATA, fmt.FLAG_GROUP_START
                 word = _U64.unpack_from
                 name = seg.name
                 add = out.append
@@ -564,37 +580,31 @@ class WalReader:
                     # Fast path, inlined: a valid DATA record with the expected LSN. Anything
                     # else goes through _check_record, which says precisely what is wrong.
                     valid = False
-                    if end - off >= 20:
+                    if end - off >= HEAD:
                         crc, n, lsn, rtype, pad, res = unpack(buf, off)
-                        rec_end = off + 20 + n + pad
+                        rec_end = off + HEAD + n + pad
                         if (
-                            rtype == 1
+                            rtype == DATA
                             and lsn == expected
                             and rec_end <= end
                             and n <= _MAX
-                            and res <= 1  # zero, or the group-start flag (fmt.RECORD_FLAGS)
-                            and pad == (-(20 + n)) & 7
-                            and (not pad or not word(buf, rec_end - 8)[0] >> (64 - 8 * pad))
+                            and res <= GROUP_START  # zero, or the group-start flag (fmt.RECORD_FLAGS)
+                            and pad == (-(HEAD + n)) % ALIGN
+                            # zero padding: the top `pad` bytes of the record's last 8-byte word
+                            and (not pad or not word(buf, rec_end - ALIGN)[0] >> (64 - 8 * pad))
                         ):
-                            c = crc32c(buf[off + 4 : off + 20 + n], seed)
-                            valid = ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF == crc
+                            valid = mask(crc32c(buf[off + CRC_SIZE : off + HEAD + n], seed)) == crc
                     if not valid:
                         if not at_eof:
                             # A record cut by the end of this piece of the file: read on from it.
-                            if end - off < 20:
+                            if end - off < HEAD:
                                 self._need = 2 * _CHUNK_BYTES
                                 break
-                            n = fmt.REC_HEAD.unpack_from(buf, off)[1]
-                            if n <= _MAX and off + 28 + n > end:
-                                self._need = n + 28
+                            n = unpack(buf, off)[1]
+                            if n <= _MAX and off + HEAD + ALIGN + n > end:
+                                self._need = HEAD + ALIGN + n
                                 break
-                        if data.count(0, off, end) == end - off and (
-                            # Preallocated space: the end of the written data. Fewer zero bytes
-                            # than a header at the end of the file are too (a segment sealed
-                            # short of its SEAL when the writer stopped): no record fits there.
-                            (at_eof and end - off < fmt.RECORD_HEADER_SIZE)
-                            or (buf[off : off + 20] == _ZERO_HEAD and (at_eof or _zeros_from(seg.path, base + end)))
-                        ):
+                        if _written_data_ends(data, off, end, at_eof, seg.path, base):
                             zero_end = True
                             break
                         got = check(buf, off, end, seed, expected)
@@ -624,7 +634,7 @@ class WalReader:
                     if lsn >= from_lsn:
                         left -= 1 + (n >> shift)
                         if payloads:
-                            add(_new_record(Record, (lsn, bytes(buf[off + 20 : off + 20 + n]), name, base + off)))
+                            add(_new_record(Record, (lsn, bytes(buf[off + HEAD : off + HEAD + n]), name, base + off)))
                         else:
                             add(lsn)
                     off = rec_end

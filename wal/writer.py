@@ -30,6 +30,7 @@ from .doorbell import Doorbell
 from .errors import PayloadTooLargeError, WalClosedError, WalFailedError, WalUsageError
 from .fs import OsFileSystem, make_dirs, make_private, write_all, write_file_atomic
 from .futures import GroupGate, acknowledge, running_loop
+from .group_commit import FlusherStep, Owner
 from .loop_flusher import LoopFlusher
 from .reader import APPLIED_FILE, list_segments, read_applied_lsn, read_gaps, scan_last_segment
 from .repair import continue_at, keep_torn_tail, move_aside, seal_intact
@@ -68,11 +69,6 @@ class WalStats:
     fsync_seconds_total: float
     durable_lsn: int
     last_group_size: int
-
-
-_RESCUE = object()  # the flusher finishes the flush of a loop that went away
-_ROTATE = object()  # the flusher rotates for the attached loop
-_WATCH = object()  # the flusher waits a little while the attached loop flushes
 
 
 def _check_size(payload) -> None:
@@ -135,9 +131,8 @@ class Wal(LoopFlusher):
         self._last_group = 0
         self._lock_fd: Optional[int] = None
         self._fd: Optional[int] = None
-        # Who is writing and syncing a group now: None, "thread", "loop" (an fdatasync in
-        # flight through the syncer) or "rotating" (the flusher thread rotating for the loop).
-        self._owner: Optional[str] = None
+        # Who is writing and syncing a group now (group_commit.Owner).
+        self._owner = Owner.IDLE
         self._watch = threading.Condition(self._lock)  # the thread's timed waits on the loop
         self._rotation = None  # (rotate_to, last_lsn) the flusher is to carry out for the loop
         self._init_loop_flusher()
@@ -340,7 +335,7 @@ class Wal(LoopFlusher):
     def _wake_locked(self) -> None:
         """After an append made outside the attached loop (under the lock): see that its
         group gets flushed, by the attached loop while it runs, else by the flusher thread."""
-        if self._loop_alive() and (self._owner is not None or self._kick_locked()):
+        if self._loop_alive() and (self._owner is not Owner.IDLE or self._kick_locked()):
             return  # the flush in flight (or the rotation) starts the next one when done
         self._ring_locked()
 
@@ -526,34 +521,34 @@ class Wal(LoopFlusher):
                 # (mark_applied) empties the group, and an empty group must never be "synced".
                 taken = None
                 if self._rotation is not None:  # the attached loop's, see _group_synced
-                    taken, rotation, self._rotation = _ROTATE, self._rotation, None
-                elif self._owner is not None:
+                    taken, rotation, self._rotation = FlusherStep.ROTATE, self._rotation, None
+                elif self._owner is not Owner.IDLE:
                     # The attached loop is flushing. Stay awake while it does (a blocking
                     # caller rang): if the loop goes away mid-flush, finish its flush here.
-                    rescue = self._owner == "loop" and self._aio_job is not None and not self._loop_alive()
-                    taken = _RESCUE if rescue else _WATCH
+                    rescue = self._owner is Owner.LOOP and self._aio_job is not None and not self._loop_alive()
+                    taken = FlusherStep.RESCUE if rescue else FlusherStep.WATCH
                 elif not self._group:
                     if self._closed:
                         return
                     self._flusher_idle = True
                 elif self._loop_alive() and self._kick_locked():
-                    taken = _WATCH  # the loop flushes the group; watch that it does
+                    taken = FlusherStep.WATCH  # the loop flushes the group; watch that it does
                 else:
                     taken = self._take_group_locked()
-                    self._owner = "thread"
-                if taken is _WATCH:
+                    self._owner = Owner.THREAD
+                if taken is FlusherStep.WATCH:
                     self._flusher_idle = True  # the loop's own appends schedule its flushes
                     self._watch.wait(0.05)
                     continue
             if taken is None:
                 self._bell.wait()
                 continue
-            if taken is _RESCUE:
+            if taken is FlusherStep.RESCUE:
                 if not self._reap_loop_flush(block=True, rescue=True):
                     with self._lock:  # the loop runs again, or it was detached meanwhile
                         self._watch.wait(0.05)
                 continue
-            if taken is _ROTATE:
+            if taken is FlusherStep.ROTATE:
                 if not self._rotate_and_release(*rotation):
                     return
                 continue  # the next pass hands the open group back to the loop
@@ -590,7 +585,7 @@ class Wal(LoopFlusher):
         if rotate_to is None:
             with self._lock:
                 self._segment_bytes += nbytes
-                self._owner = None
+                self._owner = Owner.IDLE
                 if self._spare_at is not None and self._segment_bytes >= self._spare_at:
                     spare = self._spare_due_locked()
             if spare:
@@ -609,7 +604,7 @@ class Wal(LoopFlusher):
             # Its blocking calls (seal, fdatasync, rename, directory fsync) go to the flusher
             # thread, which hands flushing back to the loop when it is done.
             with self._lock:
-                self._owner = "rotating"
+                self._owner = Owner.ROTATING
                 self._rotation = (rotate_to, last_lsn)
                 self._flusher_idle = False
                 self._bell.ring()  # whether it sleeps on the bell ...
@@ -626,7 +621,7 @@ class Wal(LoopFlusher):
             self._fail("segment rotation", e, [])
             return False
         with self._lock:
-            self._owner = None
+            self._owner = Owner.IDLE
             self._synced.notify_all()
         return True
 
@@ -691,7 +686,7 @@ class Wal(LoopFlusher):
             self._failed = err
             if from_flusher:
                 self._writing_lsn = 0  # no group is being written any more
-                self._owner = None
+                self._owner = Owner.IDLE
             rest = self._waiters
             self._waiters = []
             self._gate = None

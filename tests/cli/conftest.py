@@ -7,29 +7,14 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 import tracedb
+from tests.conftest import SEED_002, T0_NS, FakeClock
 from tests.other_user import nobody  # noqa: F401 - the fixture, for the tests of this folder
 from tracedb.cli import main
 from tracedb.reads import Filter
 
 ENVELOPE = {"intent": "ProcessIntent", "payload": {"document": "invoice-17"}}
-EVENTS = [
-    ("INTENT_RECEIVED", {"intent": "ProcessIntent"}),
-    ("AGENT_ATTEMPT_START", {"agent": "processor-a"}),
-    ("AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
-    ("FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
-    ("AGENT_ATTEMPT_START", {"agent": "processor-b"}),
-    ("AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
-    ("ROUTER_DECISION", {"agent": "processor-b"}),
-]
-T0 = 1_705_314_600_000_000_000  # 2024-01-15T10:30:00Z
-
-
-class Clock:
-    def __init__(self):
-        self.ns = T0
-
-    def __call__(self):
-        return self.ns
+EVENTS = SEED_002
+T0 = T0_NS  # where FakeClock starts
 
 
 def settings(**kw):
@@ -39,15 +24,10 @@ def settings(**kw):
 
 
 @pytest.fixture
-def data_dir(tmp_path):
-    return str(tmp_path / "data")
-
-
-@pytest.fixture
 def seeded(data_dir):
     """Seed 002's two executions: exec-a1b2c3d4 completed at 10:30:00, exec-e5f6g7h8 cut off
     after AGENT_ATTEMPT_START at 10:31:00 (its recorder went away)."""
-    clock = Clock()
+    clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
         ex = store.start("ProcessIntent", ENVELOPE, "exec-a1b2c3d4")
         for e in EVENTS:

@@ -11,12 +11,14 @@ import tracedb
 from tracedb.config import load_config
 from tracedb.reads import AsyncReader, Filter, Reader
 
-from .conftest import ENVELOPE, EVENTS, Clock, settings
+from tests.conftest import FakeClock
+
+from .conftest import ENVELOPE, EVENTS, settings
 
 
 @pytest.fixture
 def store_of_many(data_dir):
-    clock = Clock()
+    clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
         for i in range(7):
             clock.ns += 10**9

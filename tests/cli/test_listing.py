@@ -9,11 +9,13 @@ import pytest
 
 import tracedb
 from tracedb import db
-from tracedb.cli.main import format_duration
 from tracedb.config import load_config
+from tracedb.humanize import format_duration
 from tracedb.reads import Filter, Reader
 
-from .conftest import ENVELOPE, Clock, page_queries, settings
+from tests.conftest import FakeClock
+
+from .conftest import ENVELOPE, page_queries, settings
 
 MS = 10**6
 S = 10**9
@@ -32,7 +34,7 @@ def next_cursor(result) -> str:
 @pytest.fixture
 def many(data_dir):
     """60 completed executions exec-00 .. exec-59, created one second apart (exec-59 newest)."""
-    clock = Clock()
+    clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
         for i in range(60):
             ex = store.start("Batch" if i % 2 else "Other", ENVELOPE, f"exec-{i:02d}")
@@ -98,7 +100,7 @@ def test_json_rows_carry_the_cursor_that_continues_after_them(many, run):
 
 
 def test_executions_created_in_the_same_nanosecond_are_paged_by_id(data_dir, run):
-    clock = Clock()
+    clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
         for eid in ("exec-b", "exec-a", "exec-c"):
             store.start("Same", ENVELOPE, eid).finish({"status": "success"})
@@ -126,7 +128,7 @@ def test_filters_combine_with_pages(many, run):
 
 
 def test_the_header_events_and_durations(data_dir, run):
-    clock = Clock()
+    clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
         ex = store.start("ProcessIntent", ENVELOPE, "exec-done")
         clock.ns += 120 * MS
@@ -151,7 +153,7 @@ def test_the_header_events_and_durations(data_dir, run):
 
 
 def test_an_invalidation_later_does_not_lengthen_the_duration(data_dir, run):
-    clock = Clock()
+    clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
         ex = store.start("ProcessIntent", ENVELOPE, "exec-x")
         clock.ns += 2 * S
@@ -166,7 +168,10 @@ def test_an_invalidation_later_does_not_lengthen_the_duration(data_dir, run):
      (2 * 3600 * S + 5 * 60 * S, "2h05m"), (3 * 86400 * S + 4 * 3600 * S, "3d04h")],
 )
 def test_durations_read_as_a_person_writes_them(ns, text):
+    from tracedb.web.pages import fmt_duration
+
     assert format_duration(ns) == text
+    assert fmt_duration(ns) == ("–" if ns is None else text)  # the web view prints the same
 
 
 @pytest.fixture
@@ -213,7 +218,7 @@ def test_trace_diff_takes_prefixes(similar, run):
 
 
 def test_trace_get_shows_when_each_event_was_recorded(data_dir, run):
-    clock = Clock()
+    clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
         ex = store.start("ProcessIntent", ENVELOPE, "exec-timed")
         clock.ns += 250 * MS

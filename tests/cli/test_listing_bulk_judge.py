@@ -16,7 +16,9 @@ from tracedb.checksums import of_stored
 from tracedb.config import load_config
 from tracedb.reads import Reader
 
-from .conftest import ENVELOPE, EVENTS, Clock, settings
+from tests.conftest import FakeClock
+
+from .conftest import ENVELOPE, EVENTS, settings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,7 +58,7 @@ DAMAGE = {
 }
 
 
-def _record(store, clock: Clock, eid: str, envelope: dict = ENVELOPE) -> None:
+def _record(store, clock: FakeClock, eid: str, envelope: dict = ENVELOPE) -> None:
     clock.ns += 10**9
     ex = store.start("ProcessIntent", envelope, eid)
     if eid != "finish-only":
@@ -73,7 +75,7 @@ def _meta_crc(conn: sqlite3.Connection, eid: str) -> None:
 @pytest.fixture
 def damaged(tmp_path, data_dir):
     """One execution per kind of damage (and clean ones, one cut off while running)."""
-    clock = Clock()
+    clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
         for eid in DAMAGE:
             if eid != "redacted-meta-hash":

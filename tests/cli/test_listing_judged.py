@@ -17,7 +17,9 @@ import tracedb
 from tracedb.config import load_config
 from tracedb.reads import Filter, Reader
 
-from .conftest import ENVELOPE, EVENTS, Clock, settings
+from tests.conftest import FakeClock
+
+from .conftest import ENVELOPE, EVENTS, settings
 
 pytestmark = pytest.mark.timeout(120)
 TAMPERED = "exec-02"
@@ -27,7 +29,7 @@ TAMPERED = "exec-02"
 def tampered(data_dir):
     """Five completed executions, exec-00 (oldest) .. exec-04; exec-02's envelope then changed
     by one byte in the database."""
-    clock = Clock()
+    clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
         for i in range(5):
             clock.ns += 10**9
@@ -79,7 +81,7 @@ def test_a_replayable_page_leaves_a_corrupted_record_out_and_still_fills(tampere
 
 
 def test_a_replayable_page_past_many_corrupted_records_is_short_and_continues(data_dir):
-    clock = Clock()
+    clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
         for i in range(25):
             clock.ns += 10**9

@@ -18,7 +18,9 @@ from tracedb.config import load_config
 from tracedb.errors import TraceDBError
 from tracedb.reads import EVERYTHING, Filter, Reader
 
-from .conftest import T0, Clock, settings
+from tests.conftest import FakeClock
+
+from .conftest import T0, settings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,7 +34,7 @@ def store_dir(tmp_path_factory):
     compacted; then a recorder that is SIGKILLed leaves a finished and a running execution in
     the WAL alone (no recorder runs while the tests read)."""
     d = str(tmp_path_factory.mktemp("lite") / "data")
-    clock = Clock()
+    clock = FakeClock()
     with tracedb.open(d, config=settings(), clock=clock) as store:
         ids = []
         for i in range(30):

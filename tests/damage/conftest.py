@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import wal
+from tests import pause_launcher
 from tests.other_user import nobody  # noqa: F401 - the fixture, for the tests of this folder
 from tracedb.cli import main
 
@@ -22,9 +23,11 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 class Recorder:
     """A real recorder process (recorder.py), killed with SIGKILL once it said READY."""
 
-    def __init__(self, data_dir: str, *args: str, env: dict | None = None):
+    def __init__(self, data_dir: str, *args: str, env: dict | None = None, pause: str | None = None):
+        """`pause`, "<point>:<batch>": the compactor stops there and says PAUSED (pause_launcher)."""
+        argv = [os.path.join(HERE, "recorder.py"), data_dir, *map(str, args)]
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "recorder.py"), data_dir, *map(str, args)],
+            pause_launcher.command(pause, *argv) if pause else [sys.executable, *argv],
             stdout=subprocess.PIPE, cwd=REPO, text=True, env={**os.environ, **(env or {})},
         )
 

@@ -249,7 +249,7 @@ def test_a_damaged_segment_compaction_would_delete_unread_is_kept(tmp_path, cli)
     from tests.damage.conftest import Recorder
 
     data_dir = str(tmp_path / "d")
-    r = Recorder(data_dir, "compacted", 60, 5, 4096, env={"TRACEDB_TEST_COMPACT_PAUSE": "after_commit:1"})
+    r = Recorder(data_dir, "compacted", 60, 5, 4096, pause="after_commit:1")
     r.ready("PAUSED")
     r.kill()
     wal_dir = os.path.join(data_dir, "wal")

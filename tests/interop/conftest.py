@@ -72,11 +72,6 @@ def envelope(intent: str = "UpperIntent", text: str = "hello", strategy=None):
 
 
 @pytest.fixture
-def data_dir(tmp_path) -> str:
-    return str(tmp_path / "data")
-
-
-@pytest.fixture
 def store(data_dir):
     s = tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0})
     yield s

@@ -13,17 +13,9 @@ import tracedb
 from intentusnet.recording.store import FileExecutionStore
 from tracedb.cli import main
 
+from tests.conftest import FakeClock
+
 T0 = 1_764_000_000_123_456_000  # ns since the epoch, a whole microsecond
-
-
-class Clock:
-    now = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-    def at(self, ms: int) -> None:
-        self.now = T0 + ms * 1_000_000
 
 
 def cli(data_dir, *args):
@@ -33,14 +25,14 @@ def cli(data_dir, *args):
 
 
 def recorded(data_dir: str) -> None:
-    clock = Clock()
+    clock = FakeClock(T0)
     with tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0}, clock=clock) as store:
         ex = store.start("Upper", {"intent": "Upper", "text": "hi"}, "exec-timed")
-        clock.at(12)
+        clock.now = T0 + 12 * 1_000_000
         ex.event("tool.requested", {"n": 1})
-        clock.at(30)
+        clock.now = T0 + 30 * 1_000_000
         ex.event("tool.responded", {"n": 2})
-        clock.at(49)
+        clock.now = T0 + 49 * 1_000_000
         ex.finish({"status": "success"})
 
 

@@ -99,12 +99,6 @@ class OtlpServe:
 
 
 @pytest.fixture
-def data_dir(tmp_path):
-    d = tmp_path / "data"
-    return str(d)
-
-
-@pytest.fixture
 def otlp_serve(data_dir):
     """A factory of OTLP-receiving recorders on `data_dir`; all stopped after the test."""
     procs: list[OtlpServe] = []

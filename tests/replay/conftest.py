@@ -11,15 +11,3 @@ from replay_helpers import build_record
 def record_factory():
     """build_record as a fixture."""
     return build_record
-
-
-@pytest.fixture
-def store(tmp_path):
-    """A real tracedb store in a temporary directory."""
-    import tracedb
-
-    s = tracedb.open(str(tmp_path / "data"))
-    try:
-        yield s
-    finally:
-        s.close()

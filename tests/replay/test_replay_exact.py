@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from tests.conftest import FakeClock
 from tracedb.errors import (
     EXIT_INTEGRITY,
     EXIT_NOT_REPLAYABLE,
@@ -274,16 +275,8 @@ def test_structure_is_validated_once_per_engine(record_factory, monkeypatch):
 # -- the cache ------------------------------------------------------------------------------------------
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_cache_expires_entries_after_their_ttl():
-    clock = FakeClock()
+    clock = FakeClock(1000.0, per_second=1)
     cache = ReplayCache(default_ttl_s=10, clock=clock)
     cache.set("a", 1)
     cache.set("b", 2, ttl=100)

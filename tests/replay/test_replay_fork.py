@@ -13,6 +13,7 @@ from tracedb.replay.eventlog import ReplaySession, live_session, replay_log
 from tracedb.replay.forking import fork
 
 from replay_helpers import World, agent
+from tests.conftest import FakeClock
 
 ENVELOPE = {"intent": "dice", "table": 7}
 
@@ -209,32 +210,21 @@ def test_fork_at_zero_shares_nothing(store):
 # -- forks pin their parent against prune -----------------------------------------------------------
 
 
-class Clock:
-    def __init__(self):
-        self.ns = 1_767_225_600 * 10**9  # 2026-01-01
-
-    def __call__(self):
-        return self.ns
-
-    def advance_days(self, days):
-        self.ns += int(days * 86400 * 10**9)
-
-
 def test_parent_with_a_fork_is_not_pruned(tmp_path):
-    clock = Clock()
+    clock = FakeClock(1_767_225_600 * 10**9)  # 2026-01-01
     with tracedb.open(str(tmp_path / "d"), clock=clock) as s:
         parent, _ = record_live(s)
         lonely, _ = record_live(s)
-        clock.advance_days(35)
+        clock.advance(35 * 86400)
         f = fork(s, parent, 3)
         f.finish({"status": "success", "payload": "forked"})
-        clock.advance_days(5)
+        clock.advance(5 * 86400)
         s.prune(older_than_s=30 * 86400)
         assert s.get(parent).execution_id == parent  # 40 days old, but its fork lives
         assert s.get(f.execution_id).parentExecutionId == parent
         with pytest.raises(tracedb.errors.ExecutionNotFoundError):
             s.get(lonely)
-        clock.advance_days(40)  # now the fork is old too: once it goes, the parent may go
+        clock.advance(40 * 86400)  # now the fork is old too: once it goes, the parent may go
         s.prune(older_than_s=30 * 86400)
         s.prune(older_than_s=30 * 86400)
         for gone in (f.execution_id, parent):

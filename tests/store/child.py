@@ -5,7 +5,7 @@ usage: child.py DATA_DIR SCENARIO [N]
   after       the whole seed 002 execution, FINAL_RESPONSE included, then READY (scenario 3)
   before      open the store only, then READY (scenario 1: crash before the intent is recorded)
   bulk N      N executions of 10 events each recorded without compaction, then READY, then
-              compact (the test pauses it with TRACEDB_TEST_COMPACT_PAUSE and kills it there)
+              compact (the test runs it under tests/pause_launcher.py, which pauses it, and kills it there)
   flagged [compacted]
               start, one event, flagged recording_failure with a lost-records note (`NOTE`),
               compacted first if asked, then READY
@@ -17,17 +17,10 @@ import sys
 import threading
 
 import tracedb
+from tests.conftest import SEED_002
 from tracedb.record import lost_records_note
 
-EVENTS = [
-    ("INTENT_RECEIVED", {"intent": "ProcessIntent"}),
-    ("AGENT_ATTEMPT_START", {"agent": "processor-a"}),
-    ("AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
-    ("FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
-    ("AGENT_ATTEMPT_START", {"agent": "processor-b"}),
-    ("AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
-    ("ROUTER_DECISION", {"agent": "processor-b"}),
-]
+EVENTS = SEED_002
 # 3 records lost between 2024-01-15T10:30:01Z and 10:30:04Z.
 NOTE = lost_records_note(3, 1_705_314_601_000_000_000, 1_705_314_604_000_000_000)
 

@@ -9,19 +9,15 @@ import sys
 import pytest
 
 import tracedb
+from tests import pause_launcher
+from tests.conftest import SEED_002, FakeClock  # noqa: F401 - re-exported: tests/pg imports it from here
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 
 # Seed 002's example event sequence; FINAL_RESPONSE is recorded by finish().
 SEED_002_EVENTS = [
-    (1, "INTENT_RECEIVED", {"intent": "ProcessIntent"}),
-    (2, "AGENT_ATTEMPT_START", {"agent": "processor-a"}),
-    (3, "AGENT_ATTEMPT_END", {"agent": "processor-a", "status": "error"}),
-    (4, "FALLBACK_TRIGGERED", {"from": "processor-a", "to": "processor-b"}),
-    (5, "AGENT_ATTEMPT_START", {"agent": "processor-b"}),
-    (6, "AGENT_ATTEMPT_END", {"agent": "processor-b", "status": "success"}),
-    (7, "ROUTER_DECISION", {"agent": "processor-b"}),
+    *((seq, t, p) for seq, (t, p) in enumerate(SEED_002, 1)),
     (8, "FINAL_RESPONSE", {"status": "success"}),
 ]
 ENVELOPE = {
@@ -29,29 +25,6 @@ ENVELOPE = {
     "payload": {"document": "invoice-17"},
     "routingMetadata": {"hop": 3},
 }
-
-
-class FakeClock:
-    """Nanoseconds since the epoch that move only when a test says so."""
-
-    def __init__(self, start_ns: int = 1_705_314_600_000_000_000):  # 2024-01-15T10:30:00Z
-        self.ns = start_ns
-
-    def __call__(self) -> int:
-        return self.ns
-
-    def advance(self, seconds: float) -> None:
-        self.ns += int(seconds * 1e9)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def data_dir(tmp_path) -> str:
-    return str(tmp_path / "data")
 
 
 @pytest.fixture
@@ -86,12 +59,13 @@ def record_seed_002(store, execution_id="exec-a1b2c3d4", envelope=None):
 class Child:
     """A real recorder process (tests/store/child.py) that a test can SIGKILL at a known point."""
 
-    def __init__(self, data_dir: str, *args: str, env: dict | None = None):
+    def __init__(self, data_dir: str, *args: str, pause: str | None = None):
+        """`pause`, "<point>:<batch>": the compactor stops there and says PAUSED (pause_launcher)."""
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
-        full_env.update(env or {})
+        argv = [CHILD, data_dir, *args]
         self.proc = subprocess.Popen(
-            [sys.executable, CHILD, data_dir, *args],
+            pause_launcher.command(pause, *argv) if pause else [sys.executable, *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -123,8 +97,8 @@ class Child:
 def child(data_dir):
     started = []
 
-    def _start(*args, env=None):
-        c = Child(data_dir, *args, env=env)
+    def _start(*args, pause=None):
+        c = Child(data_dir, *args, pause=pause)
         started.append(c)
         return c
 

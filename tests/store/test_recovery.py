@@ -9,7 +9,6 @@ import sqlalchemy as sa
 
 import tracedb
 import wal
-from tracedb.compactor import FAULT_ENV
 from tracedb.models import trace_steps, traces
 
 pytestmark = pytest.mark.timeout(120)
@@ -83,7 +82,7 @@ def check_bulk(store, n: int) -> None:
 @pytest.mark.parametrize("point", ["before_commit:3", "after_commit:3"], ids=["inside_transaction", "between_batches"])
 def test_sigkill_during_compaction_loses_and_duplicates_nothing(child, open_store, point):
     n = 40  # 40 * 11.5 records, batches of 100 records: the kill lands in the middle
-    c = child("bulk", str(n), env={FAULT_ENV: point})
+    c = child("bulk", str(n), pause=point)
     c.wait_for("PAUSED")
     c.kill()
     store = open_store()

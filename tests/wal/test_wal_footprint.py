@@ -14,24 +14,15 @@ from wal import format as fmt
 from wal import writer as wal_writer
 from wal.spares import SPARE_FILE
 from helpers import record_spans
+from tests.conftest import FakeClock
 
 SEAL_BYTES = fmt.RECORD_HEADER_SIZE + 16 + (-(fmt.RECORD_HEADER_SIZE + 16) % 8)
 MIB = 1 << 20
 
 
-class FakeClock:
-    """The writer's clock for measuring fill rates: moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    c = FakeClock()
+    c = FakeClock(1000.0, per_second=1)  # the writer's monotonic clock, in seconds
     monkeypatch.setattr(wal_writer, "_monotonic", c)
     return c
 

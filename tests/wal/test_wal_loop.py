@@ -24,6 +24,7 @@ import pytest
 import wal
 from wal.aio import PENDING, LinuxAioSyncer, ThreadSyncer, outcome_of
 from wal.fs import OsFileSystem
+from wal.group_commit import Owner
 from faultfs import DATA_MODES, FaultFS
 from helpers import read_all
 from test_wal_crash import Trace, check_recovery, payload
@@ -295,12 +296,12 @@ def test_detaching_while_the_thread_rotates_for_the_loop_waits_for_the_rotation(
                 if later.done():
                     acked.append(later.result())
                     later = None
-            assert aw.wal._owner == "rotating"
+            assert aw.wal._owner is Owner.ROTATING
             later = later or aw.append(b"queued behind the rotation")
             threading.Timer(0.2, release.set).start()
             aw.wal.detach_loop()  # blocks until the rotation is done
             assert release.is_set() and not aw.wal.loop_attached
-            assert aw.wal._owner in (None, "thread")
+            assert aw.wal._owner in (Owner.IDLE, Owner.THREAD)
             acked.append(await asyncio.wait_for(later, 10))
             acked.append(await asyncio.wait_for(aw.append(b"after"), 10))
             assert len(wal.list_segments(wal_dir)) >= 2
@@ -511,7 +512,7 @@ def test_a_loop_that_runs_again_while_it_is_being_detached_starts_no_flush(wal_d
             return fut
 
         fut = loop.run_until_complete(burst())
-        assert w._owner is None and w._aio_job is None and not fut.done()
+        assert w._owner is Owner.IDLE and w._aio_job is None and not fut.done()
         w.detach_loop()
         assert not w.loop_attached
         assert loop.run_until_complete(asyncio.wait_for(fut, 10)) == 1

@@ -260,23 +260,6 @@ def format_bytes(n: int) -> str:
     return f"{size:.1f} TiB"
 
 
-def format_duration(ns: Optional[int]) -> str:
-    """A duration as a person reads it: 340ms, 1.2s, 3m12s, 2h05m, 3d04h; '-' for none."""
-    if ns is None:
-        return "-"
-    if ns < 1_000_000_000:
-        return f"{ns // 1_000_000}ms"
-    s = ns / 1e9
-    if s < 60:
-        return f"{s:.1f}s"
-    whole = int(s)
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-
-
 @click.group(cls=TraceDBGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tracedb", prog_name="tracedb", message="%(prog)s %(version)s")
 @click.option(

@@ -12,6 +12,7 @@ import click
 import orjson
 
 from ..errors import EXIT_INTEGRITY
+from ..humanize import format_duration
 from ..paging import DEFAULT_PAGE_SIZE
 from ..rows import event_dicts
 from ..program import as_invoked
@@ -23,7 +24,6 @@ from .main import (
     TimeParam,
     emit_json,
     execution_id_argument,
-    format_duration,
     json_option,
     main,
     reading,

@@ -61,6 +61,7 @@ from ..errors import (
     ExecutionNotFoundError,
     IntegrityError,
     InvalidInputError,
+    RecordNotFoundError,  # re-exported: the adapter's public name (its old home)
     TraceDBError,
     UsageError,
 )
@@ -90,11 +91,6 @@ try:  # Subclass IntentusNet's interface when it is installed, so isinstance che
     from intentusnet.recording.store import ExecutionStore as _ExecutionStoreBase
 except ImportError:  # pragma: no cover - exercised only without the package
     _ExecutionStoreBase = object
-
-
-class RecordNotFoundError(ExecutionNotFoundError, FileNotFoundError):
-    """No such execution. Also a FileNotFoundError, which is what IntentusNet's code catches
-    around `ExecutionStore.load` (its FileExecutionStore raises that)."""
 
 
 # -- hashes and plain values ----------------------------------------------------------------

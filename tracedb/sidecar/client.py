@@ -51,6 +51,12 @@ from urllib.parse import urlparse
 import orjson
 
 from .. import errors as E
+from ..errors import (  # noqa: F401 - re-exported: their public home before errors.py
+    OutcomeUnknownError,
+    RecorderUnavailableError,
+    SeqConflictError,
+    SidecarError,
+)
 from .. import handles
 from ..backoff import Backoff
 from ..ids import new_execution_id
@@ -82,25 +88,6 @@ _FRAME_OPTS = _OPT | DUMP_OPTS
 # -- errors --------------------------------------------------------------------------------------
 
 
-class SidecarError(E.TraceDBError):
-    """An error response of the sidecar without a more specific class; `code` is the wire code."""
-
-    def __init__(self, code: str, message: str, *, hint: Optional[str] = None):
-        super().__init__(message, hint=hint)
-        self.code = code
-
-
-class RecorderUnavailableError(E.RecordingFailedError):
-    """The recorder could not be reached (or kept refusing) within `reconnect_timeout_s`."""
-
-    code = "unavailable"
-
-
-class OutcomeUnknownError(RecorderUnavailableError):
-    """The connection failed after an `event` or `finish` without `seq` was sent: it may or may
-    not be recorded, and resending it could record it twice."""
-
-
 def _resend_safe(req: dict) -> bool:
     """Whether a request may be sent again after a failure: everything but an event or finish
     without the seq that lets the server recognise a repeat."""
@@ -121,12 +108,6 @@ def _unreachable(address: str, cause) -> RecorderUnavailableError:
         f"cannot reach the recorder at {address}: {cause}",
         hint="is `tracedb serve` running? check the socket path / TRACEDB_SIDECAR",
     )
-
-
-class SeqConflictError(E.InvalidInputError):
-    """The event's expected seq does not fit the execution (another writer, or a skipped seq)."""
-
-    code = "seq_conflict"
 
 
 _WIRE_ERRORS = {

@@ -37,7 +37,7 @@ import orjson
 import wal
 
 from ..asgi import ADMISSIONS_PER_TURN, Listener, is_loopback, sweep_interval
-from ..errors import TraceDBError
+from ..errors import ServerConfigError, TraceDBError  # ServerConfigError: re-exported (its old home)
 from . import protocol as P
 from .backend import IN_BATCH, Backend, Deferred, Staged
 
@@ -83,12 +83,6 @@ class ServerConfig:
     # Set by the CLI: shown by `hello` and /health.
     data_dir: Optional[str] = None
     extra: dict = field(default_factory=dict)
-
-
-class ServerConfigError(TraceDBError):
-    """The server was asked to listen somewhere it must not (or cannot)."""
-
-    code = "config"
 
 
 def check_config(config: ServerConfig, *, local_token: bool = False) -> None:

@@ -14,6 +14,7 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
+from ..humanize import format_duration
 from ..program import program
 from ..reads import Lineage, Page, Timeline
 from ..record import (
@@ -42,22 +43,8 @@ def esc(value) -> str:
 
 
 def fmt_duration(ns: Optional[int]) -> str:
-    """A duration a person reads: 850 µs, 12.3 ms, 1.24 s, 3m12s; '–' for none."""
-    if ns is None:
-        return "–"
-    if ns < 1_000_000:
-        return f"{ns / 1e3:.0f} µs"
-    if ns < 100_000_000:
-        return f"{ns / 1e6:.1f} ms"
-    if ns < 1_000_000_000:
-        return f"{ns / 1e6:.0f} ms"
-    s = ns / 1e9
-    if s < 60:
-        return f"{s:.2f} s"
-    whole = int(s)
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    """A duration as the CLI prints it (humanize.format_duration); '–' for none."""
+    return format_duration(ns, none="–")
 
 
 def fmt_time(ns: int) -> str:
