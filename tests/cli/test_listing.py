@@ -164,7 +164,8 @@ def test_an_invalidation_later_does_not_lengthen_the_duration(data_dir, run):
 
 @pytest.mark.parametrize(
     ("ns", "text"),
-    [(None, "-"), (0, "0ms"), (340 * MS, "340ms"), (1_200 * MS, "1.2s"), (192 * S, "3m12s"),
+    [(None, "-"), (0, "0ms"), (400, "1µs"), (850_400, "850µs"), (4_290_000, "4.2ms"), (10 * MS, "10ms"),
+     (340 * MS, "340ms"), (1_200 * MS, "1.2s"), (192 * S, "3m12s"),
      (2 * 3600 * S + 5 * 60 * S, "2h05m"), (3 * 86400 * S + 4 * 3600 * S, "3d04h")],
 )
 def test_durations_read_as_a_person_writes_them(ns, text):
