@@ -50,6 +50,66 @@ def _agent(ex, tool_result: dict, expression: str = "17 * 23") -> None:
     session.finish({"status": "success", "payload": {"answer": "391"}})
 
 
+def record_failed(store) -> str:
+    """An agent whose tool timed out, and which answered with an error."""
+    ex = store.start("BookFlight", {"intent": "BookFlight", "payload": {"to": "LIS"}}, "exec-failed-0007")
+    ex.event("INTENT_RECEIVED", {"intent": "BookFlight"})
+    seq = ex.event("llm.requested", {"prompt_hash": "sha256:f1", "request": {"model": "gpt-4o-mini"}})
+    ex.event("llm.responded", {"prompt_hash": "sha256:f1", "request_seq": seq, "response": {
+        "model": "gpt-4o-mini", "content": "search flights",
+        "usage": {"prompt_tokens": 1200, "completion_tokens": 80, "total_tokens": 1280}}})
+    seq = ex.event("tool.requested", {"name": "search_flights", "arguments": {"to": "LIS"}})
+    ex.event("tool.responded", {"name": "search_flights", "request_seq": seq,
+                                "error": {"code": "TOOL_TIMEOUT", "message": "search_flights timed out after 30 s"}})
+    ex.finish({"status": "error", "error": {"code": "TOOL_TIMEOUT", "message": "search_flights timed out after 30 s"}})
+    return ex.execution_id
+
+
+def record_otel_trace(store) -> str:
+    """A GenAI-instrumented agent's trace through the OpenTelemetry SDK and tracedb's exporter:
+    an agent span over two model calls and two tool calls, the first of which failed."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import Status, StatusCode, set_span_in_context
+
+    from tracedb.otel.exporter import TraceDBSpanExporter
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "TravelPlanner"}))
+    provider.add_span_processor(SimpleSpanProcessor(TraceDBSpanExporter(store)))
+    tracer = provider.get_tracer("travel-agent")
+    ms = 1_000_000
+    t0 = T0 + 3_600_000 * ms
+
+    def chat(parent, start, end, input_tokens, output_tokens):
+        s = tracer.start_span("chat gpt-4o-mini", context=parent, start_time=t0 + start * ms, attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o-mini",
+            "gen_ai.usage.input_tokens": input_tokens, "gen_ai.usage.output_tokens": output_tokens})
+        s.end(end_time=t0 + end * ms)
+
+    def tool(parent, start, end, error=None):
+        s = tracer.start_span("execute_tool search_flights", context=parent, start_time=t0 + start * ms, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_flights",
+            "gen_ai.tool.call.arguments": '{"to": "LIS"}'})
+        if error:
+            s.set_status(Status(StatusCode.ERROR, error))
+            s.set_attribute("error.type", "TimeoutError")
+        else:
+            s.set_attribute("gen_ai.tool.call.result", '{"flights": 3}')
+        s.end(end_time=t0 + end * ms)
+
+    root = tracer.start_span("invoke_agent TravelPlanner", start_time=t0, attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "TravelPlanner"})
+    ctx = set_span_in_context(root)
+    chat(ctx, 40, 820, 950, 42)
+    tool(ctx, 850, 1850, error="search_flights timed out")
+    tool(ctx, 1900, 2300)
+    chat(ctx, 2350, 3100, 1320, 96)
+    root.end(end_time=t0 + 3150 * ms)
+    provider.shutdown()
+    return "otel-" + format(root.get_span_context().trace_id, "032x")
+
+
 def build_store(data_dir: str) -> dict:
     """A store holding: two completed agent runs that differ at their tool call, a fork of
     the first at seq 3, one left running when its recorder stopped (incomplete), an
@@ -75,6 +135,8 @@ def build_store(data_dir: str) -> dict:
         ex.event("myapp.html", XSS_PAYLOAD)
         ex.finish({"status": "success", "payload": XSS_PAYLOAD})
         ids["xss"] = ex.execution_id
+        ids["otel"] = record_otel_trace(store)
+        ids["failed"] = record_failed(store)
         ex = store.start("AnswerQuestion", ENVELOPE, "exec-crash-0006")
         ex.event("INTENT_RECEIVED", {"intent": "AnswerQuestion"})
         ex.event("llm.requested", {"prompt_hash": "sha256:1", "request": {"model": "demo-llm-1"}})

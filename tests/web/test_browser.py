@@ -299,3 +299,22 @@ def test_a_newcomer_sees_the_crashed_demo_execution_stop_on_its_timeline(tmp_pat
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(60) == 0
         serve.stderr.close()
+
+
+def test_an_otel_trace_shows_its_span_tree_beside_the_timeline(ui, page, shots):
+    url, ids = ui
+    page.goto(with_token(url + f"e/{ids['otel']}"))
+    tree = page.locator("[data-testid=span-tree]")
+    assert tree.is_visible() and tree.get_attribute("data-spans") == "5"
+    spans = tree.locator("a.span")
+    assert spans.count() == 5
+    assert [spans.nth(i).get_attribute("data-depth") for i in range(5)] == ["0", "1", "1", "1", "1"]
+    failed = tree.locator("a.span.err")
+    assert failed.count() == 1 and "search_flights timed out" in failed.text_content()
+    # The failed span is drawn red.
+    color = failed.locator("rect.bar").evaluate("e => getComputedStyle(e).fill")
+    assert color == "rgb(192, 53, 43)", color
+    # A span leads to its events in the table.
+    failed.click()
+    page.wait_for_url("**#ev-3")
+    shots(page, "span-tree.png")

@@ -30,8 +30,8 @@ def test_the_list_shows_every_execution_with_counts_and_filters(ui):
     for eid in ids.values():
         assert f'href="/e/{eid}"' in r.text
     counts = _get(url + "counts").json()
-    assert counts["counts"] == {"running": 0, "completed": 4, "incomplete": 1, "invalidated": 1}
-    assert counts["total"] == "6" and counts["shown"]["completed"] == "4"
+    assert counts["counts"] == {"running": 0, "completed": 6, "incomplete": 1, "invalidated": 1}
+    assert counts["total"] == "8" and counts["shown"]["completed"] == "6"
     # Counts per status under the other filters: the status filter itself is left out.
     narrowed = _get(url + "counts", params={"status": "incomplete", "intent": "AnswerQuestion"}).json()
     assert narrowed["counts"] == {"running": 0, "completed": 3, "incomplete": 1, "invalidated": 0}
@@ -56,7 +56,7 @@ def test_pages_continue_by_cursor(ui):
     assert first.count('<tr data-id="') == 4
     cursor = first.split('class="older" href="/?limit=4&amp;before=')[1].split('"')[0]
     second = _get(url, params={"limit": 4, "before": cursor}).text
-    assert second.count('<tr data-id="') == 2
+    assert second.count('<tr data-id="') == 4
     assert 'class="older"' not in second and "« Newest" in second
     shown = {line.split('"')[0] for line in (first + second).split('<tr data-id="')[1:]}
     assert shown == set(ids.values())
@@ -117,6 +117,23 @@ def test_the_execution_page_has_its_header_timeline_replay_state_and_lineage(ui)
     assert "an operator invalidated it" in bad and "wrong model &lt;b&gt;v2&lt;/b&gt;" in bad
     fork = _get(url + f"e/{ids['fork']}").text
     assert f'forked from <a class="mono" href="/e/{ids["ok"]}">' in fork
+
+
+def test_a_nested_execution_has_its_span_tree_beside_the_timeline_and_a_flat_one_none(ui):
+    url, ids = ui
+    page = _get(url + f"e/{ids['otel']}").text
+    assert 'data-testid="span-tree" data-spans="5"' in page
+    tree = page.split('data-testid="span-tree"')[1].split("</svg>")[0]
+    # The agent span at the top, its four calls under it, in the order they started.
+    names = [part.split(">")[1].split("<")[0] for part in tree.split('<text class="name"')[1:]]
+    assert names == ["invoke_agent TravelPlanner", "chat gpt-4o-mini", "execute_tool search_flights",
+                     "execute_tool search_flights", "chat gpt-4o-mini"]
+    depths = [int(part.split('"')[1]) for part in tree.split("data-depth=")[1:]]
+    assert depths == [0, 1, 1, 1, 1]
+    # The tool call that failed is red, with its message; each span links to its first event.
+    assert tree.count('class="span k-tool err"') == 1 and "search_flights timed out" in tree
+    assert 'href="#ev-1"' in tree and 'href="#ev-9"' in tree
+    assert 'data-testid="span-tree"' not in _get(url + f"e/{ids['ok']}").text
 
 
 def test_recorded_html_is_text(ui):

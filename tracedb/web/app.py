@@ -44,10 +44,12 @@ from ..errors import (
     TraceDBError,
 )
 from ..paging import DEFAULT_PAGE_SIZE, decode_cursor
-from ..reads import NS_MAX, NS_MIN, AsyncReader, Filter
+from ..reads import NS_MAX, NS_MIN, AsyncReader, Filter, Timeline
 from ..record import STATUS_RUNNING, STATUSES, utc_iso
+from ..spans import span_tree
 from ..validation import ID_LENGTH, INTENT_LENGTH
 from . import pages
+from .spanview import span_tree_svg
 from .timeline import layout
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -279,7 +281,8 @@ class Views:
             return RedirectResponse(pages.exec_path(eid), status_code=302)
         tl = await self.reader.timeline(eid)
         lineage = await self.reader.lineage(eid)
-        return _html(pages.execution_page(tl, layout(tl), lineage, replay_command=self.replay_command))
+        return _html(pages.execution_page(tl, layout(tl), lineage, replay_command=self.replay_command,
+                                          spans=_spans(tl)))
 
     async def event(self, request: Request) -> Response:
         eid = await self._exact(request)
@@ -326,6 +329,7 @@ class Views:
             "status": tl.record.status, "changed": True, "last_seq": last, "rows": html,
             "events": len(tl.record.events),
             "overview": pages.overview_svg(lay, running=tl.record.status == STATUS_RUNNING),
+            "spans": _spans(tl),
         })
 
     async def diff(self, request: Request) -> Response:
@@ -342,6 +346,11 @@ class Views:
         pa = await self.reader.progress(a_id, 2**31 - 1, limit=1)
         pb = await self.reader.progress(b_id, 2**31 - 1, limit=1)
         return _html(pages.diff_page(d, pa.status, pb.status))
+
+
+def _spans(tl: Timeline) -> str:
+    """The span tree of an execution that came with nesting, drawn; "" for one without."""
+    return span_tree_svg(span_tree(tl.record.events, {t.seq: t.recorded_at_ns for t in tl.event_times}))
 
 
 def _is_api(request: Request) -> bool:

@@ -432,8 +432,9 @@ def overview_svg(lay: Layout, *, running: bool) -> str:
     )
 
 
-def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_command: str) -> str:
-    """Header, replay state, lineage, timeline, events, payload viewer."""
+def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_command: str, spans: str = "") -> str:
+    """Header, replay state, lineage, timeline (and the span tree, `spans`, drawn beside it),
+    events, payload viewer."""
     r = tl.record
     eid = r.execution_id
     running = r.status == STATUS_RUNNING
@@ -491,7 +492,9 @@ def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_comman
         + lineage_html
         + f'<section class="tl"><h2>Timeline</h2><div class="overview" data-src="{esc(api_path("overview", eid))}">'
         + overview_svg(lay, running=running)
-        + "</div></section>"
+        + "</div>"
+        + f'<div class="spans">{spans}</div>'
+        + "</section>"
         + '<section class="events"><h2>Events <span class="sub">click a row for its payload</span></h2>'
         '<table class="events"><thead><tr><th class="num">#</th><th class="num">At</th><th>Type</th>'
         '<th>Call</th><th>Payload</th></tr></thead>'
