@@ -54,11 +54,12 @@ from sqlalchemy.engine import Engine
 import wal
 from wal.format import crc32c
 
-from . import db
+from . import db, outcomes
 from .checksums import TRACE_VALUE_COLUMNS, crc_column
 from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_INVALIDATE, OP_RECORDING_FAILURE, OP_START, transition
 from .errors import IntegrityError
 from .models import compaction_checkpoint, trace_steps, traces
+from .outcomes import fold_event, may_matter
 from .record import (
     FINAL_RESPONSE,
     REASON_RANK,
@@ -81,7 +82,7 @@ _TRACE_COLS = (
     "execution_id", "recorder_id", "intent", "status", "replayable", "replayable_reason",
     "status_note", "envelope", "envelope_hash", "router_decision", "final_response", "last_seq",
     "created_at_ns", "updated_at_ns", "parent_execution_id", "forked_at_seq", "pinned", "meta",
-    "router_decision_crc", "final_response_crc", "meta_crc",
+    "router_decision_crc", "final_response_crc", "meta_crc", *outcomes.COLUMNS, "last_event_ns",
 )
 
 
@@ -101,6 +102,7 @@ def _row_of(eid: str, new: dict, upd: dict) -> dict:
 def _set_end(row: dict, end: tuple) -> None:
     """Fold an execution's last event so far, (seq, time), into its pending trace row."""
     row["last_seq"], row["updated_at_ns"] = end
+    row["last_event_ns"] = end[1]
 
 
 def _rows(flat, width: int = STEP_WIDTH) -> list[tuple]:
@@ -529,6 +531,11 @@ class Compactor:
             text = body.decode()
             steps += (eid, seq, type_, text, t, lsn, crc32c(body))
             ends[eid] = (seq, t)
+            if may_matter(type_, body):
+                try:
+                    fold_event(_row_of(eid, new, upd), seq, type_, loads(body), t)
+                except orjson.JSONDecodeError:
+                    pass  # not JSON (see below): it records no error and no usage
             if type_ == ROUTER_DECISION:
                 try:
                     _row_of(eid, new, upd)["router_decision"] = loads(text)
@@ -580,6 +587,8 @@ class Compactor:
                 "forked_at_seq": d.get("fork_seq"),
                 "pinned": False,
                 "meta": d.get("meta"),
+                **outcomes.initial(),
+                "last_event_ns": None,
                 "_lsn": lsn,
             }
         else:
@@ -592,8 +601,12 @@ class Compactor:
                 data = orjson.dumps(response)
                 steps += (eid, seq, FINAL_RESPONSE, data.decode(), t, lsn, crc32c(data))
                 row["last_seq"] = seq
+                row["last_event_ns"] = t
                 row["final_response"] = response
-            elif op not in (OP_INVALIDATE, OP_INCOMPLETE, OP_RECORDING_FAILURE):
+                outcomes.fold_finish(row, seq, response)
+            elif op in (OP_INCOMPLETE, OP_INVALIDATE):
+                outcomes.fold_closed(row)
+            elif op != OP_RECORDING_FAILURE:
                 raise IntegrityError(
                     f"WAL record {lsn} has an unknown op {op!r}",
                     hint="this WAL was written by a newer tracedb; upgrade before compacting",
@@ -694,7 +707,9 @@ class Compactor:
             r["replayable_reason"], text(r["status_note"]), _dumps(r["envelope"]), r["envelope_hash"],
             decision, final, r["last_seq"], r["created_at_ns"], r["updated_at_ns"],
             r["parent_execution_id"], r["forked_at_seq"], r["pinned"], meta,
-            decision_crc, final_crc, meta_crc,
+            decision_crc, final_crc, meta_crc, r["outcome"], r["error_seq"], r["error_type"],
+            text(r["error_code"]), text(r["error_message"]), _dumps(r["models"]), r["input_tokens"],
+            r["output_tokens"], r["cost_usd"], r["prices_version"], r["last_event_ns"],
         )
 
     def _update_values(self, delta: dict) -> dict:
@@ -706,13 +721,14 @@ class Compactor:
                 out[k], out[crc_column(k)] = _checked_json(v)
             elif k in _JSON_COLS:
                 out[k] = _dumps_or_none(v)
-            elif k == "status_note":
+            elif k in ("status_note", "error_code", "error_message"):
                 out[k] = self._text(v)
             else:
                 out[k] = v
         return out
 
     def _run_updates(self, conn, upd: dict) -> None:
+        _merge_models(conn, upd)
         groups: dict[tuple, list] = {}
         # In execution-id order: every writer locks trace rows in the same order, so two
         # compactors (or a compactor and prune) cannot deadlock on them.
@@ -737,7 +753,7 @@ class Compactor:
                 )
 
 
-_JSON_COLS = frozenset({"router_decision", "final_response", "envelope"})
+_JSON_COLS = frozenset({"router_decision", "final_response", "envelope", "models"})
 _CHECKED_COLS = frozenset(TRACE_VALUE_COLUMNS)
 
 
@@ -755,10 +771,48 @@ def _drop_earlier(eid: str, lsn: int, upd: dict, steps: list) -> None:
     steps[:] = [v for row in _rows(steps) if row[0] != eid for v in row]
 
 
+def _merge_models(conn, upd: dict) -> None:
+    """Make each change's `models` (the names this batch saw) the whole list: the row's, then
+    the new names. A JSON list cannot be extended in SQL alike on SQLite and PostgreSQL, so the
+    rows that need it are read, in the transaction that writes them."""
+    ids = sorted(eid for eid, delta in upd.items() if delta.get("models"))
+    for i in range(0, len(ids), 500):
+        rows = conn.execute(
+            sa.select(traces.c.execution_id, traces.c.models).where(traces.c.execution_id.in_(ids[i : i + 500]))
+        )
+        for eid, stored in rows:
+            stored = list(stored or ())
+            upd[eid]["models"] = stored + [m for m in upd[eid]["models"] if m not in stored]
+    for delta in upd.values():
+        if "models" in delta and not delta["models"]:
+            del delta["models"]  # nothing new: leave the row's list as it is
+
+
 def _owner_only(delta: dict) -> bool:
     """True for a change only the recorder that owns the trace may make: new steps (they move
     last_seq) or marking it incomplete. Invalidation and recording_failure may come from any."""
     return "last_seq" in delta or delta.get("status") == STATUS_INCOMPLETE
+
+
+def _first_error(k: str):
+    return lambda c, p: sa.case((c.error_seq.is_(None), p), else_=c[k])
+
+
+def _closed_outcome(c, p):
+    # `incomplete` closes only an execution that has not finished (tracedb.outcomes.fold_closed).
+    done = c.outcome.in_([sa.literal_column(f"'{outcomes.SUCCEEDED}'"), sa.literal_column(f"'{outcomes.FAILED}'")])
+    return sa.case((sa.and_(p == sa.literal_column(f"'{outcomes.INCOMPLETE}'"), done), c.outcome), else_=p)
+
+
+# How a change of an existing row sets the derived columns (tracedb.outcomes): tokens and cost
+# are what the batch added (a NULL cost, unknown, stays NULL), the first error is kept.
+_DERIVED_SQL = {
+    "input_tokens": lambda c, p: sa.func.coalesce(c.input_tokens, sa.literal_column("0")) + p,
+    "output_tokens": lambda c, p: sa.func.coalesce(c.output_tokens, sa.literal_column("0")) + p,
+    "cost_usd": lambda c, p: c.cost_usd + p,
+    "outcome": _closed_outcome,
+    **{k: _first_error(k) for k in ("error_seq", "error_type", "error_code", "error_message")},
+}
 
 
 def _reason_rank(expr) -> sa.Case:
@@ -787,6 +841,8 @@ def _update_statement(keys: tuple, owned: bool = False) -> sa.Update:
         p = sa.bindparam("b_" + k, type_=traces.c[k].type)
         if k == "status":
             values[k] = sa.case((invalidated, c.status), else_=p)
+        elif k in _DERIVED_SQL:
+            values[k] = _DERIVED_SQL[k](c, p)
         elif k in ("replayable", "replayable_reason", "status_note"):
             # `transition` sets these three together with the reason (a finish: no note).
             reason = sa.bindparam("b_replayable_reason", type_=traces.c.replayable_reason.type)

@@ -37,6 +37,10 @@ class Trace(SQLModel, table=True):
         sa.Index("ix_traces_created_id", "created_at_ns", "execution_id"),
         sa.Index("ix_traces_status_created_id", "status", "created_at_ns", "execution_id"),
         sa.Index("ix_traces_parent", "parent_execution_id"),
+        # The listing's filters on what an execution came to (migration 0005, tracedb.outcomes).
+        sa.Index("ix_traces_outcome_created_id", "outcome", "created_at_ns", "execution_id"),
+        sa.Index("ix_traces_error_code", "error_code"),
+        sa.Index("ix_traces_cost", "cost_usd"),
     )
 
     execution_id: str = _col("execution_id", sa.String(ID_LENGTH), primary_key=True)
@@ -66,6 +70,22 @@ class Trace(SQLModel, table=True):
     router_decision_crc: Optional[int] = _col("router_decision_crc", sa.BigInteger, nullable=True)
     final_response_crc: Optional[int] = _col("final_response_crc", sa.BigInteger, nullable=True)
     meta_crc: Optional[int] = _col("meta_crc", sa.BigInteger, nullable=True)
+    # What the execution came to and cost (migration 0005), folded from its events by the
+    # compactor (tracedb.outcomes): succeeded, failed, incomplete or running; its first error;
+    # the models it called, their tokens, and the cost in USD (NULL when a model's price is
+    # unknown) with the version of the price table that gave it.
+    outcome: Optional[str] = _col("outcome", sa.String(16), nullable=True)
+    error_seq: Optional[int] = _col("error_seq", sa.Integer, nullable=True)
+    error_type: Optional[str] = _col("error_type", sa.String(TYPE_LENGTH), nullable=True)
+    error_code: Optional[str] = _col("error_code", sa.String(200), nullable=True)
+    error_message: Optional[str] = _col("error_message", sa.Text, nullable=True)
+    models: Any = _col("models", sa.JSON(none_as_null=True), nullable=True)
+    input_tokens: Optional[int] = _col("input_tokens", sa.BigInteger, nullable=True)
+    output_tokens: Optional[int] = _col("output_tokens", sa.BigInteger, nullable=True)
+    cost_usd: Optional[float] = _col("cost_usd", sa.Float, nullable=True)
+    prices_version: Optional[str] = _col("prices_version", sa.String(32), nullable=True)
+    # The time of its last event so far: duration = last_event_ns - created_at_ns, in SQL.
+    last_event_ns: Optional[int] = _col("last_event_ns", sa.BigInteger, nullable=True)
 
 
 class TraceStep(SQLModel, table=True):

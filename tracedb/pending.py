@@ -26,8 +26,8 @@ import orjson
 import wal
 from wal.dir_lock import LOCK_FILE
 
-from . import sqlite_reads
-from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_START, transition
+from . import outcomes, sqlite_reads
+from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_RECORDING_FAILURE, OP_START, transition
 from .config import Config
 from .errors import file_error, path_exists
 from .record import FINAL_RESPONSE, ROUTER_DECISION, STATUS_RUNNING
@@ -275,8 +275,13 @@ def _load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
                 continue  # the compactor skips steps of an execution it has no row for
             pending.steps.setdefault(eid, []).append(PendingStep(seq, type_, text, t, lsn))
             row["last_seq"] = seq
-            row["updated_at_ns"] = t
+            row["updated_at_ns"] = row["last_event_ns"] = t
             pending.last_event_at_ns[eid] = t
+            if outcomes.may_matter(type_, text.encode()):
+                try:
+                    outcomes.fold_event(row, seq, type_, orjson.loads(text), t)
+                except orjson.JSONDecodeError:
+                    pass
             if type_ == ROUTER_DECISION:
                 try:
                     row["router_decision"] = orjson.loads(text)
@@ -295,6 +300,7 @@ def _load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
                 "router_decision": None, "final_response": None, "last_seq": 0,
                 "created_at_ns": t, "updated_at_ns": t, "parent_execution_id": d.get("parent"),
                 "forked_at_seq": d.get("fork_seq"), "pinned": False, "meta": d.get("meta"),
+                **outcomes.initial(), "last_event_ns": None,
             }
             pending.last_event_at_ns[eid] = None
             changed.add(eid)
@@ -310,13 +316,18 @@ def _load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
             )
             row["last_seq"] = seq
             row["final_response"] = d.get("response")
+            row["last_event_ns"] = t
+            outcomes.fold_finish(row, seq, d.get("response"))
             pending.last_event_at_ns[eid] = t
+        elif op != OP_RECORDING_FAILURE:
+            outcomes.fold_closed(row)
         transition(row, op, d)
         changed.add(eid)
     left = []
     for eid, row in rows.items():
         if row["status"] == STATUS_RUNNING and (not recorder_id or row["recorder_id"] == recorder_id):
             transition(row, OP_INCOMPLETE, {"why": NO_RECORDER_NOTE})
+            outcomes.fold_closed(row)
             left.append(eid)
             changed.add(eid)
     pending.left_running = tuple(sorted(left))

@@ -38,9 +38,11 @@ TRACE_COLUMNS = (
     "execution_id", "recorder_id", "intent", "status", "replayable", "replayable_reason", "status_note",
     "envelope", "envelope_hash", "router_decision", "final_response", "last_seq", "created_at_ns",
     "updated_at_ns", "parent_execution_id", "forked_at_seq", "pinned", "meta",
-    "router_decision_crc", "final_response_crc", "meta_crc",
+    "router_decision_crc", "final_response_crc", "meta_crc", "outcome", "error_seq", "error_type",
+    "error_code", "error_message", "models", "input_tokens", "output_tokens", "cost_usd",
+    "prices_version", "last_event_ns",
 )
-_JSON_COLUMNS = frozenset({"envelope", "router_decision", "final_response", "meta"})
+_JSON_COLUMNS = frozenset({"envelope", "router_decision", "final_response", "meta", "models"})
 _BOOL_COLUMNS = frozenset({"replayable", "pinned"})
 _TRACE_SQL = "SELECT " + ", ".join(TRACE_COLUMNS) + " FROM traces WHERE execution_id = ?"
 _STEPS_SQL = (

@@ -1,0 +1,22 @@
+"""The derived outcome columns on PostgreSQL: the compactor's fold record by record and in one
+batch, and migration 0005's backfill of a database at revision 0004, agree."""
+
+from __future__ import annotations
+
+import tracedb
+from tests.store.test_outcomes import check_mix, record_mix, rows
+from tests.store.test_row_checksums import downgrade
+from tracedb import db
+
+
+def test_the_fold_and_the_backfill_agree_on_postgresql(pg_url, pg_engine, tmp_path):
+    config = {"compact_interval_ms": 0, "idle_timeout_s": 0, "db_url": pg_url, "compact_batch_records": 1}
+    with tracedb.open(str(tmp_path / "data"), config=config) as store:
+        ids = record_mix(store)
+        store.compact()
+        check_mix(rows(pg_engine), ids)
+    live = rows(pg_engine)
+    downgrade(pg_engine, "0004")
+    db.migrate(pg_engine)
+    assert rows(pg_engine) == live
+    assert live[ids["running"]]["outcome"] == "incomplete"

@@ -1,0 +1,265 @@
+"""What an execution came to, and what it cost: outcome, first error, models, tokens, cost.
+
+Pure functions over events as recorded (no I/O). The compactor folds them into each execution's
+`traces` row as its records are applied (`fold_event`, `fold_finish`, `fold_status`), the read
+of WAL-only records (`tracedb.pending`) does the same, and migration 0005 runs the same fold over
+the steps already stored. The read API marks each event with `event_error`.
+
+Where errors are recorded, per call (`event_error`):
+- an `error` on the event: a tool or LLM call that raised (the OpenAI/Anthropic SDK wrappers,
+  the Agents SDK processor's tool calls, the OTel mapping of a span with status ERROR), or
+  an answer such as `{"status": "error", "error": {"code": "TOOL_TIMEOUT"}}`;
+- an HTTP answer of 400 or more recorded by the SDK wrappers (the provider's `error` body);
+- an OTel span event (`otel.*`) whose span status is `error`;
+- an Agents SDK span (`agents.span.ended`) with an `error`;
+- IntentusNet's `AGENT_ATTEMPT_END` with status `error`.
+
+An execution (`fold_finish`) has `failed` when its final response's status is `error`, `failed` or
+`failure` (IntentusNet's error responses, an OTel root span with status ERROR, an Agents SDK run
+that raised all finish so), `succeeded` when it finished otherwise; `incomplete` when it was
+closed unfinished (or invalidated while running), else `running`. Outcome and replayability are
+separate: a failure recorded in full replays.
+
+Usage: the token counts of each `llm.responded` (OpenAI's `usage`, the SDK wrappers' and the
+OTel mapping's normalised `usage` from `gen_ai.usage.*` or `llm.token_count.*`, the Agents SDK's
+response usage), and its model. Cost is priced with `genai-prices` at the event's time; a model
+the table does not know, or usage without a model, makes the execution's cost unknown (None)
+while its tokens still count: never a guess.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import Any, Optional
+
+from genai_prices import Usage, calc_price
+from genai_prices import __version__ as PRICES_VERSION
+
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+INCOMPLETE = "incomplete"
+RUNNING = "running"
+OUTCOMES = (SUCCEEDED, FAILED, INCOMPLETE, RUNNING)
+
+FAILED_STATUSES = frozenset({"error", "failed", "failure"})
+MESSAGE_CHARS = 200
+CODE_CHARS = 200
+
+LLM_RESPONDED = "llm.responded"
+AGENTS_SPAN_ENDED = "agents.span.ended"
+ATTEMPT_END = "AGENT_ATTEMPT_END"
+FINAL_RESPONSE = "FINAL_RESPONSE"
+
+# Token count names, first found wins: tracedb's normalised names (SDK wrappers, OTel mapping,
+# Agents SDK), OpenAI chat completions', the GenAI conventions', OpenInference's.
+_INPUT_KEYS = ("input_tokens", "prompt_tokens", "gen_ai.usage.input_tokens", "llm.token_count.prompt")
+_OUTPUT_KEYS = ("output_tokens", "completion_tokens", "gen_ai.usage.output_tokens", "llm.token_count.completion")
+_CACHE_READ_KEYS = ("cache_read_input_tokens", "gen_ai.usage.cache_read.input_tokens")
+
+# The columns of `traces` this module derives, with a new execution's values.
+COLUMNS = (
+    "outcome", "error_seq", "error_type", "error_code", "error_message", "models",
+    "input_tokens", "output_tokens", "cost_usd", "prices_version",
+)
+
+
+def initial() -> dict:
+    """The derived columns of an execution just started."""
+    return {
+        "outcome": RUNNING, "error_seq": None, "error_type": None, "error_code": None,
+        "error_message": None, "models": [], "input_tokens": 0, "output_tokens": 0,
+        "cost_usd": 0.0, "prices_version": PRICES_VERSION,
+    }
+
+
+def _text(value: Any, limit: int) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        value = str(value)
+    return value[:limit]
+
+
+def _error_fields(err: Any, fallback_code: Any = None) -> dict:
+    """{code, message} of a recorded error value (an object, a string, anything)."""
+    if isinstance(err, dict):
+        code = err.get("code") or err.get("type") or fallback_code
+        message = err.get("message") or err.get("detail") or err.get("exception")
+        if message is None and isinstance(err.get("error"), dict):
+            return _error_fields(err["error"], code)
+    else:
+        code, message = fallback_code, err if err is not True else None
+    return {"code": _text(code, CODE_CHARS), "message": _text(message, MESSAGE_CHARS)}
+
+
+def _http_error(response: dict) -> Optional[dict]:
+    status = response.get("status")
+    if not isinstance(status, int) or isinstance(status, bool) or status < 400:
+        return None
+    body = response.get("body")
+    err = body.get("error") if isinstance(body, dict) else None
+    if err is None:
+        err = body if isinstance(body, dict) else response.get("text")
+    return _error_fields(err, f"http_{status}")
+
+
+def response_error(response: Any) -> Optional[dict]:
+    """{code, message} when a final (or call) response says it failed, else None."""
+    if not isinstance(response, dict):
+        return None
+    status = response.get("status")
+    failed = isinstance(status, str) and status.lower() in FAILED_STATUSES
+    err = response.get("error")
+    if not failed and not (status is None and err):
+        return None
+    if err:
+        return _error_fields(err)
+    return {"code": _text(status, CODE_CHARS), "message": _text(response.get("message"), MESSAGE_CHARS)}
+
+
+def event_error(event_type: str, payload: Any) -> Optional[dict]:
+    """{code, message} of the error an event records (module doc), None when it records none."""
+    if not isinstance(payload, dict):
+        return None
+    if event_type == FINAL_RESPONSE:
+        return response_error(payload)
+    err = payload.get("error")
+    if err:
+        return _error_fields(err)
+    response = payload.get("response")
+    if isinstance(response, dict):
+        found = _http_error(response) or response_error(response)
+        if found is not None:
+            return found
+    otel = payload.get("otel")
+    if isinstance(otel, dict) and otel.get("status") == "error":
+        attrs = otel.get("attributes") if isinstance(otel.get("attributes"), dict) else {}
+        return {"code": _text(attrs.get("error.type") or "error", CODE_CHARS),
+                "message": _text(otel.get("status_message") or "span status ERROR", MESSAGE_CHARS)}
+    status = payload.get("status")
+    if isinstance(status, str) and status.lower() in FAILED_STATUSES:
+        return {"code": _text(payload.get("code") or status, CODE_CHARS),
+                "message": _text(payload.get("message") or payload.get("exception"), MESSAGE_CHARS)}
+    return None
+
+
+def _first(d: dict, keys: tuple) -> Optional[int]:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def event_usage(event_type: str, payload: Any) -> Optional[tuple[Optional[str], int, int, int]]:
+    """(model, input tokens, output tokens, cached input tokens) of a model call's answer, or None
+    when the event is not one or names neither a model nor usage."""
+    if event_type != LLM_RESPONDED or not isinstance(payload, dict):
+        return None
+    response = payload.get("response")
+    response = response if isinstance(response, dict) else {}
+    body = response.get("body") if isinstance(response.get("body"), dict) else {}
+    usage = next((u for u in (response.get("usage"), body.get("usage"), payload.get("usage")) if isinstance(u, dict)), None)
+    model = next((m for m in (response.get("model"), body.get("model"), payload.get("model")) if isinstance(m, str) and m), None)
+    if usage is None and model is None:
+        return None
+    usage = usage or {}
+    cached = _first(usage, _CACHE_READ_KEYS)
+    if cached is None:
+        details = usage.get("input_tokens_details") or usage.get("prompt_tokens_details")
+        cached = _first(details, ("cached_tokens",)) if isinstance(details, dict) else None
+    return model, _first(usage, _INPUT_KEYS) or 0, _first(usage, _OUTPUT_KEYS) or 0, cached or 0
+
+
+@lru_cache(maxsize=256)
+def _known(model: str) -> bool:
+    try:
+        calc_price(Usage(input_tokens=0, output_tokens=0), model_ref=model)
+    except LookupError:
+        return False
+    return True
+
+
+def price_usd(model: Optional[str], input_tokens: int, output_tokens: int, cached_tokens: int, at_ns: int) -> Optional[float]:
+    """The price of one model call in USD, from genai-prices' table at the call's time; None when
+    the table does not know the model (or there is none)."""
+    if not model or not _known(model):
+        return None
+    when = datetime.fromtimestamp(at_ns / 1e9, tz=timezone.utc)
+    usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens,
+                  cache_read_tokens=min(cached_tokens, input_tokens) or None)
+    return float(calc_price(usage, model_ref=model, genai_request_timestamp=when).total_price)
+
+
+def _note_error(row: dict, seq: int, event_type: str, err: dict) -> None:
+    if row.get("error_seq") is None:
+        row["error_seq"], row["error_type"] = seq, event_type
+        row["error_code"], row["error_message"] = err["code"], err["message"]
+
+
+def fold_event(row: dict, seq: int, event_type: str, payload: Any, t: int) -> None:
+    """Fold one event into the derived columns of `row` (a new row, or a delta whose tokens and
+    cost are increments, models new names, and error the batch's first: see the compactor)."""
+    err = event_error(event_type, payload)
+    if err is not None:
+        _note_error(row, seq, event_type, err)
+    used = event_usage(event_type, payload)
+    if used is None:
+        return
+    model, n_in, n_out, cached = used
+    models = row.setdefault("models", [])
+    if model is not None and model not in models:
+        models.append(model)
+    row["input_tokens"] = row.get("input_tokens", 0) + n_in
+    row["output_tokens"] = row.get("output_tokens", 0) + n_out
+    if n_in or n_out:
+        cost = row.get("cost_usd", 0.0)
+        call = price_usd(model, n_in, n_out, cached, t)
+        row["cost_usd"] = None if cost is None or call is None else cost + call
+        row["prices_version"] = PRICES_VERSION
+
+
+def fold_finish(row: dict, seq: int, response: Any) -> None:
+    """Fold an execution's final response: failed or succeeded, the failure as the first error
+    unless a call failed before."""
+    err = response_error(response)
+    if err is not None:
+        _note_error(row, seq, FINAL_RESPONSE, err)
+    row["outcome"] = FAILED if err is not None else SUCCEEDED
+
+
+def fold_closed(row: dict) -> None:
+    """An execution closed without finishing (marked incomplete, or invalidated while running)."""
+    if row.get("outcome") in (None, RUNNING):
+        row["outcome"] = INCOMPLETE
+
+
+# Event types whose payload may hold an error or usage; others are not decoded by the fold.
+# A type not listed here is checked only for an `"error"` key (the bytes test in `may_matter`).
+_ALWAYS = frozenset({LLM_RESPONDED, AGENTS_SPAN_ENDED})
+
+
+def may_matter(event_type: str, body: bytes) -> bool:
+    """Whether an event's payload JSON (as written) can change the derived columns: a cheap
+    test on the bytes, so that the fold decodes only the events that can."""
+    if event_type in _ALWAYS:
+        return True
+    return (b'"error' in body or b'"status"' in body) and event_type != "llm.requested"
+
+
+def derive(status: str, events) -> dict:
+    """The derived columns of an execution from its events, (seq, type, payload, time ns) in
+    seq order, and its status: the same fold the compactor runs record by record (migration
+    0005 fills the rows stored before it with this)."""
+    row = initial()
+    finished = False
+    for seq, event_type, payload, t in events:
+        if event_type == FINAL_RESPONSE:
+            fold_finish(row, seq, payload)
+            finished = True
+        else:
+            fold_event(row, seq, event_type, payload, t)
+    if not finished and status != RUNNING:
+        fold_closed(row)
+    return row
