@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
+from .outcomes import event_error
+
 # Event-type prefixes and the kind of span they stand for.
 _KIND_OF_TYPE = (("llm.", "llm"), ("tool.", "tool"), ("otel.invoke_agent", "agent"), ("agents.handoff", "handoff"))
 # The Agents SDK's span types, as kinds.
@@ -35,7 +37,7 @@ class SpanNode:
     seqs: tuple[int, ...]
     start_ns: Optional[int]
     end_ns: Optional[int]
-    error: Optional[str]
+    error: Optional[dict]  # {code, message} of the first error its events record (tracedb.outcomes)
     children: tuple[str, ...]
     depth: int
     recorded: bool = True
@@ -95,7 +97,7 @@ class _Acc:
         self.end: Optional[int] = None
         self.t0: Optional[int] = None  # its events' recorded times
         self.t1: Optional[int] = None
-        self.error: Optional[str] = None
+        self.error: Optional[dict] = None
 
 
 def _str(value) -> Optional[str]:
@@ -141,19 +143,6 @@ def _label_of(event_type: str, payload: dict) -> Optional[str]:
     return None
 
 
-def _error_of(payload: dict) -> Optional[str]:
-    otel = payload.get("otel")
-    error = payload.get("error")
-    if error:
-        if isinstance(error, dict):
-            text = error.get("message") or error.get("type") or error.get("code")
-            return str(text) if text else "error"
-        return str(error)
-    if isinstance(otel, dict) and otel.get("status") == "error":
-        return str(otel.get("status_message") or "span status ERROR")
-    return None
-
-
 def span_tree(events: Iterable, recorded_at_ns: Optional[Mapping[int, int]] = None) -> Optional[SpanTree]:
     """The span tree of `events` (objects with seq, type, payload; in seq order), or None when
     they carry no nesting (no span has a parent). `recorded_at_ns` maps seq to when the event
@@ -191,7 +180,7 @@ def span_tree(events: Iterable, recorded_at_ns: Optional[Mapping[int, int]] = No
         kind = _kind_of(e.type, payload)
         if kind is not None and (acc.kind is None or acc.kind in ("span", "custom")):
             acc.kind = kind
-        acc.error = acc.error or _error_of(payload)
+        acc.error = acc.error or event_error(e.type, payload)
         t = at.get(e.seq)
         if t is not None:
             acc.t0 = t if acc.t0 is None else min(acc.t0, t)

@@ -136,6 +136,20 @@ def test_a_nested_execution_has_its_span_tree_beside_the_timeline_and_a_flat_one
     assert 'data-testid="span-tree"' not in _get(url + f"e/{ids['ok']}").text
 
 
+def test_the_failed_call_is_red_on_the_timeline_and_in_the_events_with_its_message(ui):
+    url, ids = ui
+    page = _get(url + f"e/{ids['failed']}").text
+    assert page.count('class="bar tool err"') == 1 and page.count('class="bar llm"') == 1
+    assert "search_flights · TOOL_TIMEOUT: search_flights timed out after 30 s" in page
+    rows = [r for r in page.split("<tr ")[1:] if 'class="ev' in r]
+    errored = [r.split('data-seq="')[1].split('"')[0] for r in rows if 'class="ev err"' in r]
+    assert errored == ["5", "6"]  # the tool's error answer, and the final response that failed
+    assert 'data-testid="event-error">TOOL_TIMEOUT: search_flights timed out after 30 s<' in page
+    assert 'class="final err"' in page
+    ok = _get(url + f"e/{ids['ok']}").text
+    assert " err" not in ok.split("<svg")[1].split("</svg>")[0] and 'class="ev err"' not in ok
+
+
 def test_recorded_html_is_text(ui):
     url, ids = ui
     for path in ("", f"e/{ids['xss']}", f"diff?a={ids['xss']}&b={ids['ok']}"):

@@ -58,7 +58,8 @@ def test_otel_spans_nest_by_parent_ids_in_the_order_they_started():
         (1, "execute_tool search", "tool", (1, 2), 30, 40),
         (2, "inner", "span", (5,), 32, 35),
     ]
-    assert tree.nodes["bb" * 8].error == "429 slow down" and tree.nodes["cc" * 8].error is None
+    assert tree.nodes["bb" * 8].error == {"code": "error", "message": "429 slow down"}
+    assert tree.nodes["cc" * 8].error is None
     # Every event of a call names the parent, the request (written first) too.
     assert events[0].payload["parent_span_id"] == "aa" * 8
     assert {tree.span_of_seq[s] for s in (1, 2)} == {"cc" * 8}
@@ -102,7 +103,7 @@ def test_agents_sdk_events_nest_and_take_times_from_when_they_were_recorded():
     assert rows == [
         (0, "triage", "agent", (1, 7), 1000, 7000, None),
         (1, "gpt-4o", "llm", (2, 3, 4), 2000, 4000, None),
-        (1, "get_weather", "tool", (5, 6), 5000, 6000, "down"),
+        (1, "get_weather", "tool", (5, 6), 5000, 6000, {"code": "ToolError", "message": "down"}),
     ]
     assert 8 not in tree.span_of_seq
 

@@ -94,6 +94,15 @@ def replay_words(status: str, replayable: bool, reason: Optional[str], note: Opt
     return words
 
 
+def error_words(err: Optional[dict], limit: int = 200) -> str:
+    """An error ({code, message}, as tracedb.outcomes gives it) in words: "CODE: message"."""
+    if not err:
+        return ""
+    code, message = err.get("code"), err.get("message")
+    text = f"{code}: {message}" if code and message else str(code or message or "error")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def status_badge(status: str) -> str:
     return f'<span class="badge st-{esc(status)}">{esc(status)}</span>'
 
@@ -309,6 +318,9 @@ def event_rows(
             call = f'<a href="#ev-{bar.request_seq}">← #{bar.request_seq}</a>'
         size = len(orjson.dumps(e.payload))
         cls = ["ev"]
+        err = lay.errors.get(e.seq)
+        if err is not None:
+            cls.append("err")
         if e.seq == stopped:
             cls.append("stopped")
             call += '<span class="stop-tag" data-testid="stopped-row">stopped here</span>'
@@ -319,7 +331,9 @@ def event_rows(
             f'<td class="num off">+{esc(fmt_duration(max(0, at - lay.t0)))}</td>'
             f'<td class="type"><span class="etype {_kind_class(e.type)}">{esc(e.type)}</span></td>'
             f'<td class="call">{call}</td>'
-            f'<td class="preview"><code>{esc(_preview(e.payload))}</code>'
+            f'<td class="preview">'
+            + (f'<span class="err-msg" data-testid="event-error">{esc(error_words(err, 120))}</span>' if err else "")
+            + f'<code>{esc(_preview(e.payload))}</code>'
             f'<span class="size">{esc(fmt_size(size))}</span></td></tr>'
         )
         last = max(last, e.seq)
@@ -382,18 +396,23 @@ def overview_svg(lay: Layout, *, running: bool) -> str:
         label = f"{b.label} · {fmt_duration(b.duration_ns)}" if not open_ else f"{b.label} · no response"
         tip = (f"#{b.request_seq} {b.kind} call {b.label}: "
                + (f"answered by #{b.response_seq} after {fmt_duration(b.duration_ns)}" if not open_ else "never answered"))
+        cls = f"bar {b.kind}" + (" open" if open_ else "") + (" err" if b.error else "")
+        if b.error:
+            label = f"{b.label} · {error_words(b.error, 60)}"
+            tip += f", with an error: {error_words(b.error)}"
         parts.append(
-            f'<a href="#ev-{b.request_seq}"><rect class="bar {b.kind}{" open" if open_ else ""}" data-seq="{b.request_seq}" '
+            f'<a href="#ev-{b.request_seq}"><rect class="{cls}" data-seq="{b.request_seq}" '
             f'x="{x0:.2f}" y="{ry:.1f}" width="{w:.2f}" height="{lane_h:.0f}" rx="3"><title>{esc(tip)}</title></rect>'
         )
         need = 12 + 6.2 * len(label)
+        text_cls = "barlabel" + (" err" if b.error else "")
         if w > need:
-            parts.append(f'<text class="barlabel" x="{x0 + 4:.2f}" y="{ry + 14:.1f}">{esc(label)}</text>')
+            parts.append(f'<text class="{text_cls}" x="{x0 + 4:.2f}" y="{ry + 14:.1f}">{esc(label)}</text>')
         elif few:  # beside the bar, where there is room
             if x0 + w + need < W:
-                parts.append(f'<text class="barlabel out" x="{x0 + w + 4:.2f}" y="{ry + 14:.1f}">{esc(label)}</text>')
+                parts.append(f'<text class="{text_cls} out" x="{x0 + w + 4:.2f}" y="{ry + 14:.1f}">{esc(label)}</text>')
             elif x0 - need > LEFT:
-                parts.append(f'<text class="barlabel out" x="{x0 - 4:.2f}" y="{ry + 14:.1f}" '
+                parts.append(f'<text class="{text_cls} out" x="{x0 - 4:.2f}" y="{ry + 14:.1f}" '
                              f'text-anchor="end">{esc(label)}</text>')
         parts.append("</a>")
     for (kind, ry), runs in spans.items():
@@ -408,9 +427,10 @@ def overview_svg(lay: Layout, *, running: bool) -> str:
         parts.append(f'<path class="ticks" d="{path}"/>')
     for t in lay.ticks:
         if t.type == "FINAL_RESPONSE":
+            err = lay.errors.get(t.seq)
             parts.append(
-                f'<circle class="final" cx="{X(t.at_ns):.2f}" cy="{events_y + lane_h / 2:.1f}" r="5">'
-                f"<title>#{t.seq} FINAL_RESPONSE</title></circle>"
+                f'<circle class="final{" err" if err else ""}" cx="{X(t.at_ns):.2f}" cy="{events_y + lane_h / 2:.1f}" r="5">'
+                f"<title>#{t.seq} FINAL_RESPONSE{esc(': failed: ' + error_words(err)) if err else ''}</title></circle>"
             )
     if lay.stopped_at is not None:
         sx = X(lay.stopped_at.at_ns)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..spans import SpanNode, SpanTree
-from .pages import esc, fmt_duration
+from .pages import error_words, esc, fmt_duration
 
 # Rows drawn at most: a tree of thousands of spans draws its first ones and says how many more.
 MAX_ROWS = 400
@@ -32,7 +32,7 @@ def _tip(n: SpanNode) -> str:
     if n.duration_ns is not None:
         parts.append(fmt_duration(n.duration_ns))
     if n.error:
-        parts.append(f"error: {n.error}")
+        parts.append(f"error: {error_words(n.error)}")
     parts.append(f"span id {n.span_id}")
     return " · ".join(parts)
 
@@ -87,7 +87,7 @@ def span_tree_svg(tree: Optional[SpanTree]) -> str:
             parts.append(f'<rect class="bar" x="{x0:.2f}" y="{y + 4:.0f}" width="{w:.2f}" height="{ROW_H - 8:.0f}" rx="2"/>')
             label = fmt_duration(n.duration_ns) if n.duration_ns is not None else ""
             if n.error:
-                label = f"{label} · {n.error}" if label else n.error
+                label = f"{label} · {error_words(n.error, 80)}" if label else error_words(n.error, 80)
             if label:
                 parts.append(f'<text class="dur" x="{x0 + w + 5:.2f}" y="{y + 15:.0f}">'
                              f"{esc(_cut(label, WIDTH - x0 - w - 8))}</text>")
