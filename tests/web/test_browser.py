@@ -318,3 +318,51 @@ def test_an_otel_trace_shows_its_span_tree_beside_the_timeline(ui, page, shots):
     failed.click()
     page.wait_for_url("**#ev-3")
     shots(page, "span-tree.png")
+
+
+def test_a_failed_execution_is_red_in_the_list_and_on_its_timeline(ui, page, shots):
+    url, ids = ui
+    page.goto(with_token(url))
+    row = page.locator(f"tr[data-id='{ids['failed']}']")
+    assert row.get_attribute("class") == "failed"
+    assert row.locator("td").first.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(253, 233, 231)"
+    assert row.locator(".badge.oc-failed").inner_text() == "failed"
+    error = row.locator("[data-testid=list-error]")
+    assert error.is_visible() and error.inner_text() == "TOOL_TIMEOUT: search_flights timed out after 30 s"
+    assert error.evaluate("e => getComputedStyle(e).color") == "rgb(192, 53, 43)"
+    ok = page.locator(f"tr[data-id='{ids['ok']}'] td").first
+    assert ok.evaluate("e => getComputedStyle(e).backgroundColor") in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)")
+    # The filter form: failed executions only.
+    page.select_option("select[name=outcome]", "failed")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url("**outcome=failed**")
+    assert page.locator("table.executions tbody tr").count() == 1
+    # Its error leads to the failed call, red on the timeline with its message.
+    page.click("[data-testid=list-error]")
+    page.wait_for_url(f"**/e/{ids['failed']}#ev-5")
+    bar = page.locator("svg.timeline rect.bar.tool.err")
+    assert bar.count() == 1 and bar.evaluate("e => getComputedStyle(e).fill") == "rgb(192, 53, 43)"
+    assert "search_flights timed out after 30 s" in page.locator("svg.timeline").text_content()
+    assert page.locator("tr#ev-5.err [data-testid=event-error]").inner_text().startswith("TOOL_TIMEOUT")
+    shots(page, "execution-failed.png")
+
+
+def test_the_overview_page_charts_executions_failures_duration_tokens_and_cost(ui, page, shots):
+    url, ids = ui
+    page.goto(with_token(url))
+    page.click("header.top nav a[href='/overview']")
+    page.wait_for_url("**/overview")
+    assert page.locator("[data-testid=card-executions] .value").inner_text() == str(len(ids))
+    assert page.locator("[data-testid=card-failed] .value").inner_text() == "1"
+    for chart in ("executions", "p95", "tokens", "cost"):
+        svg = page.locator(f"[data-testid=chart-{chart}] svg")
+        assert svg.is_visible() and svg.bounding_box()["width"] > 300, chart
+    failed_bar = page.locator("[data-testid=chart-executions] rect.s-failed")
+    assert failed_bar.count() == 1 and failed_bar.evaluate("e => getComputedStyle(e).fill") == "rgb(192, 53, 43)"
+    assert page.locator("[data-testid=by-intent] tbody tr").count() == 5
+    assert page.locator("[data-testid=by-model] tr[data-key='gpt-4o-mini'] td").nth(1).inner_text() == "2"
+    shots(page, "overview.png")
+    # A failure count leads to the list of those failures.
+    page.click("[data-testid=by-intent] a.failed-n")
+    page.wait_for_url("**outcome=failed**")
+    assert page.locator("table.executions tbody tr").first.get_attribute("data-id") == ids["failed"]

@@ -14,6 +14,7 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
+from ..outcomes import FAILED, OUTCOMES
 from ..reads import Lineage, Page, Timeline
 from ..record import (
     REASON_EXECUTION_INCOMPLETE,
@@ -103,6 +104,48 @@ def error_words(err: Optional[dict], limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def outcome_badge(outcome: Optional[str]) -> str:
+    """What an execution came to: succeeded, failed, incomplete, running ("–": not derived)."""
+    if not outcome:
+        return '<span class="badge oc-none">–</span>'
+    return f'<span class="badge oc-{esc(outcome)}">{esc(outcome)}</span>'
+
+
+def fmt_models(models) -> str:
+    """The models an execution called: the first, and how many more."""
+    models = list(models or ())
+    if not models:
+        return "–"
+    return models[0] + (f" +{len(models) - 1}" if len(models) > 1 else "")
+
+
+def fmt_tokens(input_tokens: Optional[int], output_tokens: Optional[int]) -> str:
+    """Input / output tokens: 1,200 / 80; '–' when it called no model."""
+    if not input_tokens and not output_tokens:
+        return "–"
+    return f"{input_tokens or 0:,} / {output_tokens or 0:,}"
+
+
+def fmt_usd(cost: float) -> str:
+    """A cost in USD, to four significant places under a dollar: $0.0012, $1.25."""
+    if cost == 0:
+        return "$0"
+    if cost < 1:
+        return f"${cost:.4g}" if cost >= 1e-6 else "<$0.000001"
+    return f"${cost:,.2f}"
+
+
+def fmt_cost(cost: Optional[float], input_tokens: Optional[int] = None, output_tokens: Optional[int] = None) -> str:
+    """The cost cell (HTML): the price, '–' for no tokens, "unknown" when the price table does not
+    know a model it called (never a guess)."""
+    if cost is None:
+        return ('<span class="unknown" title="a model it called is not in the price table: '
+                'its tokens are counted, its cost is not guessed">unknown</span>')
+    if cost == 0 and not input_tokens and not output_tokens:
+        return "–"
+    return esc(fmt_usd(cost))
+
+
 def status_badge(status: str) -> str:
     return f'<span class="badge st-{esc(status)}">{esc(status)}</span>'
 
@@ -154,6 +197,7 @@ def layout_page(title: str, body: str, *, nav: str = "", live: bool = False) -> 
         "</head><body>"
         '<header class="top"><a class="brand" href="/">tracedb</a><nav>'
         + tab("executions", "/", "Executions")
+        + tab("overview", "/overview", "Overview")
         + tab("diff", "/diff", "Diff")
         + "</nav></header>"
         + ('<main data-live="1">' if live else "<main>") + body + "</main>"
@@ -175,6 +219,10 @@ def error_page(status: int, message: str, hint: Optional[str] = None) -> str:
 
 
 # -- the list of executions ----------------------------------------------------------------
+
+# The list's filters: any of them set, an empty page says "no match", not "nothing recorded".
+FILTERS = ("status", "replayable", "intent", "q", "since", "until", "outcome", "model", "error", "min_cost",
+           "slower_than")
 
 
 def _query(params: dict, **changes) -> str:
@@ -210,6 +258,13 @@ def list_page(page: Page, params: dict, *, first_page: bool) -> str:
         f'<label class="grow">Search<input name="q" value="{esc(params.get("q"))}" placeholder="text in the intent"></label>'
         f'<label>Since<input name="since" value="{esc(params.get("since"))}" placeholder="2h, 7d, ISO"></label>'
         f'<label>Until<input name="until" value="{esc(params.get("until"))}" placeholder="ISO time"></label>'
+        '<label>Outcome<select name="outcome">'
+        + options("outcome", [("", "any")] + [(o, o) for o in OUTCOMES])
+        + "</select></label>"
+        f'<label>Model<input name="model" value="{esc(params.get("model"))}" placeholder="gpt-4o-mini"></label>'
+        f'<label>Error<input name="error" value="{esc(params.get("error"))}" placeholder="error code"></label>'
+        f'<label>Min cost<input name="min_cost" value="{esc(params.get("min_cost"))}" placeholder="USD, 0.01"></label>'
+        f'<label>Slower than<input name="slower_than" value="{esc(params.get("slower_than"))}" placeholder="2s, 500ms"></label>'
         + (f'<input type="hidden" name="limit" value="{esc(params["limit"])}">' if params.get("limit") else "")
         + '<button type="submit">Filter</button><a class="clear" href="/">Clear</a></form>'
     )
@@ -226,13 +281,22 @@ def list_page(page: Page, params: dict, *, first_page: bool) -> str:
     counts_src = "/counts" + _query(p)[1:] if _query(p) != "/" else "/counts"
     rows = []
     for r in page.items:
+        marked = ' class="failed"' if r.outcome == FAILED else ""
+        error = ""
+        if r.error:
+            error = (f'<a class="err-msg" data-testid="list-error" href="{esc(exec_path(r.execution_id))}#ev-{esc(r.error.get("seq"))}">'
+                     f"{esc(error_words(r.error, 140))}</a>")
         rows.append(
-            f'<tr data-id="{esc(r.execution_id)}">'
+            f'<tr data-id="{esc(r.execution_id)}" data-outcome="{esc(r.outcome or "")}"{marked}>'
             f'<td class="id">{exec_link(r.execution_id)}</td>'
             f'<td class="when">{esc(fmt_time(r.created_at_ns))}</td>'
-            f'<td class="intent">{esc(r.intent or "")}</td>'
+            f'<td class="intent">{esc(r.intent or "")}{error}</td>'
+            f"<td>{outcome_badge(r.outcome)}</td>"
             f"<td>{status_badge(r.status)}</td>"
             f"<td>{replay_badge(r.replayable, r.replayable_reason, r.status)}</td>"
+            f'<td class="model">{esc(fmt_models(r.models))}</td>'
+            f'<td class="num" title="input / output tokens">{esc(fmt_tokens(r.input_tokens, r.output_tokens))}</td>'
+            f'<td class="num">{fmt_cost(r.cost_usd, r.input_tokens, r.output_tokens)}</td>'
             f'<td class="num">{r.last_seq}</td>'
             f'<td class="num">{esc(fmt_duration(r.duration_ns))}</td>'
             + (f'<td class="fork">fork of {exec_link(r.parent_execution_id, _short_id(r.parent_execution_id))}</td>'
@@ -242,10 +306,11 @@ def list_page(page: Page, params: dict, *, first_page: bool) -> str:
     if rows:
         table = (
             '<table class="executions"><thead><tr><th>Execution</th><th>Created (UTC)</th><th>Intent</th>'
-            "<th>Status</th><th>Replay</th><th class=\"num\">Events</th><th class=\"num\">Duration</th><th></th>"
+            "<th>Outcome</th><th>Status</th><th>Replay</th><th>Model</th><th class=\"num\">Tokens</th>"
+            "<th class=\"num\">Cost</th><th class=\"num\">Events</th><th class=\"num\">Duration</th><th></th>"
             "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
         )
-    elif first_page and not any(params.get(k) for k in ("status", "replayable", "intent", "q", "since", "until")):
+    elif first_page and not any(params.get(k) for k in FILTERS):
         table = (
             '<div class="empty"><p>No executions recorded yet.</p>'
             "<p>Record a few with <code>tracedb demo</code> (next to a running <code>tracedb serve</code>), "
