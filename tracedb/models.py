@@ -73,7 +73,7 @@ class Trace(SQLModel, table=True):
     # What the execution came to and cost (migration 0005), folded from its events by the
     # compactor (tracedb.outcomes): succeeded, failed, incomplete or running; its first error;
     # the models it called, their tokens, and the cost in USD (NULL when a model's price is
-    # unknown) with the version of the price table that gave it.
+    # unknown) with the version of the price table that gave it (NULL when no call was priced).
     outcome: Optional[str] = _col("outcome", sa.String(16), nullable=True)
     error_seq: Optional[int] = _col("error_seq", sa.Integer, nullable=True)
     error_type: Optional[str] = _col("error_type", sa.String(TYPE_LENGTH), nullable=True)

@@ -33,8 +33,6 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any, Optional
 
-from genai_prices import Usage, calc_price
-from genai_prices import __version__ as PRICES_VERSION
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"
@@ -69,8 +67,17 @@ def initial() -> dict:
     return {
         "outcome": RUNNING, "error_seq": None, "error_type": None, "error_code": None,
         "error_message": None, "models": [], "input_tokens": 0, "output_tokens": 0,
-        "cost_usd": 0.0, "prices_version": PRICES_VERSION,
+        "cost_usd": 0.0, "prices_version": None,
     }
+
+
+@lru_cache(maxsize=1)
+def prices_version() -> str:
+    """The version of the genai-prices table costs are computed with (imported on first use:
+    it costs a read command more than the rest of its start-up)."""
+    import genai_prices
+
+    return genai_prices.__version__
 
 
 def _text(value: Any, limit: int) -> Optional[str]:
@@ -174,6 +181,8 @@ def event_usage(event_type: str, payload: Any) -> Optional[tuple[Optional[str], 
 
 @lru_cache(maxsize=256)
 def _known(model: str) -> bool:
+    from genai_prices import Usage, calc_price
+
     try:
         calc_price(Usage(input_tokens=0, output_tokens=0), model_ref=model)
     except LookupError:
@@ -186,6 +195,8 @@ def price_usd(model: Optional[str], input_tokens: int, output_tokens: int, cache
     the table does not know the model (or there is none)."""
     if not model or not _known(model):
         return None
+    from genai_prices import Usage, calc_price
+
     when = datetime.fromtimestamp(at_ns / 1e9, tz=timezone.utc)
     usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens,
                   cache_read_tokens=min(cached_tokens, input_tokens) or None)
@@ -217,7 +228,7 @@ def fold_event(row: dict, seq: int, event_type: str, payload: Any, t: int) -> No
         cost = row.get("cost_usd", 0.0)
         call = price_usd(model, n_in, n_out, cached, t)
         row["cost_usd"] = None if cost is None or call is None else cost + call
-        row["prices_version"] = PRICES_VERSION
+        row["prices_version"] = prices_version()
 
 
 def fold_finish(row: dict, seq: int, response: Any) -> None:

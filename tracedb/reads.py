@@ -52,6 +52,7 @@ from .record import (
 )
 from .replay.exact import ReplayEngine, ReplayResult, record_problems, value_problems
 from .replay.parity import TraceDiff, diff_traces
+from .outcomes import OUTCOMES
 from .validation import ID_LENGTH, INTENT_LENGTH
 
 TimeArg = Union[None, int, float, datetime]
@@ -198,7 +199,7 @@ def _load(engine: Engine, execution_id: str):
     from . import db
 
     sa, traces, _ = _core()
-    json_columns = {"envelope", *checksums.TRACE_VALUE_COLUMNS}
+    json_columns = {"envelope", "models", *checksums.TRACE_VALUE_COLUMNS}
     cols = [
         db.undecoded(traces.c[n], engine.dialect.name) if n in json_columns else traces.c[n]
         for n in sqlite_reads.TRACE_COLUMNS
@@ -347,7 +348,11 @@ class Filter:
 
     `status`; creation time in [`since`, `until`) (aware datetimes or seconds since the epoch);
     `intent`, exactly; `search`, a substring of the intent in any case (no wildcards);
-    `replayable`, True or False.
+    `replayable`, True or False. What it came to (`tracedb.outcomes`): `outcome` (succeeded,
+    failed, incomplete, running); `model`, one of the models it called; `error`, the code of its
+    first error; `min_cost`, a cost in USD at least this (a cost unknown never matches);
+    `slower_than`, seconds from creation to its last event more than this (a running execution
+    never matches).
     """
 
     status: Optional[str] = None
@@ -356,10 +361,44 @@ class Filter:
     intent: Optional[str] = None
     search: Optional[str] = None
     replayable: Optional[bool] = None
+    outcome: Optional[str] = None
+    model: Optional[str] = None
+    error: Optional[str] = None
+    min_cost: Optional[float] = None
+    slower_than: Optional[float] = None
+
+    def outcome_args(self) -> dict:
+        """The outcome filters, checked: {outcome, model_json, error, min_cost, slower_than_ns}."""
+        if self.outcome is not None and self.outcome not in OUTCOMES:
+            raise InvalidInputError(f"unknown outcome {self.outcome!r}", hint="one of " + ", ".join(OUTCOMES))
+        for name in ("min_cost", "slower_than"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v):
+                raise InvalidInputError(f"{name} must be a number at least 0, not {v!r}")
+        return {
+            "outcome": self.outcome,
+            # The models column is a JSON list: a name is found as its JSON string in the text.
+            "model_json": None if self.model is None else orjson.dumps(str(self.model)).decode(),
+            "error": self.error,
+            "min_cost": None if self.min_cost is None else float(self.min_cost),
+            "slower_than_ns": None if self.slower_than is None else int(self.slower_than * 1e9),
+        }
 
     def apply(self, q):
         """`q`, a select from traces, restricted to the executions that match."""
-        _, traces, _ = _core()
+        sa, traces, _ = _core()
+        o = self.outcome_args()
+        if o["outcome"] is not None:
+            q = q.where(traces.c.outcome == o["outcome"])
+        if o["model_json"] is not None:
+            q = q.where(sa.cast(traces.c.models, sa.Text).contains(o["model_json"], autoescape=True))
+        if o["error"] is not None:
+            q = q.where(traces.c.error_code == o["error"])
+        if o["min_cost"] is not None:
+            q = q.where(traces.c.cost_usd >= o["min_cost"])
+        if o["slower_than_ns"] is not None:
+            q = q.where(traces.c.outcome != "running").where(
+                traces.c.last_event_ns - traces.c.created_at_ns > o["slower_than_ns"])
         if self.replayable is not None:
             if not isinstance(self.replayable, bool):
                 raise InvalidInputError(f"replayable must be True or False, not {self.replayable!r}")
@@ -504,6 +543,8 @@ class Timeline:
     updated_at_ns: int = 0
     pinned: bool = False
     status_note: Optional[str] = None
+    # What it came to and cost, from its row (`rows.outcome_view`).
+    outcome: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -645,9 +686,11 @@ def _timeline(row, steps) -> Timeline:
     for s in steps:
         times.append(EventTime(s.seq, s.recorded_at_ns, max(0, s.recorded_at_ns - previous)))
         previous = s.recorded_at_ns
+    from .rows import outcome_view
+
     return Timeline(
         record_from_rows(row, steps), tuple(times), row.created_at_ns, row.updated_at_ns, bool(row.pinned),
-        row.status_note,
+        row.status_note, outcome_view(vars(row)),
     )
 
 
@@ -659,6 +702,13 @@ class TimedEvent:
     type: str
     payload: object
     recorded_at_ns: int
+
+    @property
+    def error(self) -> Optional[dict]:
+        """{code, message} of the error this event records, else None (`tracedb.outcomes`)."""
+        from .outcomes import event_error
+
+        return event_error(self.type, self.payload)
 
 
 @dataclass(frozen=True)
@@ -799,7 +849,26 @@ def _pending_matches(row: dict, where: Filter) -> bool:
         return False
     if where.intent is not None and row["intent"] != where.intent:
         return False
-    return not where.search or where.search.lower() in (row["intent"] or "").lower()
+    if where.search and where.search.lower() not in (row["intent"] or "").lower():
+        return False
+    return _outcome_matches(row, where.outcome_args())
+
+
+def _outcome_matches(row: dict, o: dict) -> bool:
+    """The outcome filters of `Filter.apply`, in Python, for a row as `pending` shows it."""
+    if o["outcome"] is not None and row.get("outcome") != o["outcome"]:
+        return False
+    if o["model_json"] is not None and orjson.loads(o["model_json"]) not in (row.get("models") or ()):
+        return False
+    if o["error"] is not None and row.get("error_code") != o["error"]:
+        return False
+    if o["min_cost"] is not None and (row.get("cost_usd") is None or row["cost_usd"] < o["min_cost"]):
+        return False
+    if o["slower_than_ns"] is not None:
+        end = row.get("last_event_ns")
+        if row.get("outcome") == "running" or end is None or end - row["created_at_ns"] <= o["slower_than_ns"]:
+            return False
+    return True
 
 
 def _merged(rows: list, pending: Pending, where: Filter, before: Optional[str], n: int) -> list:
@@ -838,6 +907,7 @@ def _filter_args(where: Filter) -> dict:
     return {
         "status": where.status, "since_ns": to_ns(where.since, "since"), "until_ns": to_ns(where.until, "until"),
         "intent": where.intent, "search": _checked_search(where.search), "replayable": where.replayable,
+        **where.outcome_args(),
     }
 
 
@@ -1124,7 +1194,8 @@ class Reader:
         `lost_records` ({count, first, last}) when a client that failed open flagged it
         recording_failure with what it lost."""
         row, steps = self._load_now(self.resolve(execution_id))
-        view = inspect_view(judged(record_from_rows(row, steps)))
+        record = judged(record_from_rows(row, steps))
+        view = inspect_view(record)
         seqs, columns = damage(row, steps)
         if seqs:
             view["damaged_seqs"] = seqs
@@ -1138,7 +1209,19 @@ class Reader:
         lost = lost_records(note) if view["replayable_reason"] == REASON_RECORDING_FAILURE else None
         if lost is not None:
             view["lost_records"] = lost.to_dict()
+        from .rows import errored_events, outcome_view
+
+        view.update(outcome_view(vars(row)))
+        view["errored_events"] = errored_events(record.events)
         return view
+
+    def stats(self, since_ns: Optional[int] = None, by: Optional[str] = None) -> dict:
+        """Counts, failure rate, duration percentiles, tokens and cost of the executions created
+        at or after `since_ns`, in SQL, overall and grouped `by` intent, model, outcome, day or
+        hour (`tracedb.stats`, whose doc gives the answer's shape)."""
+        from .stats import stats
+
+        return stats(self.engine, since_ns, by)
 
     def lost_records(self, execution_ids: Sequence[str]) -> dict[str, LostRecords]:
         """{id: what a client that failed open lost of it} for those of `execution_ids` flagged

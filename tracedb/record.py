@@ -235,6 +235,14 @@ class ExecutionEvent:
     def to_dict(self) -> dict:
         return {"seq": self.seq, "type": self.type, "payload": self.payload}
 
+    @property
+    def error(self) -> Optional[dict]:
+        """{code, message} of the error this event records (a failed call), else None
+        (`tracedb.outcomes.event_error`, computed on read)."""
+        from .outcomes import event_error
+
+        return event_error(self.type, self.payload)
+
 
 @dataclass
 class ExecutionHeader:

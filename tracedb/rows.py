@@ -29,6 +29,14 @@ class TraceSummary:
     pinned: bool
     parent_execution_id: Optional[str] = None
     last_event_at_ns: Optional[int] = None
+    # What it came to and cost (tracedb.outcomes): outcome, first error as an object
+    # {seq, type, code, message} or None, models, tokens, cost in USD (None: unknown).
+    outcome: Optional[str] = None
+    error: Optional[dict] = None
+    models: tuple = ()
+    input_tokens: Optional[int] = None
+    output_tokens: Optional[int] = None
+    cost_usd: Optional[float] = None
 
     @classmethod
     def from_row(cls, row: Mapping) -> "TraceSummary":
@@ -36,7 +44,8 @@ class TraceSummary:
         return cls(
             row["execution_id"], row["created_at_ns"], row["updated_at_ns"], row["intent"], row["status"],
             bool(row["replayable"]), row["replayable_reason"], row["last_seq"], bool(row["pinned"]),
-            row["parent_execution_id"], row.get("last_event_at_ns"),
+            row["parent_execution_id"], row.get("last_event_at_ns"), row.get("outcome"), error_of(row),
+            tuple(models_of(row.get("models"))), row.get("input_tokens"), row.get("output_tokens"), row.get("cost_usd"),
         )
 
     @property
@@ -74,5 +83,49 @@ class TraceSummary:
             "pinned": self.pinned,
             "parent_execution_id": self.parent_execution_id,
             "duration_ms": None if d is None else round(d / 1e6, 3),
+            "outcome": self.outcome,
+            "error": self.error,
+            "models": list(self.models),
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost_usd": self.cost_usd,
             "cursor": self.cursor,
         }
+
+
+def models_of(value) -> list:
+    """The `models` column as a list (SQLite hands its JSON back as text)."""
+    if isinstance(value, str):
+        import orjson
+
+        value = orjson.loads(value)
+    return list(value) if isinstance(value, list) else []
+
+
+def outcome_view(row: Mapping) -> dict:
+    """What an execution came to and cost, from its `traces` row: outcome, error (None or
+    {seq, type, code, message}), models, input_tokens, output_tokens, cost_usd (None: unknown)."""
+    return {
+        "outcome": row.get("outcome"), "error": error_of(row), "models": models_of(row.get("models")),
+        "input_tokens": row.get("input_tokens"), "output_tokens": row.get("output_tokens"),
+        "cost_usd": row.get("cost_usd"),
+    }
+
+
+def event_dicts(events) -> list:
+    """Events as the read API gives them: {seq, type, payload, error} (error: None or {code,
+    message}, what a failed call recorded)."""
+    return [{"seq": e.seq, "type": e.type, "payload": e.payload, "error": e.error} for e in events]
+
+
+def errored_events(events) -> list:
+    """{seq, type, code, message} of each event that records an error."""
+    return [{"seq": e.seq, "type": e.type, **err} for e in events if (err := e.error) is not None]
+
+
+def error_of(row: Mapping) -> Optional[dict]:
+    """An execution's first error, {seq, type, code, message}, or None (a `traces` row's columns)."""
+    if row.get("error_seq") is None:
+        return None
+    return {"seq": row["error_seq"], "type": row.get("error_type"), "code": row.get("error_code"),
+            "message": row.get("error_message")}

@@ -26,7 +26,8 @@ from .schema import HEAD_REVISION
 # The columns a listing shows, and the time of each execution's last event.
 SUMMARY_COLUMNS = (
     "execution_id", "created_at_ns", "updated_at_ns", "intent", "status", "replayable",
-    "replayable_reason", "last_seq", "pinned", "parent_execution_id",
+    "replayable_reason", "last_seq", "pinned", "parent_execution_id", "outcome", "error_seq",
+    "error_type", "error_code", "error_message", "models", "input_tokens", "output_tokens", "cost_usd",
 )
 _LAST_EVENT_AT = (
     "(SELECT trace_steps.recorded_at_ns FROM trace_steps WHERE trace_steps.execution_id = "
@@ -202,6 +203,11 @@ def page_rows(
     intent: Optional[str] = None,
     search: Optional[str] = None,
     replayable: Optional[bool] = None,
+    outcome: Optional[str] = None,
+    model_json: Optional[str] = None,
+    error: Optional[str] = None,
+    min_cost: Optional[float] = None,
+    slower_than_ns: Optional[int] = None,
     before: Optional[tuple[int, str]] = None,
     limit: int,
     leave_out: Sequence[str] = (),
@@ -217,6 +223,10 @@ def page_rows(
         (since_ns, "traces.created_at_ns >= ?"),
         (until_ns, "traces.created_at_ns < ?"),
         (intent, "traces.intent = ?"),
+        (outcome, "traces.outcome = ?"),
+        (error, "traces.error_code = ?"),
+        (min_cost, "traces.cost_usd >= ?"),
+        (slower_than_ns, "(traces.outcome != 'running' AND traces.last_event_ns - traces.created_at_ns > ?)"),
     ):
         if value is not None:
             where.append(clause)
@@ -224,6 +234,9 @@ def page_rows(
     if search:
         where.append("(lower(traces.intent) LIKE '%' || lower(?) || '%' ESCAPE '/')")
         args.append(_escaped(search))
+    if model_json is not None:
+        where.append("(traces.models LIKE '%' || ? || '%' ESCAPE '/')")
+        args.append(_escaped(model_json))
     if before is not None:
         where.append("(traces.created_at_ns, traces.execution_id) < (?, ?)")
         args.extend(before)

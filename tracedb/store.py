@@ -347,6 +347,11 @@ class Store:
         return self._engine
 
     @property
+    def read_engine(self):
+        """An engine for reads of the projection (never takes SQLite's write lock)."""
+        return self._read_engine
+
+    @property
     def applied_lsn(self) -> int:
         """The last WAL LSN applied to the database."""
         return self._compactor.applied_lsn if self._compactor else 0

@@ -76,6 +76,14 @@ def test_inspect_id_prints_seed_002s_json(seeded, run):
         "last_event": {"seq": 3, "type": "AGENT_ATTEMPT_START", "agent": "processor-a"},
         "replayable": False,
         "replayable_reason": "execution_incomplete",
+        # What it came to (tracedb.outcomes): seed 002's attempt ended in no error event.
+        "outcome": "incomplete",
+        "error": None,
+        "models": [],
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cost_usd": 0.0,
+        "errored_events": [],
     }
     assert json.loads(run("inspect", "exec-e5f6g7h8", "--json").stdout)["status"] == "incomplete"
 
@@ -104,7 +112,7 @@ def test_trace_get_shows_seed_000s_four_states(data_dir, run):
     assert set(rec) >= {"header", "envelope", "routerDecision", "events", "finalResponse"}
     assert set(rec["header"]) == {"executionId", "createdUtcIso", "envelopeHash", "replayable", "replayableReason"}
     assert rec["header"]["envelopeHash"] == tracedb.compute_envelope_hash(ENVELOPE)
-    assert rec["events"][0] == {"seq": 1, "type": "INTENT_RECEIVED", "payload": {"intent": "ProcessIntent"}}
+    assert rec["events"][0] == {"seq": 1, "type": "INTENT_RECEIVED", "payload": {"intent": "ProcessIntent"}, "error": None}
     states = {
         eid: (get(eid)["header"]["replayable"], get(eid)["header"]["replayableReason"], get(eid)["finalResponse"])
         for eid in ["exec-replayable", "exec-incomplete", "exec-recording-failure", "exec-invalidated"]
@@ -192,7 +200,7 @@ def test_compact_prune_pin_migrate_wal_scan(seeded, run, data_dir):
     assert json.loads(run("prune", "--older-than", "1s", "--json").stdout)["deleted_traces"] == 0
     assert run("unpin", "exec-a1b2c3d4").exit_code == 0
     assert "deleted 1 trace(s)" in run("prune", "--older-than", "1s").stdout
-    assert run("migrate").stdout.startswith("schema at 0004")
+    assert run("migrate").stdout.startswith("schema at 0005")
     assert run("prune", "--older-than", "soon").exit_code == 2  # a bad option value is a usage error
     assert run("inspect", "--list", "--limit", "0").exit_code == 2  # a page of nothing is no page
 
@@ -365,7 +373,7 @@ def test_maintenance_refuses_a_data_directory_that_does_not_exist(tmp_path, args
 def test_migrate_create_makes_a_new_store(tmp_path):
     target = tmp_path / "new"
     r = CliRunner().invoke(main, ["--data-dir", str(target), "migrate", "--create"])
-    assert r.exit_code == 0 and r.output.startswith("schema at 0004")
+    assert r.exit_code == 0 and r.output.startswith("schema at 0005")
     assert (target / "traces.db").exists()
 
 

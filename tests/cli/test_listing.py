@@ -142,11 +142,11 @@ def test_the_header_events_and_durations(data_dir, run):
         store.compact()
         result = run("inspect", "--list")
         as_json = {r["execution_id"]: r for r in json.loads(run("inspect", "--list", "--json").stdout)}
-    assert result.stderr.splitlines()[0].split() == ["ID", "CREATED", "INTENT", "STATUS", "REPLAY", "EVENTS", "DURATION"]
+    assert result.stderr.splitlines()[0].split() == ["ID", "CREATED", "INTENT", "STATUS", "REPLAY", "EVENTS", "DURATION", "OUTCOME", "MODEL", "TOKENS", "COST"]
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()}
-    assert rows["exec-done"][5:] == ["2", "3m12s"]
-    assert rows["exec-quick"][5:] == ["1", "340ms"]
-    assert rows["exec-open"][3:] == ["running", "not-replayable", "1", "-"]
+    assert rows["exec-done"][5:7] == ["2", "3m12s"]
+    assert rows["exec-quick"][5:7] == ["1", "340ms"]
+    assert rows["exec-open"][3:8] == ["running", "not-replayable", "1", "-", "running"]
     assert as_json["exec-done"]["duration_ms"] == 192_000 and as_json["exec-open"]["duration_ms"] is None
 
 
@@ -157,7 +157,7 @@ def test_an_invalidation_later_does_not_lengthen_the_duration(data_dir, run):
         clock.ns += 2 * S
         ex.finish({"status": "success"})
     assert run("invalidate", "exec-x", "--reason", "bad tool").exit_code == 0
-    assert run("inspect", "--list").stdout.split()[5:] == ["1", "2.0s"]
+    assert run("inspect", "--list").stdout.split()[5:7] == ["1", "2.0s"]
 
 
 @pytest.mark.parametrize(
@@ -225,7 +225,7 @@ def test_trace_get_shows_when_each_event_was_recorded(data_dir, run):
         {"seq": 1, "recordedUtcIso": "2024-01-15T10:30:00.250000Z", "sincePreviousMs": 250.0},
         {"seq": 2, "recordedUtcIso": "2024-01-15T10:30:01.750000Z", "sincePreviousMs": 1500.0},
     ]
-    assert record["events"][0] == {"seq": 1, "type": "INTENT_RECEIVED", "payload": {"intent": "ProcessIntent"}}
+    assert record["events"][0] == {"seq": 1, "type": "INTENT_RECEIVED", "payload": {"intent": "ProcessIntent"}, "error": None}
     assert "eventTimes" not in json.loads(run("trace", "get", "exec-timed", "--json").stdout)
 
 
@@ -329,7 +329,7 @@ def test_trace_get_follow_prints_new_events_until_the_execution_closes(data_dir)
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         first = follower.stdout.readline()  # the record as it is
-        assert json.loads(first)["events"] == [{"seq": 1, "type": "tool.requested", "payload": {"n": 0}}]
+        assert json.loads(first)["events"] == [{"seq": 1, "type": "tool.requested", "payload": {"n": 0}, "error": None}]
         for n in (1, 2):
             ex.event("tool.responded", {"n": n})
         ex.finish({"status": "success", "payload": "done"})

@@ -4,6 +4,7 @@ endpoint and token alone; killed mid-trace, its execution is incomplete and not 
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -68,8 +69,18 @@ def test_an_instrumented_openai_agent_records_by_setting_its_endpoint_and_token(
     assert final == "It is sunny in Paris."
     assert rec["events"][3]["payload"]["response"] == {"sky": "sunny"}
     assert rec["finalResponse"]["payload"]["span"] == "answer_question"
-    out = tracedb_cli(data_dir, "replay", f"otel-{tid}")
+    out = tracedb_cli(data_dir, "replay", f"otel-{tid}", "--json")
     assert out.returncode == 0, out.stderr
+    # The agent's answer: the root span has no output, so the last model response's.
+    answer = json.loads(out.stdout)["payload"]
+    assert answer["output"][0]["parts"][0]["content"] == "It is sunny in Paris."
+    assert answer["output_from"] == "last_model_response"
+    # Usage from the spans' gen_ai.usage.* attributes, the model priced (gpt-4o-mini).
+    listed = json.loads(tracedb_cli(data_dir, "inspect", "--list", "--json").stdout)
+    row = next(r for r in listed if r["execution_id"] == f"otel-{tid}")
+    tokens_in = sum(e["payload"]["response"]["usage"]["input_tokens"] for e in rec["events"] if e["type"] == "llm.responded")
+    assert (row["outcome"], row["error"], row["models"], row["input_tokens"]) == ("succeeded", None, ["gpt-4o-mini"], tokens_in)
+    assert tokens_in > 0 and row["output_tokens"] > 0 and row["cost_usd"] > 0
 
 
 def test_an_agent_records_with_the_token_command_the_recorder_logs(otlp_serve, data_dir):

@@ -57,14 +57,15 @@ def check_mix(got: dict, ids: dict) -> None:
     assert (f["input_tokens"], f["output_tokens"]) == (1100, 550)
     # gpt-4o-mini: $0.15/$0.60 per M tokens; gpt-4o: $2.50/$10 per M tokens.
     assert abs(f["cost_usd"] - (0.00015 + 0.0003 + 0.00025 + 0.0005)) < 1e-9
-    assert f["prices_version"] == outcomes.PRICES_VERSION
+    assert f["prices_version"] == outcomes.prices_version()
     u = got[ids["unknown_cost"]]
     assert (u["outcome"], u["models"], u["input_tokens"], u["output_tokens"], u["cost_usd"]) == (
         "succeeded", ["my-own-model"], 7, 3, None)
     s = got[ids["succeeded_after_error"]]
     assert (s["outcome"], s["error_seq"], s["error_code"], s["error_message"]) == ("succeeded", 1, "error", "crashed")
     r = got[ids["running"]]
-    assert (r["outcome"], r["error_seq"], r["models"], r["cost_usd"]) == ("running", None, [], 0.0)
+    assert (r["outcome"], r["error_seq"], r["models"], r["cost_usd"], r["prices_version"]) == (
+        "running", None, [], 0.0, None)
 
 
 def test_the_fold_derives_outcome_error_models_tokens_and_cost(open_store):

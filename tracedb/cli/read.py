@@ -13,7 +13,9 @@ import orjson
 
 from ..errors import EXIT_INTEGRITY
 from ..paging import DEFAULT_PAGE_SIZE
+from ..rows import event_dicts
 from ..program import as_invoked
+from ..outcomes import OUTCOMES
 from ..record import REASON_RECORDING_FAILURE, STATUS_RUNNING, STATUSES, LostRecords, lost_records, utc_iso
 from .main import (
     CursorParam,
@@ -31,7 +33,7 @@ from .main import (
 if TYPE_CHECKING:
     from ..rows import TraceSummary
 
-HEADER = ("ID", "CREATED", "INTENT", "STATUS", "REPLAY", "EVENTS", "DURATION")
+HEADER = ("ID", "CREATED", "INTENT", "STATUS", "REPLAY", "EVENTS", "DURATION", "OUTCOME", "MODEL", "TOKENS", "COST")
 # A last column, shown when a listed execution lost records while its client failed open: how
 # many (`inspect ID` says when).
 LOST_HEADER = "LOST"
@@ -64,7 +66,46 @@ def _cells(item: TraceSummary) -> tuple[str, ...]:
         "replayable" if item.replayable else "not-replayable",
         str(item.last_seq),
         format_duration(item.duration_ns),
+        item.outcome or "-",
+        _models_cell(item.models),
+        _tokens_cell(item),
+        _cost_cell(item),
     )
+
+
+def _models_cell(models) -> str:
+    if not models:
+        return "-"
+    return models[0] + (f" +{len(models) - 1}" if len(models) > 1 else "")
+
+
+def _tokens_cell(item: TraceSummary) -> str:
+    if item.input_tokens is None:
+        return "-"
+    return f"{item.input_tokens + (item.output_tokens or 0):,}"
+
+
+def _cost_cell(item: TraceSummary) -> str:
+    if not (item.input_tokens or item.output_tokens):
+        return "-"
+    return "unknown" if item.cost_usd is None else f"${item.cost_usd:.4f}"
+
+
+class SlowerThanParam(click.ParamType):
+    """A duration: 500ms, 2s, 1.5m, 1h; a bare number is seconds."""
+
+    name = "DURATION"
+
+    def convert(self, value, param, ctx) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        raw = str(value).strip().lower()
+        units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+        unit = next((u for u in units if raw.endswith(u) and raw[: -len(u)].replace(".", "", 1).isdigit()), None)
+        try:
+            return float(raw[: -len(unit)]) * units[unit] if unit else float(raw)
+        except ValueError:
+            self.fail(f"{value!r} is not a duration: write it like 500ms, 2s, 1.5m or 1h", param, ctx)
 
 
 def _lost_cell(lost: Optional[LostRecords]) -> tuple[str, ...]:
@@ -86,7 +127,7 @@ def _print_table(rows: Iterable[tuple[TraceSummary, Optional[LostRecords]]]) -> 
     sample = [cells(i, lost) for i, lost in first]
     widths = [max([len(h)] + [len(row[c]) for row in sample]) for c, h in enumerate(header)]
     widths.append(0)  # a lost count past the sample, when none of the sample lost records
-    right = {5, 6, 7}  # numbers align right
+    right = {5, 6, 9, 10, 11}  # numbers align right
 
     def line(cells) -> str:
         parts = [cell.rjust(w) if c in right else cell.ljust(w) for c, (cell, w) in enumerate(zip(cells, widths))]
@@ -138,12 +179,17 @@ def _csv_cell(value) -> object:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"  # as in the JSON
+    if isinstance(value, list):
+        return " ".join(value)
+    if isinstance(value, dict):
+        return orjson.dumps(value).decode()
     return value
 
 
 CSV_COLUMNS = (
     "execution_id", "created_utc_iso", "intent", "status", "replayable", "replayable_reason",
-    "last_seq", "duration_ms", "pinned", "parent_execution_id", "cursor", "lost_records",
+    "last_seq", "duration_ms", "pinned", "parent_execution_id", "outcome", "error", "models",
+    "input_tokens", "output_tokens", "cost_usd", "cursor", "lost_records",
 )
 PRINTERS = {"table": _print_table, "json": _print_json, "ndjson": _print_ndjson, "csv": _print_csv}
 
@@ -156,6 +202,11 @@ PRINTERS = {"table": _print_table, "json": _print_json, "ndjson": _print_ndjson,
 @click.option("--until", type=TimeParam(), help="Created before: ISO time or an age.")
 @click.option("--intent", help="Only executions with exactly this intent.")
 @click.option("--search", metavar="TEXT", help="Only executions whose intent contains TEXT (any case).")
+@click.option("--outcome", type=click.Choice(OUTCOMES), help="Only executions that came to this.")
+@click.option("--model", help="Only executions that called this model.")
+@click.option("--error", "error_code", metavar="CODE", help="Only executions whose first error has this code.")
+@click.option("--min-cost", type=click.FloatRange(min=0), metavar="USD", help="Only executions that cost at least this.")
+@click.option("--slower-than", type=SlowerThanParam(), help="Only finished executions that took longer (500ms, 2s, 1m).")
 @click.option("--limit", type=click.IntRange(min=1), help=f"Executions per page (default {DEFAULT_PAGE_SIZE}).")
 @click.option("--before", type=CursorParam(), help="The next page: the cursor printed after the previous one.")
 @click.option("--all", "all_", is_flag=True, help="Every matching execution, not one page.")
@@ -165,26 +216,34 @@ PRINTERS = {"table": _print_table, "json": _print_json, "ndjson": _print_ndjson,
 )
 @json_option("Machine-readable JSON (the same as --format json for --list).")
 @click.pass_context
-def inspect(ctx, execution_id, list_, status, since, until, intent, search, limit, before, all_, fmt, as_json):
+def inspect(ctx, execution_id, list_, status, since, until, intent, search, outcome, model, error_code, min_cost,
+            slower_than, limit, before, all_, fmt, as_json):
     """List executions (--list), or show one execution's state.
 
     --list prints a line per execution, newest first: id, creation time, intent, status,
     replayability (judged as for one ID: a record that fails verification is not-replayable,
     record_corrupted), events, duration (creation to the last event; '-' while running), and
+    OUTCOME (succeeded, failed, incomplete, running), MODEL (the first model called, +N more),
+    TOKENS (input and output), COST (USD; unknown when a model's price is not in the table), and
     LOST, how many records a client that failed open lost while the recorder was unreachable,
     when a listed execution has such a count. The header, and the cursor of the next page when
     there is one, go to stderr. --format json (or --json) prints a list, ndjson an object per
     line, csv a header and a row per execution; each row carries its `cursor` and
-    `lost_records` ({count, first, last}; in csv the count; null or empty when none). Filters
-    combine: --status, --since/--until, --intent (exact), --search (a substring of the intent).
+    `lost_records` ({count, first, last}; in csv the count; null or empty when none), and
+    outcome, error (null or {seq, type, code, message}: the first error), models, input_tokens,
+    output_tokens, cost_usd (null when unknown). Filters combine: --status, --since/--until,
+    --intent (exact), --search (a substring of the intent), --outcome, --model, --error CODE,
+    --min-cost USD, --slower-than DURATION.
 
     With an id (or a unique prefix of one): JSON with execution_id, status, last_event,
-    replayable, replayable_reason; `note`, why it is not replayable, and `lost_records`
+    replayable, replayable_reason, outcome, error, models, tokens, cost_usd, and
+    errored_events (the seq, type, code and message of each event that records an error); `note`, why it is not replayable, and `lost_records`
     ({count, first, last}) for records lost while the recorder was unreachable.
 
     \b
     Example:
       tracedb inspect --list --status incomplete --since 1d
+      tracedb inspect --list --outcome failed --error TOOL_TIMEOUT --since 24h
       tracedb inspect --list --all --format csv > executions.csv
       tracedb inspect exec-e5f6g7h8
     """
@@ -202,7 +261,8 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, limi
             return
         from ..reads import Filter
 
-        where = Filter(status=status, since=since, until=until, intent=intent, search=search)
+        where = Filter(status=status, since=since, until=until, intent=intent, search=search, outcome=outcome,
+                       model=model, error=error_code, min_cost=min_cost, slower_than=slower_than)
         next_cursor: Optional[str] = None
         if all_:
             items: Iterable[TraceSummary] = reader.each(where, before=before)
@@ -232,7 +292,9 @@ def trace_get(ctx, execution_id, as_json, follow, interval):
     header{executionId, createdUtcIso, envelopeHash, replayable, replayableReason}, envelope,
     routerDecision, events[{seq, type, payload}], finalResponse, plus status and intent, and
     lostRecords{count, first, last} when a client that failed open lost records of it while
-    the recorder was unreachable.
+    the recorder was unreachable; outcome, error (the first: {seq, type, code, message}),
+    models, input_tokens, output_tokens and cost_usd; each event's `error` is null, or the
+    {code, message} of the failed call it records.
     Indented (without --json), eventTimes follows: each event's seq, recordedUtcIso and
     sincePreviousMs (the time since the event before it; for the first, since the start).
 
@@ -250,6 +312,8 @@ def trace_get(ctx, execution_id, as_json, follow, interval):
         timeline = reader.timeline(execution_id)
         record = timeline.record
         out = record.to_dict()
+        out["events"] = event_dicts(record.events)
+        out.update(timeline.outcome)
         lost = lost_records(timeline.status_note) if record.header.replayableReason == REASON_RECORDING_FAILURE else None
         if lost is not None:
             out["lostRecords"] = lost.to_dict()
@@ -351,3 +415,52 @@ def verify(ctx, execution_id, as_json):
             click.echo(f"note: {as_invoked(n)}")
     if not r.ok:
         ctx.exit(EXIT_INTEGRITY)
+
+
+@main.command()
+@click.option("--since", type=TimeParam(), help="Executions created at or after: ISO time or an age such as 24h or 7d.")
+@click.option("--by", type=click.Choice(("intent", "model", "outcome", "day", "hour")),
+              help="A line per intent, model, outcome, day or hour (UTC) besides the total.")
+@json_option("The aggregates as JSON: {since_ns, by, total, groups} (see docs/cli.md).")
+@click.pass_context
+def stats(ctx, since, by, as_json):
+    """Counts, failure rate, p50/p95/p99 duration, tokens and cost of executions, computed in SQL.
+
+    FAILED% is failed / (succeeded + failed); durations run from creation to the last event of
+    executions no longer running; COST sums the known costs, and `+N?` says how many executions
+    have a cost unknown (a model the price table does not know). By model, an execution that
+    called several models counts under each.
+
+    \b
+    Example:
+      tracedb stats --since 24h
+      tracedb stats --since 7d --by day --json | jq '.groups[] | {key, failed, cost_usd}'
+    """
+    since_ns = None if since is None else int(since.timestamp() * 1e9)
+    with reading(ctx) as reader:
+        out = reader.stats(since_ns, by)
+    if as_json:
+        emit_json(out, True)
+        return
+    header = ("KEY" if by else "", "EXECUTIONS", "FAILED", "FAILED%", "P50", "P95", "P99", "TOKENS", "COST")
+    lines = [_stats_cells("total", out["total"])] + [_stats_cells(g["key"], g) for g in out["groups"]]
+    widths = [max(len(h), *(len(line[c]) for line in lines)) for c, h in enumerate(header)]
+
+    def line(cells) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    click.echo(line(header), err=True)
+    for cells in lines:
+        click.echo(line(cells))
+
+
+def _stats_cells(key, g: dict) -> tuple[str, ...]:
+    def ms(v):
+        return format_duration(None if v is None else int(v * 1e6))
+
+    rate = "-" if g["failure_rate"] is None else f"{g['failure_rate'] * 100:.1f}%"
+    cost = f"${g['cost_usd']:.4f}" + (f" +{g['cost_unknown']}?" if g["cost_unknown"] else "")
+    return (
+        "-" if key is None else str(key), str(g["executions"]), str(g["failed"]), rate,
+        ms(g["p50_ms"]), ms(g["p95_ms"]), ms(g["p99_ms"]), f"{g['input_tokens'] + g['output_tokens']:,}", cost,
+    )

@@ -113,8 +113,11 @@ class TraceDBSpanExporter(SpanExporter):
                 for type_, payload in events[1:]:
                     rec.event(eid, type_, payload)
                 entry.spans.add(span.span_id)
+                output = M.model_output(events)
+                if output is not None:
+                    entry.last_output = output
                 if final is not None:
-                    rec.finish(eid, final)
+                    rec.finish(eid, M.with_answer(final, entry.last_output))
                     entry.status = STATUS_COMPLETED
             except ExecutionClosedError as e:
                 entry.status = e.status

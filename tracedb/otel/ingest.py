@@ -62,7 +62,7 @@ class IngestResult:
 class TraceEntry:
     """What the ingest knows of one trace."""
 
-    __slots__ = ("execution_id", "spans", "status", "ready", "start", "refused")
+    __slots__ = ("execution_id", "spans", "status", "ready", "start", "refused", "last_output")
 
     def __init__(self, execution_id: str):
         self.execution_id = execution_id
@@ -71,6 +71,8 @@ class TraceEntry:
         self.ready: Optional[asyncio.Future] = None  # set while it is looked up off the loop
         self.start = None  # a reserved StagedStart waiting to be staged
         self.refused: Optional[str] = None  # why its execution cannot be started (intent, envelope)
+        # The output messages of the last model call staged: the answer when the root has none.
+        self.last_output = None
 
 
 class SpanIngest:
@@ -265,8 +267,11 @@ class SpanIngest:
                 M.link_request_seq(events, first)
                 for type_, payload in events[1:]:
                     store.stage_event(batch, eid, type_, payload)
+                output = M.model_output(events)
+                if output is not None:
+                    entry.last_output = output
                 if final is not None:
-                    store.stage_finish(batch, eid, final)
+                    store.stage_finish(batch, eid, M.with_answer(final, entry.last_output))
                     self._close(entry, STATUS_COMPLETED)
             except ExecutionClosedError as e:
                 self._close(entry, e.status)

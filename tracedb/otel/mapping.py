@@ -771,6 +771,26 @@ def response_of(root: Span) -> dict:
 
 
 
+def model_output(events: list[tuple[str, dict]]) -> Any:
+    """The output messages of a span's model call (its `llm.responded`), or None."""
+    for type_, payload in events:
+        if type_ == LLM_RESPONDED:
+            messages = (payload.get("response") or {}).get("messages")
+            if messages:
+                return messages
+    return None
+
+
+def with_answer(final: dict, last_output: Any) -> dict:
+    """A root span's final response with the agent's answer: the root's own output, else the
+    output messages of the trace's last model call (`output_from`: "last_model_response"), so
+    that replay gives back what the agent answered, not only the root span's name."""
+    payload = final.get("payload")
+    if last_output is None or not isinstance(payload, dict) or "output" in payload:
+        return final
+    return {**final, "payload": {**payload, "output": last_output, "output_from": "last_model_response"}}
+
+
 def by_trace(spans: Iterable[Span]) -> dict[str, list[Span]]:
     """Spans grouped by trace, in arrival order; in each trace the spans in the order they ended,
     the root last (its end closes the execution)."""

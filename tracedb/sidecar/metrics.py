@@ -30,6 +30,7 @@ log = logging.getLogger("tracedb.sidecar")
 
 _FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+TOTALS_MAX_AGE_S = 5.0  # how old the executions/tokens/cost totals a scrape shows may be
 _ACK_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -65,6 +66,8 @@ class SidecarMetrics:
         self.backend = None
         self.listeners: list = []  # tracedb.asgi.Listener: the socket's, TCP, OTLP, HTTP
         self.events_rate = RateMeter()
+        self.totals: dict = {"executions": [], "models": []}
+        self._totals_at = -TOTALS_MAX_AGE_S
         self.fsync_seconds = Histogram(
             "tracedb_wal_fsync_seconds",
             "Latency of one WAL group's write + fdatasync.",
@@ -118,6 +121,21 @@ class SidecarMetrics:
     def observe_ack(self, seconds: float, n: int) -> None:
         """One response batch of `n` requests, `seconds` after it was read."""
         self.ack_seconds.observe(seconds)
+
+    async def refresh_totals(self) -> None:
+        """Read the store's executions by intent and outcome, tokens and cost by model
+        (`tracedb.stats.totals`), in a thread, at most once per TOTALS_MAX_AGE_S: a scrape
+        costs one GROUP BY, never a wait of the recorder's event loop."""
+        engine = getattr(getattr(self.backend, "store", None), "read_engine", None)
+        if engine is None or time.monotonic() - self._totals_at < TOTALS_MAX_AGE_S:
+            return
+        from ..stats import totals
+
+        try:
+            self.totals = await asyncio.to_thread(totals, engine)
+        except Exception as e:  # noqa: BLE001 - /metrics still answers with the rest
+            log.warning("tracedb: /metrics could not read the store's totals: %s", e)
+        self._totals_at = time.monotonic()
 
     def sample(self) -> None:
         """Once a second: feed the events/s meter."""
@@ -197,6 +215,7 @@ class _Collector:
         yield CounterMetricFamily("tracedb_received_bytes", "Bytes read from clients.", value=c.bytes_in)
         yield CounterMetricFamily("tracedb_sent_bytes", "Bytes written to clients.", value=c.bytes_out)
         yield from _listener_families(m.listeners)
+        yield from _totals_families(m.totals)
         yield GaugeMetricFamily("tracedb_open_fds", "File descriptors the recorder holds.", value=open_fds())
         yield GaugeMetricFamily("tracedb_fd_limit", "The recorder's limit of open files (soft RLIMIT_NOFILE).",
                                 value=fd_limit())
@@ -219,6 +238,23 @@ class _Collector:
             value=s.compaction_lag_s,
         )
         yield GaugeMetricFamily("tracedb_recorder_failed", "1 when the WAL refuses writes.", value=1 if s.failed else 0)
+
+
+def _totals_families(totals: dict):
+    """The store's executions by intent and outcome, tokens and cost by model (tracedb.stats)."""
+    ex = GaugeMetricFamily("tracedb_executions", "Executions in the store, by intent and outcome.",
+                           labels=["intent", "outcome"])
+    for intent, outcome, n in totals["executions"]:
+        ex.add_metric([intent or "", outcome or ""], n)
+    tokens = GaugeMetricFamily("tracedb_tokens", "Model tokens of the stored executions, by model and direction.",
+                               labels=["model", "direction"])
+    cost = GaugeMetricFamily("tracedb_cost_usd", "Known cost in USD of the stored executions, by model.",
+                             labels=["model"])
+    for model, tokens_in, tokens_out, usd in totals["models"]:
+        tokens.add_metric([model, "input"], tokens_in or 0)
+        tokens.add_metric([model, "output"], tokens_out or 0)
+        cost.add_metric([model], usd or 0.0)
+    yield from (ex, tokens, cost)
 
 
 def _listener_families(listeners: list):
@@ -284,8 +320,14 @@ def routes(metrics: SidecarMetrics) -> list:
         return Response(orjson.dumps(body) + b"\n", status_code=status, media_type="application/json",
                         headers={"cache-control": "no-store"})
 
+    prometheus = make_asgi_app(registry=metrics.registry)
+
+    async def scrape(scope, receive, send):
+        await metrics.refresh_totals()
+        await prometheus(scope, receive, send)
+
     return [
-        Route("/metrics", _AsgiApp(make_asgi_app(registry=metrics.registry)), methods=["GET", "HEAD"]),
+        Route("/metrics", _AsgiApp(scrape), methods=["GET", "HEAD"]),
         Route("/health", health, methods=["GET", "HEAD"]),
     ]
 

@@ -1,0 +1,130 @@
+"""Aggregates over executions, computed in SQL (SQLite and PostgreSQL alike): counts, failure
+rate, duration percentiles, tokens and cost, overall and by intent, model, outcome, day or hour.
+
+`stats(engine, since_ns=None, by=None)` is what `tracedb stats` prints and the web overview
+draws (`tracedb.reads.Reader.stats`). Its answer:
+
+    {"since_ns": int | None, "by": str | None,
+     "total": GROUP, "groups": [GROUP, ...]}        groups: [] without `by`, else largest first
+                                                     (day and hour: oldest first)
+    GROUP = {"key": str | None, "executions": int, "succeeded": int, "failed": int,
+             "incomplete": int, "running": int, "failure_rate": float | None,
+             "p50_ms": float | None, "p95_ms": float | None, "p99_ms": float | None,
+             "input_tokens": int, "output_tokens": int, "cost_usd": float,
+             "cost_unknown": int}
+
+failure_rate is failed / (succeeded + failed), None when none finished. Durations are creation
+to last event of executions that are no longer running, nearest-rank percentiles. cost_usd sums
+the known costs; cost_unknown counts the executions whose cost is unknown (a model the price
+table does not know). By model, an execution that called several models counts under each.
+Day and hour keys are the UTC start of the bucket, ISO 8601. The database alone is read: an
+execution the WAL holds beyond it (no recorder running) counts once `tracedb recover` ran.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Optional
+
+BY = ("intent", "model", "outcome", "day", "hour")
+_BUCKET_NS = {"day": 86_400 * 10**9, "hour": 3_600 * 10**9}
+_PERCENTILES = (50, 95, 99)
+
+
+def _source(dialect: str, by: Optional[str]) -> tuple[str, str]:
+    """(FROM clause, key expression) for a grouping."""
+    if by is None:
+        return "traces", "NULL"
+    if by == "model":
+        if dialect == "postgresql":
+            return "traces CROSS JOIN LATERAL json_array_elements_text(traces.models) AS m(value)", "m.value"
+        return "traces, json_each(traces.models) AS m", "m.value"
+    if by in _BUCKET_NS:
+        size = _BUCKET_NS[by]
+        return "traces", f"(traces.created_at_ns / {size}) * {size}"
+    return "traces", f"traces.{by}"
+
+
+def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None) -> dict:
+    """The aggregates of the executions created at or after `since_ns` (every one when None),
+    grouped `by` one of BY (module doc)."""
+    import sqlalchemy as sa
+
+    from .errors import InvalidInputError
+
+    if by is not None and by not in BY:
+        raise InvalidInputError(f"unknown grouping {by!r}", hint="one of " + ", ".join(BY))
+    if since_ns is not None and (isinstance(since_ns, bool) or not isinstance(since_ns, int)):
+        raise InvalidInputError(f"since_ns must be nanoseconds since the epoch, not {since_ns!r}")
+    where = "WHERE traces.created_at_ns >= :since" if since_ns is not None else ""
+    params = {} if since_ns is None else {"since": since_ns}
+    with engine.connect() as conn:
+        total = _groups(conn, sa, engine.dialect.name, None, where, params)
+        groups = _groups(conn, sa, engine.dialect.name, by, where, params) if by is not None else []
+    total = total[0] if total else _group(None, (0,) * 8, {})
+    if by in _BUCKET_NS:
+        groups.sort(key=lambda g: g["key"])
+        for g in groups:
+            g["key"] = datetime.fromtimestamp(int(g["key"]) / 1e9, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    else:
+        groups.sort(key=lambda g: (-g["executions"], str(g["key"])))
+    return {"since_ns": since_ns, "by": by, "total": total, "groups": groups}
+
+
+def totals(engine) -> dict:
+    """What `/metrics` shows of the store: {"executions": [(intent, outcome, n)], "models":
+    [(model, input tokens, output tokens, known cost USD)]}, each one GROUP BY in SQL."""
+    import sqlalchemy as sa
+
+    source, key = _source(engine.dialect.name, "model")
+    with engine.connect() as conn:
+        executions = conn.execute(sa.text(
+            "SELECT intent, outcome, COUNT(*) FROM traces GROUP BY intent, outcome")).all()
+        models = conn.execute(sa.text(
+            f"SELECT {key}, SUM(COALESCE(input_tokens, 0)), SUM(COALESCE(output_tokens, 0)), "
+            f"SUM(COALESCE(cost_usd, 0)) FROM {source} GROUP BY {key}")).all()
+    return {"executions": [tuple(r) for r in executions], "models": [tuple(r) for r in models]}
+
+
+def _groups(conn, sa, dialect: str, by: Optional[str], where: str, params: dict) -> list[dict]:
+    source, key = _source(dialect, by)
+    counts = conn.execute(sa.text(
+        f"SELECT {key} AS k, COUNT(*), "
+        "SUM(CASE WHEN outcome = 'succeeded' THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN outcome = 'failed' THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN outcome = 'incomplete' THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN outcome = 'running' THEN 1 ELSE 0 END), "
+        "SUM(COALESCE(input_tokens, 0)), SUM(COALESCE(output_tokens, 0)), SUM(COALESCE(cost_usd, 0)), "
+        "SUM(CASE WHEN cost_usd IS NULL THEN 1 ELSE 0 END) "
+        f"FROM {source} {where} GROUP BY {key}"
+    ), params).all()
+    # Nearest-rank percentiles with window functions (both databases have them; SQLite has no
+    # percentile aggregate): the smallest duration whose rank r has r * 100 >= p * n.
+    cuts = ", ".join(f"MIN(CASE WHEN rn * 100 >= {p} * n THEN dur END)" for p in _PERCENTILES)
+    finished = ("AND" if where else "WHERE") + " traces.outcome <> 'running' AND traces.last_event_ns IS NOT NULL"
+    ranked = conn.execute(sa.text(
+        f"SELECT k, {cuts} FROM ("
+        f"SELECT k, dur, ROW_NUMBER() OVER (PARTITION BY k ORDER BY dur) AS rn, COUNT(*) OVER (PARTITION BY k) AS n "
+        f"FROM (SELECT {key} AS k, traces.last_event_ns - traces.created_at_ns AS dur "
+        f"FROM {source} {where} {finished}) AS d) AS r GROUP BY k"
+    ), params).all()
+    durations = {r[0]: r[1:] for r in ranked}
+    return [_group(r[0], r[1:], durations) for r in counts if r[1]]
+
+
+def _group(key, c, durations: dict) -> dict:
+    n, ok, failed, incomplete, running, tokens_in, tokens_out, cost, unknown = (
+        (c[0], c[1] or 0, c[2] or 0, c[3] or 0, c[4] or 0, c[5] or 0, c[6] or 0, c[7] or 0.0, c[8] or 0)
+        if len(c) == 9 else (0,) * 8 + (0,)
+    )
+    ps = durations.get(key, (None,) * len(_PERCENTILES))
+    finished = ok + failed
+    g = {
+        "key": key, "executions": int(n), "succeeded": int(ok), "failed": int(failed),
+        "incomplete": int(incomplete), "running": int(running),
+        "failure_rate": None if not finished else round(failed / finished, 6),
+    }
+    for p, v in zip(_PERCENTILES, ps):
+        g[f"p{p}_ms"] = None if v is None else round(int(v) / 1e6, 3)
+    g.update(input_tokens=int(tokens_in), output_tokens=int(tokens_out), cost_usd=float(cost), cost_unknown=int(unknown))
+    return g
