@@ -146,6 +146,78 @@ def build_store(data_dir: str) -> dict:
     return ids
 
 
+class SetClock:
+    """A clock an execution is started at (`at`), each reading then some ms after the one before."""
+
+    def __init__(self, rng):
+        self.rng = rng
+        self.now = T0
+
+    def at(self, ns: int) -> None:
+        self.now = ns
+
+    def __call__(self) -> int:
+        self.now += self.rng.randint(40, 900) * 1_000_000
+        return self.now
+
+
+FLEET_DAYS = 14
+MIDNIGHT = T0 - 16 * 3_600 * 10**9  # 2025-11-24T00:00:00Z
+
+
+def build_fleet_store(data_dir: str) -> dict:
+    """Two weeks of a small fleet: a few executions an hour apart each day, three intents, three
+    models (one the price table does not know), some failing with a tool timeout or a rate limit,
+    some left incomplete. Returns {"executions": n, "failed": n}."""
+    import random
+
+    rng = random.Random(29)
+    clock = SetClock(rng)
+    counts = {"executions": 0, "failed": 0}
+    models = ["gpt-4o-mini", "gpt-4o", "local-llama-3"]
+    with tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0}, clock=clock) as store:
+        for day in range(FLEET_DAYS):
+            for n in range(rng.randint(4, 4 + day)):
+                clock.at(MIDNIGHT + day * 86_400 * 10**9 + n * 3_600 * 10**9)
+                intent = rng.choice(["AnswerQuestion", "BookFlight", "Summarize"])
+                ex = store.start(intent, {"intent": intent, "payload": {"n": n}})
+                ex.event("INTENT_RECEIVED", {"intent": intent})
+                for call in range(rng.randint(1, 3)):
+                    model = rng.choices(models, weights=(6, 3, 1))[0]
+                    seq = ex.event("llm.requested", {"prompt_hash": f"sha256:{day}{n}{call}", "request": {"model": model}})
+                    ex.event("llm.responded", {"prompt_hash": f"sha256:{day}{n}{call}", "request_seq": seq, "response": {
+                        "model": model, "content": "ok", "usage": {"prompt_tokens": rng.randint(300, 4000),
+                                                                 "completion_tokens": rng.randint(20, 600)}}})
+                seq = ex.event("tool.requested", {"name": "search", "arguments": {"n": n}})
+                fate = rng.random()
+                counts["executions"] += 1
+                if fate < 0.06:
+                    continue  # left running: incomplete once the store closes
+                if fate < 0.2 + day * 0.01:
+                    code = rng.choice(["TOOL_TIMEOUT", "RATE_LIMITED"])
+                    error = {"code": code, "message": f"search failed: {code.lower().replace('_', ' ')}"}
+                    ex.event("tool.responded", {"name": "search", "request_seq": seq, "error": error})
+                    ex.finish({"status": "error", "error": error})
+                    counts["failed"] += 1
+                else:
+                    ex.event("tool.responded", {"name": "search", "request_seq": seq, "response": {"hits": 3}})
+                    ex.finish({"status": "success", "payload": {"answer": "ok"}})
+    return counts
+
+
+@pytest.fixture(scope="session")
+def fleet_ui(tmp_path_factory):
+    """`tracedb ui` on two weeks of a fleet's executions; (base URL, counts)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data_dir = str(tmp_path_factory.mktemp("fleet") / "data")
+    with ThreadPoolExecutor(1) as t:  # not in the event loop of a browser test's Playwright
+        counts = t.submit(build_fleet_store, data_dir).result(300)
+    proc = UiProcess("--data-dir", data_dir)
+    yield proc.url, counts
+    assert proc.stop() == 0
+
+
 @pytest.fixture(scope="session")
 def web_store(tmp_path_factory) -> tuple[str, dict]:
     data_dir = str(tmp_path_factory.mktemp("web") / "data")

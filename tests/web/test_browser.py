@@ -18,7 +18,7 @@ import pytest
 import tracedb
 from tests.waiting import wait_until
 
-from .conftest import REPO, UiProcess, with_token
+from .conftest import FLEET_DAYS, REPO, UiProcess, with_token
 
 CHROMIUM = os.environ.get("TRACEDB_CHROMIUM", "/usr/bin/chromium")
 
@@ -347,22 +347,27 @@ def test_a_failed_execution_is_red_in_the_list_and_on_its_timeline(ui, page, sho
     shots(page, "execution-failed.png")
 
 
-def test_the_overview_page_charts_executions_failures_duration_tokens_and_cost(ui, page, shots):
-    url, ids = ui
+def test_the_overview_page_charts_two_weeks_of_executions_failures_duration_tokens_and_cost(fleet_ui, page, shots):
+    url, counts = fleet_ui
     page.goto(with_token(url))
     page.click("header.top nav a[href='/overview']")
     page.wait_for_url("**/overview")
-    assert page.locator("[data-testid=card-executions] .value").inner_text() == str(len(ids))
-    assert page.locator("[data-testid=card-failed] .value").inner_text() == "1"
+    assert page.locator("[data-testid=card-executions] .value").inner_text() == f"{counts['executions']:,}"
+    assert page.locator("[data-testid=card-failed] .value").inner_text() == f"{counts['failed']:,}"
     for chart in ("executions", "p95", "tokens", "cost"):
         svg = page.locator(f"[data-testid=chart-{chart}] svg")
         assert svg.is_visible() and svg.bounding_box()["width"] > 300, chart
-    failed_bar = page.locator("[data-testid=chart-executions] rect.s-failed")
-    assert failed_bar.count() == 1 and failed_bar.evaluate("e => getComputedStyle(e).fill") == "rgb(192, 53, 43)"
-    assert page.locator("[data-testid=by-intent] tbody tr").count() == 5
-    assert page.locator("[data-testid=by-model] tr[data-key='gpt-4o-mini'] td").nth(1).inner_text() == "2"
+        assert svg.locator("g.bucket").count() == FLEET_DAYS, chart  # a bar a day
+    failed_bars = page.locator("[data-testid=chart-executions] rect.s-failed")
+    assert failed_bars.count() > 0
+    assert failed_bars.first.evaluate("e => getComputedStyle(e).fill") == "rgb(192, 53, 43)"
+    # A model the price table does not know: its executions' cost is counted as unknown.
+    unknown = page.locator("[data-testid=by-model] tr[data-key='local-llama-3'] td").last
+    assert "unknown" in unknown.inner_text()
+    assert page.locator("[data-testid=by-intent] tbody tr").count() == 3
     shots(page, "overview.png")
     # A failure count leads to the list of those failures.
-    page.click("[data-testid=by-intent] a.failed-n")
+    page.click("[data-testid=by-intent] a.failed-n >> nth=0")
     page.wait_for_url("**outcome=failed**")
-    assert page.locator("table.executions tbody tr").first.get_attribute("data-id") == ids["failed"]
+    outcomes = page.locator("table.executions tbody tr").evaluate_all("rows => rows.map(r => r.dataset.outcome)")
+    assert outcomes and set(outcomes) == {"failed"}

@@ -60,12 +60,15 @@ def test_a_failed_execution_is_red_in_the_list_with_its_error_model_tokens_and_c
     rows = rows_of(_get(url).text)
     failed = rows[ids["failed"]]
     assert 'data-outcome="failed" class="failed"' in failed and 'class="badge oc-failed"' in failed
-    assert (f'href="/e/{ids["failed"]}#ev-5">TOOL_TIMEOUT: search_flights timed out after 30 s</a>') in failed
+    assert f'class="err-msg" data-testid="list-error" href="/e/{ids["failed"]}#ev-5"' in failed
+    assert ">TOOL_TIMEOUT: search_flights timed out after 30 s</a>" in failed
     assert '<td class="model">gpt-4o-mini</td>' in failed and ">1,200 / 80<" in failed
     # gpt-4o-mini: $0.15 a million input tokens, $0.60 a million output tokens.
     assert ">$0.000228<" in failed
     otel = rows[ids["otel"]]
     assert 'data-outcome="succeeded"' in otel and 'class="failed"' not in otel and ">2,270 / 138<" in otel
+    # It got past its failed tool call: the first error is shown, softer.
+    assert 'class="err-msg soft"' in otel and "TimeoutError: search_flights timed out" in otel
     # A model the price table does not know: its cost is unknown, never a guess.
     assert [eid for eid, row in rows.items() if 'class="failed"' in row] == [ids["failed"]]
     assert rows[ids["crashed"]].count('data-outcome="incomplete"') == 1
@@ -221,6 +224,15 @@ def test_the_failed_call_is_red_on_the_timeline_and_in_the_events_with_its_messa
     assert errored == ["5", "6"]  # the tool's error answer, and the final response that failed
     assert 'data-testid="event-error">TOOL_TIMEOUT: search_flights timed out after 30 s<' in page
     assert 'class="final err"' in page
+    # The header: failed, why and where, what it called and cost.
+    title = page.split('<div class="titlebar">')[1].split("</div>")[0]
+    assert 'class="badge oc-failed">failed<' in title
+    failure = page.split('data-testid="failure">')[1].split("</section>")[0]
+    assert "Failed: " in failure and "TOOL_TIMEOUT: search_flights timed out after 30 s" in failure
+    assert '<a href="#ev-5">#5 tool.responded</a>' in failure
+    assert "<dt>Cost</dt><dd>$0.000228</dd>" in page and "<dt>Tokens in / out</dt><dd>1,200 / 80</dd>" in page
+    went_on = _get(url + f"e/{ids['otel']}").text.split('data-testid="failure">')[1].split("</section>")[0]
+    assert "A call failed, and the execution went on" in went_on
     ok = _get(url + f"e/{ids['ok']}").text
     assert " err" not in ok.split("<svg")[1].split("</svg>")[0] and 'class="ev err"' not in ok
 

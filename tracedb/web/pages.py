@@ -284,31 +284,35 @@ def list_page(page: Page, params: dict, *, first_page: bool) -> str:
         marked = ' class="failed"' if r.outcome == FAILED else ""
         error = ""
         if r.error:
-            error = (f'<a class="err-msg" data-testid="list-error" href="{esc(exec_path(r.execution_id))}#ev-{esc(r.error.get("seq"))}">'
+            # A failed call the execution got past (it succeeded) is shown softer than a failure.
+            soft = "" if r.outcome == FAILED else " soft"
+            error = (f'<a class="err-msg{soft}" data-testid="list-error" '
+                     f'href="{esc(exec_path(r.execution_id))}#ev-{esc(r.error.get("seq"))}" '
+                     f'title="first error, at #{esc(r.error.get("seq"))} {esc(r.error.get("type"))}">'
                      f"{esc(error_words(r.error, 140))}</a>")
         rows.append(
             f'<tr data-id="{esc(r.execution_id)}" data-outcome="{esc(r.outcome or "")}"{marked}>'
-            f'<td class="id">{exec_link(r.execution_id)}</td>'
-            f'<td class="when">{esc(fmt_time(r.created_at_ns))}</td>'
+            f'<td class="id" title="{esc(r.execution_id)}">{exec_link(r.execution_id, _short_id(r.execution_id))}'
+            + (f'<div class="fork">fork of {exec_link(r.parent_execution_id, _short_id(r.parent_execution_id))}</div>'
+               if r.parent_execution_id else "")
+            + "</td>"
+            f'<td class="when">{esc(fmt_time(r.created_at_ns)[:10])}<br>{esc(fmt_time(r.created_at_ns)[11:19])}</td>'
             f'<td class="intent">{esc(r.intent or "")}{error}</td>'
             f"<td>{outcome_badge(r.outcome)}</td>"
-            f"<td>{status_badge(r.status)}</td>"
-            f"<td>{replay_badge(r.replayable, r.replayable_reason, r.status)}</td>"
+            f'<td><div class="state">{status_badge(r.status)} {replay_badge(r.replayable, r.replayable_reason, r.status)}</div></td>'
             f'<td class="model">{esc(fmt_models(r.models))}</td>'
             f'<td class="num" title="input / output tokens">{esc(fmt_tokens(r.input_tokens, r.output_tokens))}</td>'
             f'<td class="num">{fmt_cost(r.cost_usd, r.input_tokens, r.output_tokens)}</td>'
             f'<td class="num">{r.last_seq}</td>'
             f'<td class="num">{esc(fmt_duration(r.duration_ns))}</td>'
-            + (f'<td class="fork">fork of {exec_link(r.parent_execution_id, _short_id(r.parent_execution_id))}</td>'
-               if r.parent_execution_id else "<td></td>")
-            + "</tr>"
+            "</tr>"
         )
     if rows:
         table = (
-            '<table class="executions"><thead><tr><th>Execution</th><th>Created (UTC)</th><th>Intent</th>'
-            "<th>Outcome</th><th>Status</th><th>Replay</th><th>Model</th><th class=\"num\">Tokens</th>"
-            "<th class=\"num\">Cost</th><th class=\"num\">Events</th><th class=\"num\">Duration</th><th></th>"
-            "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+            '<div class="table-wrap"><table class="executions"><thead><tr><th>Execution</th><th>Created (UTC)</th><th>Intent</th>'
+            "<th>Outcome</th><th>Status · replay</th><th>Model</th><th class=\"num\">Tokens</th>"
+            "<th class=\"num\">Cost</th><th class=\"num\">Events</th><th class=\"num\">Duration</th>"
+            "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>"
         )
     elif first_page and not any(params.get(k) for k in FILTERS):
         table = (
@@ -533,6 +537,13 @@ def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_comman
         ("Envelope hash", f'<span class="mono small">{esc(r.header.envelopeHash)}</span>'),
         ("Pinned", "yes (never pruned)" if tl.pinned else "no"),
     ]
+    oc = tl.outcome or {}
+    if oc.get("outcome"):
+        meta[2:2] = [
+            ("Models", f'<span class="mono">{esc(", ".join(oc.get("models") or ()) or "–")}</span>'),
+            ("Tokens in / out", esc(fmt_tokens(oc.get("input_tokens"), oc.get("output_tokens")))),
+            ("Cost", fmt_cost(oc.get("cost_usd"), oc.get("input_tokens"), oc.get("output_tokens"))),
+        ]
     if r.parentExecutionId:
         meta.append(("Fork of", f"{exec_link(r.parentExecutionId)} at seq {esc(r.forkedAtSeq)}"))
     dl = "".join(f'<div class="kv"><dt>{k}</dt><dd>{v}</dd></div>' for k, v in meta)
@@ -568,11 +579,23 @@ def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_comman
             '<section class="final"><h2>Final response</h2>'
             f'<pre class="json">{esc(orjson.dumps(r.finalResponse, option=orjson.OPT_INDENT_2).decode())}</pre></section>'
         )
+    failure = ""
+    err = oc.get("error")
+    if err:
+        failed = oc.get("outcome") == FAILED
+        where = f'<a href="#ev-{esc(err.get("seq"))}">#{esc(err.get("seq"))} {esc(err.get("type"))}</a>'
+        failure = (
+            f'<section class="failure{"" if failed else " soft"}" data-testid="failure"><p>'
+            + ("Failed: " if failed else "A call failed, and the execution went on: ")
+            + f'<b class="err-msg">{esc(error_words(err))}</b> at {where}.</p></section>'
+        )
     body = (
         f'<div class="titlebar"><h1 class="intent">{esc(r.intent or "(no intent)")}</h1>'
-        f'<span class="status-now">{status_badge(r.status)}</span>'
+        + (outcome_badge(oc["outcome"]) if oc.get("outcome") else "")
+        + f'<span class="status-now">{status_badge(r.status)}</span>'
         f"{replay_badge(r.header.replayable, r.header.replayableReason, r.status)}</div>"
         f'<dl class="meta">{dl}</dl>'
+        + failure
         + replay
         + lineage_html
         + f'<section class="tl"><h2>Timeline</h2><div class="overview" data-src="{esc(api_path("overview", eid))}">'
