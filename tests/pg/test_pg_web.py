@@ -90,6 +90,41 @@ def test_the_pages_render_from_postgresql(open_pg_store, pg_url):
     assert (missing.status_code, bad.status_code) == (404, 400)
 
 
+def test_failures_filters_and_the_overview_render_from_postgresql(open_pg_store, pg_url):
+    import httpx
+
+    from tests.web.conftest import record_failed
+
+    store = open_pg_store()
+    ids = _record(store)
+    failed = record_failed(store)
+    store.compact()
+    cfg = load_config(overrides={"db_url": pg_url, "data_dir": store.config.data_dir})
+
+    async def pages():
+        reader = await AsyncReader.open(cfg)
+        try:
+            transport = httpx.ASGITransport(app=create_app(reader))
+            async with httpx.AsyncClient(transport=transport, base_url="http://ui") as c:
+                return [await c.get(p) for p in (
+                    "/", "/?outcome=failed", "/?model=gpt-4o-mini&min_cost=0.0002&error=TOOL_TIMEOUT",
+                    "/?min_cost=0.001", "/overview", "/overview?per=hour&since=2000-01-01", f"/e/{failed}")]
+        finally:
+            await reader.close()
+
+    every, only_failed, narrowed, costly, overview, hourly, page = asyncio.run(pages())
+    assert f'<tr data-id="{failed}" data-outcome="failed" class="failed">' in every.text
+    assert ids["ok"] in every.text
+    for r in (only_failed, narrowed):
+        assert r.status_code == 200 and r.text.count("<tr data-id=") == 1 and failed in r.text
+    assert "No execution matches" in costly.text
+    assert overview.status_code == 200 and hourly.status_code == 200
+    card = overview.text.split('data-testid="card-failed">')[1].split("</div></div>")[0]
+    assert '<div class="value">1</div>' in card
+    assert '<tr data-key="BookFlight" class="has-failed">' in overview.text
+    assert 'class="bar tool err"' in page.text and "TOOL_TIMEOUT: search_flights timed out after 30 s" in page.text
+
+
 def test_tracedb_ui_with_db_serves_a_fleets_database(open_pg_store, pg_url, tmp_path):
     from tests.web.conftest import UiProcess, owner_get
 

@@ -274,6 +274,9 @@ def test_live_answers_nothing_new_cheaply_and_a_status_change_as_reload(ui):
     assert _get(url + "api/live", params={"id": eid, "after": 4, "status": "running"}).json()["reload"] is True
     doc = _get(url + "api/live", params={"id": eid, "after": 2, "status": "incomplete"}).json()
     assert doc["changed"] and doc["last_seq"] == 4 and 'id="ev-4"' in doc["rows"] and 'id="ev-2"' in doc["rows"]
+    assert doc["spans"] == ""  # recorded flat: no span tree to redraw
+    nested = _get(url + "api/live", params={"id": ids["otel"], "after": 8, "status": "completed"}).json()
+    assert nested["changed"] and 'data-testid="span-tree" data-spans="5"' in nested["spans"]
     assert "<svg" in doc["overview"]
 
 
