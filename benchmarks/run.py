@@ -832,6 +832,16 @@ def section_langgraph(args, workdir: str) -> None:
     RESULTS["langgraph"] = result
 
 
+def section_outcomes(args, workdir: str) -> None:
+    print("\n== Outcomes: deriving them in live compaction; stats and the new filters at 100k and 1M executions")
+    from benchmarks import outcomes as bench_outcomes
+
+    result = bench_outcomes.run(workdir, quick=args.quick)
+    for line in bench_outcomes.report_lines(result):
+        print(line, flush=True)
+    RESULTS["outcomes"] = result
+
+
 SECTIONS = {
     "wal": section_wal,
     "store": section_store,
@@ -843,6 +853,7 @@ SECTIONS = {
     "otel": section_otel,
     "web": section_web,
     "langgraph": section_langgraph,
+    "outcomes": section_outcomes,
 }
 
 

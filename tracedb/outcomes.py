@@ -29,7 +29,9 @@ while its tokens still count: never a guess.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any, Optional
 
@@ -159,48 +161,89 @@ def _first(d: dict, keys: tuple) -> Optional[int]:
     return None
 
 
+def _tokens(usage: dict, keys: tuple) -> int:
+    for k in keys:
+        v = usage.get(k)
+        if type(v) is int:
+            return v
+    return 0
+
+
 def event_usage(event_type: str, payload: Any) -> Optional[tuple[Optional[str], int, int, int]]:
     """(model, input tokens, output tokens, cached input tokens) of a model call's answer, or None
     when the event is not one or names neither a model nor usage."""
-    if event_type != LLM_RESPONDED or not isinstance(payload, dict):
+    if event_type != LLM_RESPONDED or type(payload) is not dict:
         return None
+    # Written out rather than looped over: this runs for every model call compaction applies.
     response = payload.get("response")
-    response = response if isinstance(response, dict) else {}
-    body = response.get("body") if isinstance(response.get("body"), dict) else {}
-    usage = next((u for u in (response.get("usage"), body.get("usage"), payload.get("usage")) if isinstance(u, dict)), None)
-    model = next((m for m in (response.get("model"), body.get("model"), payload.get("model")) if isinstance(m, str) and m), None)
-    if usage is None and model is None:
-        return None
-    usage = usage or {}
-    cached = _first(usage, _CACHE_READ_KEYS)
-    if cached is None:
+    usage = model = None
+    if type(response) is dict:
+        usage, model = response.get("usage"), response.get("model")
+        if usage is None or model is None:
+            body = response.get("body")
+            if type(body) is dict:
+                usage = usage if usage is not None else body.get("usage")
+                model = model if model is not None else body.get("model")
+    if usage is None:
+        usage = payload.get("usage")
+    if model is None:
+        model = payload.get("model")
+    if type(usage) is not dict:
+        usage = None
+    if type(model) is not str or not model:
+        model = None
+    if usage is None:
+        return None if model is None else (model, 0, 0, 0)
+    cached = _tokens(usage, _CACHE_READ_KEYS)
+    if not cached:
         details = usage.get("input_tokens_details") or usage.get("prompt_tokens_details")
-        cached = _first(details, ("cached_tokens",)) if isinstance(details, dict) else None
-    return model, _first(usage, _INPUT_KEYS) or 0, _first(usage, _OUTPUT_KEYS) or 0, cached or 0
+        cached = _tokens(details, ("cached_tokens",)) if type(details) is dict else 0
+    return model, _tokens(usage, _INPUT_KEYS), _tokens(usage, _OUTPUT_KEYS), cached
 
 
-@lru_cache(maxsize=256)
-def _known(model: str) -> bool:
-    from genai_prices import Usage, calc_price
+_DAY_NS = 86_400 * 10**9
+
+
+@lru_cache(maxsize=1024)
+def _rates(model: str, day: int):
+    """genai-prices' price of `model` on a UTC day: (input, cached input, output) USD per token
+    when it is linear in tokens, else the table's ModelPrice (tiered: priced call by call), None
+    when the table does not know the model. Cached: the table's own calculation costs ~75 us a
+    call, too much for compaction's hot path."""
+    from genai_prices import data_snapshot
 
     try:
-        calc_price(Usage(input_tokens=0, output_tokens=0), model_ref=model)
+        _provider, info = data_snapshot.get_snapshot().find_provider_model(model, None, None, None)
     except LookupError:
-        return False
-    return True
-
-
-def price_usd(model: Optional[str], input_tokens: int, output_tokens: int, cached_tokens: int, at_ns: int) -> Optional[float]:
-    """The price of one model call in USD, from genai-prices' table at the call's time; None when
-    the table does not know the model (or there is none)."""
-    if not model or not _known(model):
         return None
-    from genai_prices import Usage, calc_price
+    price = info.get_prices(datetime.fromtimestamp(day * 86_400, tz=timezone.utc))
+    parts = (price.input_mtok, price.cache_read_mtok, price.output_mtok)
+    if not all(p is None or isinstance(p, Decimal) for p in parts):
+        return price
+    per_token = [None if p is None else float(p) / 1e6 for p in parts]
+    if per_token[0] is None or per_token[2] is None:
+        return price
+    if per_token[1] is None:
+        per_token[1] = per_token[0]
+    return tuple(per_token)
 
-    when = datetime.fromtimestamp(at_ns / 1e9, tz=timezone.utc)
-    usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens,
-                  cache_read_tokens=min(cached_tokens, input_tokens) or None)
-    return float(calc_price(usage, model_ref=model, genai_request_timestamp=when).total_price)
+
+def price_usd(model: Optional[str], input_tokens: int, output_tokens: int, cached_tokens: int, at_ns: Optional[int]) -> Optional[float]:
+    """The price of one model call in USD, from genai-prices' table on the call's day (today
+    when `at_ns` is None); None when the table does not know the model (or there is none)."""
+    if not model:
+        return None
+    day = (time.time_ns() if at_ns is None else at_ns) // _DAY_NS
+    rates = _rates(model, day)
+    if rates is None:
+        return None
+    cached = min(cached_tokens, input_tokens)
+    if isinstance(rates, tuple):
+        return (input_tokens - cached) * rates[0] + cached * rates[1] + output_tokens * rates[2]
+    from genai_prices import Usage
+
+    usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cached or None)
+    return float(rates.calc_price(usage)["total_price"])
 
 
 def _note_error(row: dict, seq: int, event_type: str, err: dict) -> None:
@@ -246,17 +289,24 @@ def fold_closed(row: dict) -> None:
         row["outcome"] = INCOMPLETE
 
 
-# Event types whose payload may hold an error or usage; others are not decoded by the fold.
-# A type not listed here is checked only for an `"error"` key (the bytes test in `may_matter`).
+# Decoded by the fold whatever they hold: a model call's answer (its usage), an Agents SDK span.
 _ALWAYS = frozenset({LLM_RESPONDED, AGENTS_SPAN_ENDED})
+# Never decoded: what asks or starts, which records no error of its own.
+_NEVER = frozenset({"llm.requested", "tool.requested", "agents.span.started", "INTENT_RECEIVED",
+                    "AGENT_ATTEMPT_START", "ROUTER_DECISION", "FALLBACK_TRIGGERED"})
 
 
 def may_matter(event_type: str, body: bytes) -> bool:
     """Whether an event's payload JSON (as written) can change the derived columns: a cheap
-    test on the bytes, so that the fold decodes only the events that can."""
+    test on the type, then the bytes (every error this module reads is under a key or a status
+    value spelled `error...`, or a status `failed`/`failure`), so that the fold decodes only the
+    events that can."""
     if event_type in _ALWAYS:
         return True
-    return (b'"error' in body or b'"status"' in body) and event_type != "llm.requested"
+    if event_type in _NEVER:
+        return False
+    return (b'"error' in body or b'"fail' in body or b'"Error' in body or b'"ERROR' in body
+            or b'"Fail' in body or b'"FAIL' in body)
 
 
 def derive(status: str, events) -> dict:

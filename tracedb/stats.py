@@ -96,7 +96,7 @@ def _groups(conn, sa, dialect: str, by: Optional[str], where: str, params: dict)
         "SUM(CASE WHEN outcome = 'running' THEN 1 ELSE 0 END), "
         "SUM(COALESCE(input_tokens, 0)), SUM(COALESCE(output_tokens, 0)), SUM(COALESCE(cost_usd, 0)), "
         "SUM(CASE WHEN cost_usd IS NULL THEN 1 ELSE 0 END) "
-        f"FROM {source} {where} GROUP BY {key}"
+        f"FROM {source} {where}" + (f" GROUP BY {key}" if by is not None else "")
     ), params).all()
     # Nearest-rank percentiles with window functions (both databases have them; SQLite has no
     # percentile aggregate): the smallest duration whose rank r has r * 100 >= p * n.

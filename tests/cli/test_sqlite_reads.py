@@ -41,6 +41,11 @@ def store_dir(tmp_path_factory):
             for j in range(i % 5):
                 clock.ns += 1_000
                 ex.event("tool.responded", PAYLOADS[(i + j) % len(PAYLOADS)])
+            if i % 3 == 0:  # a model call (usage, a model priced or not) and a failed tool call
+                clock.ns += 10**9 * (i % 4)
+                ex.event("llm.responded", {"response": {"model": ("gpt-4o", "own-model")[i % 2],
+                                                        "usage": {"input_tokens": 10 * i, "output_tokens": i}}})
+                ex.event("tool.responded", {"error": {"code": f"E{i % 2}", "message": "no"}})
             if i % 4:
                 clock.ns += 1_000
                 ex.finish({"status": "success", "i": i})
@@ -91,6 +96,10 @@ FILTERS = [
     Filter(replayable=True), Filter(replayable=False),
     Filter(since=(T0 + 5 * 10**9) / 1e9), Filter(until=(T0 + 12 * 10**9) / 1e9),
     Filter(status="completed", search="re", since=T0 / 1e9, replayable=True),
+    *(Filter(outcome=o) for o in ("succeeded", "failed", "incomplete", "running")),
+    Filter(model="gpt-4o"), Filter(model="own-model"), Filter(model="gpt"), Filter(error="E1"),
+    Filter(min_cost=0), Filter(min_cost=0.0005), Filter(slower_than=1), Filter(slower_than=0),
+    Filter(outcome="succeeded", model="gpt-4o", min_cost=0, slower_than=0.5),
 ]
 
 

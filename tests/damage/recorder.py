@@ -2,6 +2,8 @@
 
 usage: recorder.py DATA_DIR SCENARIO [ARGS]
   crash           exec-done (completed, 1 event) and exec-cut (2 events, still running)
+  outcomes        exec-failed (a priced model call, a failed tool call, an error response) and
+                  exec-left (a model call the price table does not know, still running)
   bulk N E SEG [FIRST]  N executions of E events each (exec-FIRST on), all finished,
                   compaction held off, WAL segments of SEG bytes; then `READY <durable LSN>`
   compacted N E SEG  the same, then everything compacted; then `READY <durable LSN>`
@@ -35,6 +37,13 @@ def main() -> None:
         ex = store.start("Cut", {"intent": "Cut"}, "exec-cut")
         ex.event("INTENT_RECEIVED", {"intent": "Cut"})
         ex.event("AGENT_ATTEMPT_START", {"agent": "processor-a"})
+    elif scenario == "outcomes":
+        ex = store.start("Ask", {"intent": "Ask"}, "exec-failed")
+        ex.event("llm.responded", {"response": {"model": "gpt-4o-mini", "usage": {"input_tokens": 1000, "output_tokens": 500}}})
+        ex.event("tool.responded", {"name": "search", "error": {"code": "TOOL_TIMEOUT", "message": "took 30 s"}})
+        ex.finish({"status": "error", "error": {"code": "TOOL_TIMEOUT"}})
+        ex = store.start("Ask", {"intent": "Ask"}, "exec-left")
+        ex.event("llm.responded", {"response": {"model": "my-own-model", "usage": {"input_tokens": 7, "output_tokens": 3}}})
     elif scenario == "interleaved":
         n, e = int(sys.argv[3]), int(sys.argv[4])
         early = store.start("Early", {"early": True}, "exec-early")  # one event, then nothing

@@ -118,3 +118,28 @@ def test_event_log_replay_serves_the_recorded_llm_and_tool_answers(tmp_path):
     assert answer["messages"][0]["parts"][0]["name"] == "get_weather"
     result = session.tool("get_weather", {"city": "Paris"}, call=lambda _a: pytest.fail("the tool was called"))
     assert result == {"sky": "sunny"}
+
+
+def test_a_span_with_status_error_marks_its_event_and_a_failed_root_fails_the_execution(tmp_path):
+    from opentelemetry.trace import Status, StatusCode
+
+    from tracedb.otel.exporter import TraceDBSpanExporter
+
+    with tracedb.open(str(tmp_path / "store"), config={"compact_interval_ms": 0}) as store:
+        provider = provider_into(TraceDBSpanExporter(store))
+        tracer = provider.get_tracer("agent")
+        with pytest.raises(TimeoutError):
+            with tracer.start_as_current_span("plan_trip") as root:
+                with tracer.start_as_current_span("execute_tool book_hotel", attributes={
+                        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "book_hotel"}) as tool:
+                    tool.set_status(Status(StatusCode.ERROR, "hotel API down"))
+                    tool.set_attribute("error.type", "HotelApiError")
+                raise TimeoutError("gave up after the hotel")
+        eid = f"otel-{root.get_span_context().trace_id:032x}"
+        rec = store.get(eid)
+        tool_answer = next(e for e in rec.events if e.type == "tool.responded")
+        assert tool_answer.error == {"code": "HotelApiError", "message": "hotel API down"}
+        store.compact()
+        [row] = store.list()
+        assert row.outcome == "failed" and rec.finalResponse["status"] == "error"
+        assert (row.error["seq"], row.error["code"], row.error["message"]) == (tool_answer.seq, "HotelApiError", "hotel API down")

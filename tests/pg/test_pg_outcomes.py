@@ -4,7 +4,7 @@ batch, and migration 0005's backfill of a database at revision 0004, agree."""
 from __future__ import annotations
 
 import tracedb
-from tests.store.test_outcomes import check_mix, record_mix, rows
+from tests.store.test_outcomes import check_filters_and_stats, check_mix, record_mix, rows
 from tests.store.test_row_checksums import downgrade
 from tracedb import db
 
@@ -20,3 +20,14 @@ def test_the_fold_and_the_backfill_agree_on_postgresql(pg_url, pg_engine, tmp_pa
     db.migrate(pg_engine)
     assert rows(pg_engine) == live
     assert live[ids["running"]]["outcome"] == "incomplete"
+
+
+def test_filters_and_stats_in_sql_on_postgresql(pg_url, tmp_path):
+    from tracedb.config import load_config
+    from tracedb.reads import Reader
+
+    config = {"compact_interval_ms": 0, "idle_timeout_s": 0, "db_url": pg_url}
+    with tracedb.open(str(tmp_path / "data"), config=config) as store:
+        ids = record_mix(store)
+    with Reader.open(load_config(overrides={"data_dir": str(tmp_path / "data"), "db_url": pg_url})) as reader:
+        check_filters_and_stats(reader, ids)

@@ -117,3 +117,55 @@ def test_a_store_at_revision_0004_gets_the_derived_columns_from_its_steps(open_s
     assert backfilled == live
     assert live[ids["running"]]["outcome"] == "incomplete"
     check_mix({**live, ids["running"]: {**live[ids["running"]], "outcome": "running"}}, ids)
+
+
+def test_the_cached_per_token_price_equals_genai_prices_own_calculation():
+    from genai_prices import Usage, calc_price
+
+    at = T0
+    from datetime import datetime, timezone
+
+    when = datetime.fromtimestamp(at / 1e9, tz=timezone.utc)
+    for model in ("gpt-4o-mini", "gpt-4o", "claude-sonnet-4-5", "gemini-2.5-pro"):
+        for n_in, n_out, cached in ((1000, 500, 0), (300_000, 2_000, 1_000), (5_000, 100, 4_000)):
+            table = calc_price(Usage(input_tokens=n_in, output_tokens=n_out, cache_read_tokens=cached or None),
+                               model_ref=model, genai_request_timestamp=when)
+            assert abs(outcomes.price_usd(model, n_in, n_out, cached, at) - float(table.total_price)) < 1e-9, model
+    assert outcomes.price_usd("a-model-no-table-knows", 10, 10, 0, at) is None
+
+
+def check_filters_and_stats(reader, ids: dict) -> None:
+    """The listing's outcome filters and `stats` over `record_mix`'s executions (closed store)."""
+    from tracedb.reads import Filter
+
+    def found(**kw):
+        return {r.execution_id for r in reader.page(Filter(**kw)).items}
+
+    assert found(outcome="failed") == {ids["failed"]}
+    assert found(model="gpt-4o") == {ids["failed"]}
+    assert found(model="gpt") == set()
+    assert found(error="TOOL_TIMEOUT") == {ids["failed"]}
+    assert found(min_cost=0.001) == {ids["failed"]}
+    assert ids["running"] not in found(slower_than=0)
+    s = reader.stats(by="model")
+    assert s["total"]["executions"] == 4 and s["total"]["failed"] == 1
+    assert s["total"]["failure_rate"] == round(1 / 3, 6)  # of the three that finished, one failed
+    assert s["total"]["cost_unknown"] == 1
+    by_model = {g["key"]: g for g in s["groups"]}
+    assert set(by_model) == {"gpt-4o-mini", "gpt-4o", "my-own-model"}
+    assert by_model["gpt-4o"]["failed"] == 1 and by_model["my-own-model"]["succeeded"] == 1
+    assert by_model["gpt-4o-mini"]["input_tokens"] == 1100  # the execution's, under each model it called
+    days = reader.stats(by="day")["groups"]
+    assert len(days) == 1 and days[0]["key"].endswith("T00:00:00Z") and days[0]["executions"] == 4
+    assert reader.stats(by="outcome")["groups"][0] == {**reader.stats(by="outcome")["groups"][0], "key": "succeeded", "executions": 2}
+
+
+def test_filters_and_stats_in_sql_on_sqlite(data_dir):
+    import tracedb
+    from tracedb.config import load_config
+    from tracedb.reads import Reader
+
+    with tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0}) as store:
+        ids = record_mix(store)
+    with Reader.open(load_config(overrides={"data_dir": data_dir})) as reader:
+        check_filters_and_stats(reader, ids)

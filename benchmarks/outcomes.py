@@ -1,0 +1,257 @@
+"""Outcomes: what deriving them costs live compaction, and how `stats` and the listing's new
+filters scale from 100k to 1M executions.
+
+Derivation: the recorder's own live compaction (the staging API, `store.compact()` timed, as
+`bench_compaction_live` in run.py) of agent-shaped executions (model calls with usage, tool
+calls, one execution in ten failing), with the fold on and with it replaced by no-ops, rounds
+interleaved so that the machine's load falls on both alike; the row is their ratio.
+
+Scale: stores of 100k and 1M executions at a fixed rate of 10,000 a day (a fleet whose store
+grows with its retention), built with direct inserts into `traces` and one step each (compacting
+1M executions through the recorder would take longer than this machine's bench run); each query
+timed best of 5 through the read API (`Reader.stats`, `Reader.page` with a `Filter`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import sqlite3
+import tempfile
+import time
+
+import orjson
+
+PER_DAY = 10_000
+MODELS = ("gpt-4o-mini", "gpt-4o", "claude-sonnet-4-5", "local-llama")
+CODES = ("TOOL_TIMEOUT", "RATE_LIMIT", "AGENT_ERROR", "ROUTING_ERROR", "ValueError")
+
+
+# An agent's turn as the OpenAI SDK wrapper records it: the request with the conversation so far
+# (~2 KB), the answer with its body and usage (~1 KB), then a tool call and its result.
+_CONVERSATION = [{"role": "system", "content": "You are a careful travel assistant. " * 8}] + [
+    {"role": "user" if k % 2 else "assistant", "content": f"turn {k}: " + "words of the conversation " * 6}
+    for k in range(8)]
+
+
+def _llm_request(i: int) -> dict:
+    return {"prompt_hash": f"h{i}", "request": {"method": "POST", "path": "/v1/chat/completions",
+            "model": "gpt-4o-mini", "body": {"model": "gpt-4o-mini", "messages": _CONVERSATION}}}
+
+
+def _llm_answer(i: int) -> dict:
+    usage = {"prompt_tokens": 900 + i, "completion_tokens": 120, "total_tokens": 1020 + i}
+    return {"prompt_hash": f"h{i}", "request_seq": i, "response": {
+        "status": 200, "headers": [["content-type", "application/json"], ["x-request-id", f"req_{i:024d}"]],
+        "body": {"id": f"chatcmpl-{i:024d}", "object": "chat.completion", "created": 1700000000, "model": "gpt-4o-mini",
+                 "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                     "role": "assistant", "content": "Paris is the capital of France. " * 12}}], "usage": usage},
+        "usage": {"input_tokens": 900 + i, "output_tokens": 120, "total_tokens": 1020 + i}}}
+
+
+def _tool_request(i: int) -> dict:
+    return {"name": "web_search", "arguments": {"q": "capital of France"}, "args_hash": f"a{i}"}
+
+
+def _tool_answer(i: int, failed: bool) -> dict:
+    if failed:
+        return {"name": "web_search", "request_seq": i, "error": {"code": "TOOL_TIMEOUT", "message": "took 30 s"}}
+    return {"name": "web_search", "request_seq": i, "response": {"result": "Paris is the capital of France."}}
+
+
+_TURN = (("tool.responded", None), ("llm.requested", _llm_request), ("llm.responded", _llm_answer),
+         ("tool.requested", _tool_request))
+
+
+def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) -> float:
+    """Events/s of live compaction of agent-shaped executions; `derive=False`: the fold off."""
+    import tracedb
+    from tracedb import compactor, outcomes
+    from tracedb.state import StagedBatch
+
+    saved = (compactor.may_matter, outcomes.fold_finish, outcomes.fold_closed)
+    if not derive:
+        compactor.may_matter = lambda type_, body: False
+        outcomes.fold_finish = outcomes.fold_closed = lambda *a: None
+    d = tempfile.mkdtemp(dir=workdir)
+    store = tracedb.open(os.path.join(d, "data"), config={"compact_interval_ms": 0, "idle_timeout_s": 0})
+    elapsed, steps, chunk = 0.0, 0, 300
+
+    async def record(lo: int, hi: int) -> None:
+        batch = StagedBatch()
+        for e in range(lo, hi):
+            start = store.reserve_start("answer", {"intent": "answer", "n": e}, f"exec-{e:08d}")
+            store.check_new_in_db(start)
+            store.stage_start(batch, start)
+            for i in range(1, events_per):
+                type_, make = _TURN[i % 4]
+                payload = make(i) if make is not None else _tool_answer(i, e % 10 == 0 and i == 4)
+                store.stage_event(batch, start.execution_id, type_, payload)
+            failed = e % 10 == 0
+            store.stage_finish(batch, start.execution_id,
+                               {"status": "error", "error": {"code": "TOOL_TIMEOUT"}} if failed else {"status": "success", "payload": {"n": e}})
+        await store.append_staged(batch, asyncio.get_running_loop())
+
+    try:
+        for lo in range(0, executions, chunk):
+            asyncio.run(record(lo, min(executions, lo + chunk)))
+            t0 = time.perf_counter()
+            steps += store.compact().steps
+            elapsed += time.perf_counter() - t0
+        store.close()
+    finally:
+        compactor.may_matter, outcomes.fold_finish, outcomes.fold_closed = saved
+        shutil.rmtree(d)
+    return steps / elapsed
+
+
+def derivation_cost(workdir: str, executions: int, rounds: int = 3, events_per: int = 20) -> dict:
+    """Best-of-`rounds` live compaction throughput with and without the fold, interleaved. The
+    price table is loaded first (once per process: its import and parse), and timed apart."""
+    from tracedb import outcomes
+
+    t0 = time.perf_counter()
+    outcomes.price_usd("gpt-4o-mini", 1, 1, 0, None)
+    table_s = time.perf_counter() - t0
+    on, off = [], []
+    for _ in range(rounds):
+        off.append(_compact_live(workdir, executions, events_per, derive=False))
+        on.append(_compact_live(workdir, executions, events_per, derive=True))
+    return {"events": executions * events_per, "with_fold_events_per_s": max(on),
+            "without_fold_events_per_s": max(off), "ratio": max(on) / max(off), "price_table_load_s": table_s}
+
+
+def build_store(path: str, executions: int, now_ns: int, seed: int = 7) -> None:
+    """A migrated SQLite store of `executions` rows with their derived columns and one step
+    each, newest `now_ns`, PER_DAY a day back from it (direct inserts, not the recorder)."""
+    from tracedb import db
+    from wal.format import crc32c
+
+    engine = db.create_engine(path, write=True)
+    db.migrate(engine)
+    engine.dispose()
+    rng = random.Random(seed)
+    gap = 86_400 * 10**9 // PER_DAY
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA synchronous = OFF")
+    payload = orjson.dumps({"status": "success"})
+    crc = crc32c(payload)
+    trace_sql = (
+        "INSERT INTO traces (execution_id, recorder_id, intent, status, replayable, envelope, envelope_hash, "
+        "last_seq, created_at_ns, updated_at_ns, pinned, outcome, error_seq, error_type, error_code, "
+        "error_message, models, input_tokens, output_tokens, cost_usd, prices_version, last_event_ns) "
+        "VALUES (?, 'bench', ?, ?, 1, '{}', 'sha256:x', 1, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, '0.2.3', ?)"
+    )
+    step_sql = ("INSERT INTO trace_steps (execution_id, seq, type, payload, recorded_at_ns, lsn, payload_crc) "
+                "VALUES (?, 1, 'FINAL_RESPONSE', ?, ?, 0, ?)")
+    batch_t, batch_s = [], []
+    for n in range(executions):
+        created = now_ns - (executions - n) * gap
+        duration = int(rng.lognormvariate(22, 1.0))  # median ~3.6 s
+        roll = rng.random()
+        outcome = "failed" if roll < 0.08 else "incomplete" if roll < 0.10 else "succeeded"
+        err = outcome == "failed" or rng.random() < 0.05
+        code = rng.choice(CODES) if err else None
+        model = rng.choice(MODELS)
+        tokens_in, tokens_out = rng.randint(500, 20_000), rng.randint(50, 2_000)
+        cost = None if model == "local-llama" else round((tokens_in * 2.5 + tokens_out * 10) / 1e6, 6)
+        eid = f"exec-{n:09d}"
+        batch_t.append((eid, f"intent-{n % 20}", "incomplete" if outcome == "incomplete" else "completed", created,
+                        created + duration, outcome, 1 if err else None, "tool.responded" if err else None, code,
+                        "it failed" if err else None, orjson.dumps([model]).decode(), tokens_in, tokens_out, cost,
+                        created + duration))
+        batch_s.append((eid, payload.decode(), created + duration, crc))
+        if len(batch_t) == 20_000:
+            conn.executemany(trace_sql, batch_t)
+            conn.executemany(step_sql, batch_s)
+            batch_t, batch_s = [], []
+    conn.executemany(trace_sql, batch_t)
+    conn.executemany(step_sql, batch_s)
+    conn.commit()
+    conn.execute("ANALYZE")
+    conn.close()
+
+
+def _best_of(fn, n: int = 3) -> float:
+    best = float("inf")
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def queries(reader, now_ns: int) -> dict:
+    """The timed reads: label -> seconds (best of 5)."""
+    from tracedb.reads import Filter
+
+    day = now_ns - 86_400 * 10**9
+    out = {
+        "stats --since 24h": lambda: reader.stats(day),
+        "stats --since 24h --by intent": lambda: reader.stats(day, "intent"),
+        "stats --since 24h --by model": lambda: reader.stats(day, "model"),
+        "stats --since 7d --by day": lambda: reader.stats(now_ns - 7 * 86_400 * 10**9, "day"),
+        "stats (all time)": lambda: reader.stats(),
+    }
+    for label, where in (
+        ("--outcome failed", Filter(outcome="failed")),
+        ("--model gpt-4o", Filter(model="gpt-4o")),
+        ("--error RATE_LIMIT", Filter(error="RATE_LIMIT")),
+        ("--min-cost 0.05", Filter(min_cost=0.05)),
+        ("--slower-than 30s", Filter(slower_than=30)),
+    ):
+        out[f"inspect --list {label}"] = (lambda w: lambda: reader.page(w, limit=50))(where)
+    # Best of 5: a page takes a millisecond or two, which one scheduling hiccup doubles.
+    return {label: _best_of(fn, 5) for label, fn in out.items()}
+
+
+def scale(workdir: str, sizes=(100_000, 1_000_000)) -> dict:
+    """{size: {query: seconds}} over stores built by `build_store`."""
+    from tracedb.config import load_config
+    from tracedb.reads import Reader
+
+    now_ns = time.time_ns()
+    out = {}
+    for size in sizes:
+        d = tempfile.mkdtemp(dir=workdir)
+        try:
+            t0 = time.perf_counter()
+            build_store(os.path.join(d, "traces.db"), size, now_ns)
+            built = time.perf_counter() - t0
+            with Reader.open(load_config(overrides={"data_dir": d})) as reader:
+                out[size] = {"build_s": built, "queries": queries(reader, now_ns)}
+        finally:
+            shutil.rmtree(d)
+    return out
+
+
+def run(workdir: str, quick: bool = False) -> dict:
+    """Both measurements; `quick`: small sizes (a smoke test, not figures)."""
+    return {
+        "derivation": derivation_cost(workdir, 300 if quick else 3000, rounds=1 if quick else 3),
+        "scale": scale(workdir, (10_000, 100_000) if quick else (100_000, 1_000_000)),
+    }
+
+
+def report_lines(result: dict) -> list[str]:
+    d = result["derivation"]
+    lines = [
+        f"  live compaction, fold off: {d['without_fold_events_per_s']:>12,.0f} events/s ({d['events']:,} events, best of rounds)",
+        f"  live compaction, fold on:  {d['with_fold_events_per_s']:>12,.0f} events/s",
+        f"  ratio (on / off): {d['ratio']:.3f}   target >= 0.90 (derivation costs at most 10%): "
+        f"{'met' if d['ratio'] >= 0.90 else 'NOT met'}",
+        f"  (the price table's first use in a process, import and parse, not in the ratio: {d['price_table_load_s']:.2f} s)",
+    ]
+    sizes = sorted(result["scale"])
+    small, big = sizes[0], sizes[-1]
+    lines.append(f"  {'query':44} {small:>12,} {big:>12,}   ratio")
+    for label, t_small in result["scale"][small]["queries"].items():
+        t_big = result["scale"][big]["queries"][label]
+        lines.append(f"  {label:44} {t_small * 1e3:10.1f}ms {t_big * 1e3:10.1f}ms   {t_big / t_small:5.2f}")
+    stats_big = result["scale"][big]["queries"]["stats --since 24h"]
+    lines.append(f"  stats --since 24h at {big:,}: {stats_big:.3f} s   target <= 1 s: {'met' if stats_big <= 1 else 'NOT met'}")
+    lines.append("  (stores built with direct inserts: " + ", ".join(
+        f"{s:,} in {result['scale'][s]['build_s']:.0f} s" for s in sizes) + ")")
+    return lines
