@@ -447,6 +447,17 @@ def overview_svg(lay: Layout, *, running: bool) -> str:
     few = len(lay.bars) <= 40
     dense = len(lay.bars) > DENSE_BARS
     spans: dict[tuple, list] = {}  # (kind, lane) -> merged [x0, x1] of a dense timeline
+    # What each lane already shows, [x0, x1]: a label beside a bar goes only where it hides nothing.
+    taken: dict[float, list] = {}
+    if few:
+        for b in lay.bars:
+            x0 = X(b.start_ns)
+            taken.setdefault(bar_y.get((b.kind, b.lane), events_y), []).append(
+                (x0, x0 + max(2.0, X(b.end_ns if b.end_ns is not None else lay.t1) - x0)))
+
+    def free(ry: float, a: float, z: float, own: tuple) -> bool:
+        return LEFT <= a and z <= W and all(r == own or z <= r[0] or a >= r[1] for r in taken.get(ry, ()))
+
     for b in lay.bars:
         ry = bar_y.get((b.kind, b.lane), events_y)
         if dense and b.end_ns is not None:
@@ -477,12 +488,20 @@ def overview_svg(lay: Layout, *, running: bool) -> str:
         text_cls = "barlabel" + (" err" if b.error else "")
         if w > need:
             parts.append(f'<text class="{text_cls}" x="{x0 + 4:.2f}" y="{ry + 14:.1f}">{esc(label)}</text>')
-        elif few:  # beside the bar, where there is room
-            if x0 + w + need < W:
-                parts.append(f'<text class="{text_cls} out" x="{x0 + w + 4:.2f}" y="{ry + 14:.1f}">{esc(label)}</text>')
-            elif x0 - need > LEFT:
-                parts.append(f'<text class="{text_cls} out" x="{x0 - 4:.2f}" y="{ry + 14:.1f}" '
-                             f'text-anchor="end">{esc(label)}</text>')
+        elif few:  # beside the bar, where there is room: the whole label, else a shorter one
+            own = (x0, x0 + w)
+            labels = [label] + ([f"{b.label} · {b.error.get('code') or 'error'}"] if b.error else [])
+            for text in labels:
+                need = 6.2 * len(text) + 8
+                if free(ry, x0 + w, x0 + w + need, own):
+                    parts.append(f'<text class="{text_cls} out" x="{x0 + w + 4:.2f}" y="{ry + 14:.1f}">{esc(text)}</text>')
+                    taken[ry].append((x0 + w, x0 + w + need))
+                    break
+                if free(ry, x0 - need, x0, own):
+                    parts.append(f'<text class="{text_cls} out" x="{x0 - 4:.2f}" y="{ry + 14:.1f}" '
+                                 f'text-anchor="end">{esc(text)}</text>')
+                    taken[ry].append((x0 - need, x0))
+                    break
         parts.append("</a>")
     for (kind, ry), runs in spans.items():
         parts.append(f'<path class="bar {kind} dense" d="'
@@ -591,7 +610,8 @@ def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_comman
         )
     body = (
         f'<div class="titlebar"><h1 class="intent">{esc(r.intent or "(no intent)")}</h1>'
-        + (outcome_badge(oc["outcome"]) if oc.get("outcome") else "")
+        # The outcome where it says more than the status (succeeded or failed, not "incomplete" twice).
+        + (outcome_badge(oc["outcome"]) if oc.get("outcome") and oc["outcome"] != r.status else "")
         + f'<span class="status-now">{status_badge(r.status)}</span>'
         f"{replay_badge(r.header.replayable, r.header.replayableReason, r.status)}</div>"
         f'<dl class="meta">{dl}</dl>'
