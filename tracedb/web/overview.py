@@ -160,9 +160,10 @@ def group_table(title: str, testid: str, stats: dict, param: str) -> str:
     )
 
 
-def overview_page(total: dict, by_time: dict, by_intent: dict, by_model: dict, params: dict, bucket: str) -> str:
-    """The whole page: the figures, the four charts, the two tables."""
-    t = total["total"]
+def overview_page(by_time: dict, by_intent: dict, by_model: dict, params: dict, bucket: str) -> str:
+    """The whole page: the figures (the totals every `stats` answer holds), the four charts, the
+    two tables."""
+    t = by_time["total"]
     cards = [
         ("Executions", f"{t['executions']:,}", f"{t['succeeded']:,} succeeded · {t['incomplete']:,} incomplete · "
                                                f"{t['running']:,} running"),
