@@ -816,6 +816,8 @@ def section_web(args, workdir: str) -> None:
             check(fig, "p95 <= 150 ms", fig["p95_ms"] <= 150)
         elif name.startswith("timeline"):
             check(fig, "p95 <= 1000 ms (server part of the <= 1 s first paint)", fig["p95_ms"] <= 1000)
+        elif name.startswith("overview"):
+            check(fig, "p95 <= 1000 ms", fig["p95_ms"] <= 1000)
     ing = result["ingest"]
     row("ingest alone (open_async, 32 executions at once)", ing["alone_events_per_s"])
     for name, fig in ing["with_ui"].items():

@@ -7,8 +7,9 @@
   file through the models (Core executemany), not through the recorder: the reads are measured
   here, not the writes. Built once and kept under the bench's working directory.
 - Server time: each page through the ASGI app in process (`httpx.ASGITransport`), request to
-  last byte, no network: the list page, the list filtered several ways, a deep page, one
-  execution's page, and the page of a 10,000-event execution.
+  last byte, no network: the list page, the list filtered several ways (outcome, model, error,
+  cost and duration too), a deep page, one execution's page, the overview (`stats` three ways),
+  and the page of a 10,000-event execution, flat and nested (its span tree drawn too).
 - Ingest next to the view: events/s acknowledged by `tracedb.open_async` with 32 concurrent
   executions (compaction on), alone, then with a `tracedb ui` process on the same data directory
   answering list, filter and counts requests: 10 a second (a few people looking), then back to
@@ -37,10 +38,31 @@ _REASON = {"running": None, "completed": None, "incomplete": "execution_incomple
            "invalidated": "manually_invalidated"}
 
 
+_OUTCOME_OF = {"running": "running", "incomplete": "incomplete", "invalidated": "succeeded"}
+_MODELS = (["gpt-4o-mini"], ["gpt-4o"], ["gpt-4o-mini", "gpt-4o"], ["local-model"])
+
+
+def _outcome_columns(n: int, status: str, created: int) -> dict:
+    """What the compactor would have derived (tracedb.outcomes): 1 in 25 completed executions
+    failed, four mixes of models (one the price table does not know), tokens and cost that vary."""
+    failed = status == "completed" and n % 25 == 0
+    models = _MODELS[n % len(_MODELS)]
+    tokens_in, tokens_out = 200 + n % 3000, 20 + n % 400
+    cost = None if "local-model" in models else round(tokens_in * 0.15e-6 + tokens_out * 0.6e-6, 9)
+    return {
+        "outcome": "failed" if failed else _OUTCOME_OF.get(status, "succeeded"),
+        "error_seq": 1 if failed else None, "error_type": "tool.responded" if failed else None,
+        "error_code": ("TOOL_TIMEOUT", "RATE_LIMITED")[n % 2] if failed else None,
+        "error_message": "the tool timed out" if failed else None,
+        "models": models, "input_tokens": tokens_in, "output_tokens": tokens_out, "cost_usd": cost,
+        "prices_version": "bench", "last_event_ns": created + 5_000_000 + (n % 97) * 40_000_000,
+    }
+
+
 def build_store(data_dir: str, executions: int) -> float:
     """A store of `executions` executions of one event each, one second apart; seconds taken.
     Kept when it exists already (the file is named after its size)."""
-    marker = os.path.join(data_dir, f"BUILT-{executions}-checksummed")
+    marker = os.path.join(data_dir, f"BUILT-{executions}-outcomes")
     if os.path.exists(marker):
         return 0.0
     shutil.rmtree(data_dir, ignore_errors=True)
@@ -74,6 +96,7 @@ def build_store(data_dir: str, executions: int) -> float:
                 "final_response_crc": final_crc if status == "completed" else 0,
                 "last_seq": 1, "created_at_ns": created, "updated_at_ns": created + 5_000_000,
                 "parent_execution_id": None, "forked_at_seq": None, "pinned": False,
+                **_outcome_columns(n, status, created),
             })
             steps.append({"execution_id": eid, "seq": 1, "type": "tool.responded", "payload": TOOL_RESULT,
                           "recorded_at_ns": created + 5_000_000, "lsn": n + 1, "payload_crc": payload_crc})
@@ -85,9 +108,11 @@ def build_store(data_dir: str, executions: int) -> float:
     return time.perf_counter() - t0
 
 
-def build_long_execution(data_dir: str, events: int = 10_000) -> str:
+def build_long_execution(data_dir: str, events: int = 10_000, nested: bool = False) -> str:
     """One execution of `events` events, LLM and tool calls paired, recorded as the store's
-    own WAL records and compacted by opening the store. Returns its id."""
+    own WAL records and compacted by opening the store. Returns its id. `nested`: each call a
+    span (`span_id`, `parent_span_id`, as the OTel mapping records them) under one of 50 agent
+    spans: the page draws its span tree too."""
     import wal
     from tracedb import compute_envelope_hash
     from tracedb.codec import encode_event, encode_finish, encode_start
@@ -110,6 +135,9 @@ def build_long_execution(data_dir: str, events: int = 10_000) -> str:
             payload = {"name": "calculator", "request_seq": seq - 1, "response": TOOL_RESULT} if kind == "tool" else {
                 "prompt_hash": f"sha256:{seq - 1}", "request_seq": seq - 1, "response": {"content": "ok"}}
             typ = f"{kind}.responded"
+        if nested:
+            call = (seq + 1) // 2
+            payload.update(span_id=f"{call:016x}", parent_span_id=f"a{call % 50:015x}")
         records.append(encode_event(eid, seq, typ, orjson.dumps(payload), T0_NS + seq * 3_000_000))
     records.append(encode_finish(eid, events, {"status": "success"}, T0_NS + events * 3_000_000))
     for i in range(0, len(records), 5000):
@@ -263,12 +291,23 @@ def run(workdir: str, executions: int = 1_000_000, repeats: int = 40, ingest_sec
         "counts per status, search 'summar'": "/counts?q=summar",
         "a deep page (500,000 back)": f"/?before={_deep_cursor(big, last - 500_000)}",
         "one execution": f"/e/exec-{last:010d}",
+        "filtered: outcome=failed": "/?outcome=failed",
+        "filtered: model=gpt-4o": "/?model=gpt-4o",
+        "filtered: error=RATE_LIMITED": "/?error=RATE_LIMITED",
+        "filtered: min_cost=0.002 + slower_than=3s": "/?min_cost=0.002&slower_than=3s",
+        "overview (stats per day, by intent, by model)": "/overview",
+        "overview since 7d, per hour": "/overview?since=2023-11-14T22:13:20Z&per=hour",
     }
     lists = asyncio.run(_server_times(big, paths, repeats))
     long_dir = os.path.join(workdir, "web-long")
     eid = build_long_execution(long_dir, long_events)
     long = asyncio.run(_server_times(long_dir, {f"timeline of a {long_events:,}-event execution": f"/e/{eid}"},
                                      max(5, repeats // 4)))
+    shutil.rmtree(long_dir, ignore_errors=True)
+    eid = build_long_execution(long_dir, long_events, nested=True)
+    long.update(asyncio.run(_server_times(
+        long_dir, {f"timeline and span tree of a {long_events:,}-event nested execution": f"/e/{eid}"},
+        max(5, repeats // 4))))
     shutil.rmtree(long_dir, ignore_errors=True)
     ingest = ingest_with_and_without_ui(workdir, ingest_seconds)
     return {"executions": executions, "build_s": build_s, "pages": {**lists, **long}, "ingest": ingest}

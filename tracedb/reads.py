@@ -1431,6 +1431,10 @@ class AsyncReader:
         """Two executions side by side up to their first divergent step (see `Reader.diff`)."""
         return diff_traces(await self.get(a), await self.get(b))
 
+    async def stats(self, since_ns: Optional[int] = None, by: Optional[str] = None) -> dict:
+        """`Reader.stats`, in a worker thread (the web view's overview)."""
+        return await self._in_thread(lambda r: r.stats(since_ns, by))
+
     async def lineage(self, execution_id: str) -> Lineage:
         """The chain of parents an execution was forked from, and the forks made from it."""
         eid = await self.resolve(execution_id)

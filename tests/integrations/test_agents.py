@@ -25,6 +25,7 @@ from tracedb.config import load_config
 from tracedb.errors import NotReplayableError, ReplayDivergenceError, UsageError
 from tracedb.integrations.agents import ReplayModelProvider, TraceDBProcessor
 from tracedb.reads import Reader
+from tracedb.spans import span_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -316,3 +317,28 @@ def test_runs_inside_one_trace_are_one_execution_and_replay_run_after_run(store,
 
     assert asyncio.run(offline()) == answers
     assert fake.request_count == 8 and provider.served == 8 and provider.consumed
+
+
+def test_a_live_run_nests_as_a_span_tree_with_the_parent_on_every_event(store, fake, processor):
+    eid, _ = live_run(store, fake)
+    rec = store.get(eid)
+    for e in rec.events:
+        if e.type != "FINAL_RESPONSE":
+            assert "span_id" in e.payload and "parent_id" in e.payload, (e.seq, e.type)
+    tree = span_tree(rec.events)
+    nodes = tree.walk()
+    assert len(tree.roots) == 1 and not any(n.error for n in nodes)
+    assert [n.name for n in nodes if n.kind == "agent"] == ["triage", "specialist"]
+    # Each call sits under its agent (the SDK puts a turn span between the two), and holds
+    # every event of the call: its start, request and response.
+    def agent_of(n):
+        while n.kind != "agent":
+            n = tree.nodes[n.parent_id]
+        return n.name
+    calls = [(agent_of(n), n.kind, n.name, len(n.seqs)) for n in nodes if n.kind in ("llm", "tool", "handoff")]
+    model = next(e.payload["request"]["model"] for e in rec.events if e.type == "llm.requested")
+    assert calls == [("triage", "llm", model, 3), ("triage", "tool", "get_weather", 3),
+                     ("triage", "llm", model, 3), ("triage", "handoff", "handoff → specialist", 2),
+                     ("specialist", "llm", model, 3), ("specialist", "tool", "get_time", 3),
+                     ("specialist", "llm", model, 3)]
+    assert sorted(tree.span_of_seq) == [e.seq for e in rec.events if e.type != "FINAL_RESPONSE"]

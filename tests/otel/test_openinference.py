@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import orjson
 import pytest
 
 import tracedb
 from tests.fake_openai import FakeOpenAI
+from tracedb.spans import span_tree
 
 from . import oi_agent
 from .conftest import ROOT, env_for, record_of, tracedb_cli
@@ -46,7 +48,7 @@ def check_openai_agent(rec: dict) -> None:
     assert resp1["response"]["usage"]["input_tokens"] > 0 and resp1["response"]["usage"]["output_tokens"] > 0
     assert resp1["request_seq"] == 1
     assert tool_req == {"name": "get_weather", "arguments": {"city": "Paris"}, "call_id": call["id"],
-                        "span_id": tool_req["span_id"]}
+                        "span_id": tool_req["span_id"], "parent_span_id": tool_req["parent_span_id"]}
     assert tool_resp["response"] == oi_agent.WEATHER
     # The second call's input: the tool call and its result, as messages.
     roles = [m["role"] for m in req2["request"]["messages"]]
@@ -58,6 +60,13 @@ def check_openai_agent(rec: dict) -> None:
         resp2["response"]["usage"]["input_tokens"] + resp2["response"]["usage"]["output_tokens"])
     assert rec["finalResponse"]["payload"]["output"] == oi_agent.ANSWER
     assert rec["finalResponse"]["payload"]["agent"] == "WeatherBot"
+    # Nested as it ran: the agent span, its two model calls and its tool call under it.
+    tree = span_tree(SimpleNamespace(**e) for e in rec["events"])
+    (root,) = tree.roots
+    assert (tree.nodes[root].name, tree.nodes[root].kind, tree.nodes[root].seqs) == ("weather_agent", "agent", (7,))
+    calls = [tree.nodes[c] for c in tree.nodes[root].children]
+    assert [(n.kind, n.seqs, n.parent_id) for n in calls] == [("llm", (1, 2), root), ("tool", (3, 4), root),
+                                                              ("llm", (5, 6), root)]
 
 
 def check_langgraph_agent(rec: dict) -> None:

@@ -64,30 +64,59 @@ def test_the_web_queries_on_postgresql(open_pg_store, pg_url):
         assert s.lineage(ids["ok"]).forks == ((ids["fork"], 1),)
 
 
-def test_the_pages_render_from_postgresql(open_pg_store, pg_url):
+def _pages(cfg, paths) -> list:
+    """The web view's answers to `paths`, through the app itself over the async reader."""
     import httpx
-
-    store = open_pg_store()
-    ids = _record(store)
-    cfg = load_config(overrides={"db_url": pg_url, "data_dir": store.config.data_dir})
 
     async def pages():
         reader = await AsyncReader.open(cfg)
         try:
             transport = httpx.ASGITransport(app=create_app(reader))
             async with httpx.AsyncClient(transport=transport, base_url="http://ui") as c:
-                return [await c.get(p) for p in (
-                    "/?status=running", f"/e/{ids['crash']}", f"/e/{ids['fork']}", f"/diff?a={ids['ok']}&b={ids['other']}",
-                    "/e/exec-nope", "/?replayable=perhaps")]
+                return [await c.get(p) for p in paths]
         finally:
             await reader.close()
 
-    running, crash, fork_page, diff, missing, bad = asyncio.run(pages())
+    return asyncio.run(pages())
+
+
+def test_the_pages_render_from_postgresql(open_pg_store, pg_url):
+    store = open_pg_store()
+    ids = _record(store)
+    cfg = load_config(overrides={"db_url": pg_url, "data_dir": store.config.data_dir})
+
+    running, crash, fork_page, diff, missing, bad = _pages(cfg, (
+        "/?status=running", f"/e/{ids['crash']}", f"/e/{ids['fork']}", f"/diff?a={ids['ok']}&b={ids['other']}",
+        "/e/exec-nope", "/?replayable=perhaps"))
     assert running.status_code == 200 and ids["crash"] in running.text and ids["ok"] not in running.text
     assert crash.status_code == 200 and 'class="bar llm open"' in crash.text
     assert f'forked from <a class="mono" href="/e/{ids["ok"]}">' in fork_page.text
     assert diff.status_code == 200 and "First divergence" in diff.text
     assert (missing.status_code, bad.status_code) == (404, 400)
+
+
+def test_failures_filters_and_the_overview_render_from_postgresql(open_pg_store, pg_url):
+    from tests.web.conftest import record_failed
+
+    store = open_pg_store()
+    ids = _record(store)
+    failed = record_failed(store)
+    store.compact()
+    cfg = load_config(overrides={"db_url": pg_url, "data_dir": store.config.data_dir})
+
+    every, only_failed, narrowed, costly, overview, hourly, page = _pages(cfg, (
+        "/", "/?outcome=failed", "/?model=gpt-4o-mini&min_cost=0.0002&error=TOOL_TIMEOUT",
+        "/?min_cost=0.001", "/overview", "/overview?per=hour&since=2000-01-01", f"/e/{failed}"))
+    assert f'<tr data-id="{failed}" data-outcome="failed" class="failed">' in every.text
+    assert ids["ok"] in every.text
+    for r in (only_failed, narrowed):
+        assert r.status_code == 200 and r.text.count("<tr data-id=") == 1 and failed in r.text
+    assert "No execution matches" in costly.text
+    assert overview.status_code == 200 and hourly.status_code == 200
+    card = overview.text.split('data-testid="card-failed">')[1].split("</div></div>")[0]
+    assert '<div class="value">1</div>' in card
+    assert '<tr data-key="BookFlight" class="has-failed">' in overview.text
+    assert 'class="bar tool err"' in page.text and "TOOL_TIMEOUT: search_flights timed out after 30 s" in page.text
 
 
 def test_tracedb_ui_with_db_serves_a_fleets_database(open_pg_store, pg_url, tmp_path):

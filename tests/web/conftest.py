@@ -50,6 +50,66 @@ def _agent(ex, tool_result: dict, expression: str = "17 * 23") -> None:
     session.finish({"status": "success", "payload": {"answer": "391"}})
 
 
+def record_failed(store) -> str:
+    """An agent whose tool timed out, and which answered with an error."""
+    ex = store.start("BookFlight", {"intent": "BookFlight", "payload": {"to": "LIS"}}, "exec-failed-0007")
+    ex.event("INTENT_RECEIVED", {"intent": "BookFlight"})
+    seq = ex.event("llm.requested", {"prompt_hash": "sha256:f1", "request": {"model": "gpt-4o-mini"}})
+    ex.event("llm.responded", {"prompt_hash": "sha256:f1", "request_seq": seq, "response": {
+        "model": "gpt-4o-mini", "content": "search flights",
+        "usage": {"prompt_tokens": 1200, "completion_tokens": 80, "total_tokens": 1280}}})
+    seq = ex.event("tool.requested", {"name": "search_flights", "arguments": {"to": "LIS"}})
+    ex.event("tool.responded", {"name": "search_flights", "request_seq": seq,
+                                "error": {"code": "TOOL_TIMEOUT", "message": "search_flights timed out after 30 s"}})
+    ex.finish({"status": "error", "error": {"code": "TOOL_TIMEOUT", "message": "search_flights timed out after 30 s"}})
+    return ex.execution_id
+
+
+def record_otel_trace(store) -> str:
+    """A GenAI-instrumented agent's trace through the OpenTelemetry SDK and tracedb's exporter:
+    an agent span over two model calls and two tool calls, the first of which failed."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import Status, StatusCode, set_span_in_context
+
+    from tracedb.otel.exporter import TraceDBSpanExporter
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "TravelPlanner"}))
+    provider.add_span_processor(SimpleSpanProcessor(TraceDBSpanExporter(store)))
+    tracer = provider.get_tracer("travel-agent")
+    ms = 1_000_000
+    t0 = T0 + 3_600_000 * ms
+
+    def chat(parent, start, end, input_tokens, output_tokens):
+        s = tracer.start_span("chat gpt-4o-mini", context=parent, start_time=t0 + start * ms, attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o-mini",
+            "gen_ai.usage.input_tokens": input_tokens, "gen_ai.usage.output_tokens": output_tokens})
+        s.end(end_time=t0 + end * ms)
+
+    def tool(parent, start, end, error=None):
+        s = tracer.start_span("execute_tool search_flights", context=parent, start_time=t0 + start * ms, attributes={
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_flights",
+            "gen_ai.tool.call.arguments": '{"to": "LIS"}'})
+        if error:
+            s.set_status(Status(StatusCode.ERROR, error))
+            s.set_attribute("error.type", "TimeoutError")
+        else:
+            s.set_attribute("gen_ai.tool.call.result", '{"flights": 3}')
+        s.end(end_time=t0 + end * ms)
+
+    root = tracer.start_span("invoke_agent TravelPlanner", start_time=t0, attributes={
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "TravelPlanner"})
+    ctx = set_span_in_context(root)
+    chat(ctx, 40, 820, 950, 42)
+    tool(ctx, 850, 1850, error="search_flights timed out")
+    tool(ctx, 1900, 2300)
+    chat(ctx, 2350, 3100, 1320, 96)
+    root.end(end_time=t0 + 3150 * ms)
+    provider.shutdown()
+    return "otel-" + format(root.get_span_context().trace_id, "032x")
+
+
 def build_store(data_dir: str) -> dict:
     """A store holding: two completed agent runs that differ at their tool call, a fork of
     the first at seq 3, one left running when its recorder stopped (incomplete), an
@@ -75,6 +135,8 @@ def build_store(data_dir: str) -> dict:
         ex.event("myapp.html", XSS_PAYLOAD)
         ex.finish({"status": "success", "payload": XSS_PAYLOAD})
         ids["xss"] = ex.execution_id
+        ids["otel"] = record_otel_trace(store)
+        ids["failed"] = record_failed(store)
         ex = store.start("AnswerQuestion", ENVELOPE, "exec-crash-0006")
         ex.event("INTENT_RECEIVED", {"intent": "AnswerQuestion"})
         ex.event("llm.requested", {"prompt_hash": "sha256:1", "request": {"model": "demo-llm-1"}})
@@ -82,6 +144,78 @@ def build_store(data_dir: str) -> dict:
         ex.event("tool.requested", {"name": "fx_rate", "arguments": {"pair": "EUR/USD"}})
         ids["crashed"] = ex.execution_id  # still running at close: marked incomplete
     return ids
+
+
+class SetClock:
+    """A clock an execution is started at (`at`), each reading then some ms after the one before."""
+
+    def __init__(self, rng):
+        self.rng = rng
+        self.now = T0
+
+    def at(self, ns: int) -> None:
+        self.now = ns
+
+    def __call__(self) -> int:
+        self.now += self.rng.randint(40, 900) * 1_000_000
+        return self.now
+
+
+FLEET_DAYS = 14
+MIDNIGHT = T0 - 16 * 3_600 * 10**9  # 2025-11-24T00:00:00Z
+
+
+def build_fleet_store(data_dir: str) -> dict:
+    """Two weeks of a small fleet: a few executions an hour apart each day, three intents, three
+    models (one the price table does not know), some failing with a tool timeout or a rate limit,
+    some left incomplete. Returns {"executions": n, "failed": n}."""
+    import random
+
+    rng = random.Random(29)
+    clock = SetClock(rng)
+    counts = {"executions": 0, "failed": 0}
+    models = ["gpt-4o-mini", "gpt-4o", "local-llama-3"]
+    with tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0}, clock=clock) as store:
+        for day in range(FLEET_DAYS):
+            for n in range(rng.randint(4, 4 + day)):
+                clock.at(MIDNIGHT + day * 86_400 * 10**9 + n * 3_600 * 10**9)
+                intent = rng.choice(["AnswerQuestion", "BookFlight", "Summarize"])
+                ex = store.start(intent, {"intent": intent, "payload": {"n": n}})
+                ex.event("INTENT_RECEIVED", {"intent": intent})
+                for call in range(rng.randint(1, 3)):
+                    model = rng.choices(models, weights=(6, 3, 1))[0]
+                    seq = ex.event("llm.requested", {"prompt_hash": f"sha256:{day}{n}{call}", "request": {"model": model}})
+                    ex.event("llm.responded", {"prompt_hash": f"sha256:{day}{n}{call}", "request_seq": seq, "response": {
+                        "model": model, "content": "ok", "usage": {"prompt_tokens": rng.randint(300, 4000),
+                                                                 "completion_tokens": rng.randint(20, 600)}}})
+                seq = ex.event("tool.requested", {"name": "search", "arguments": {"n": n}})
+                fate = rng.random()
+                counts["executions"] += 1
+                if fate < 0.06:
+                    continue  # left running: incomplete once the store closes
+                if fate < 0.2 + day * 0.01:
+                    code = rng.choice(["TOOL_TIMEOUT", "RATE_LIMITED"])
+                    error = {"code": code, "message": f"search failed: {code.lower().replace('_', ' ')}"}
+                    ex.event("tool.responded", {"name": "search", "request_seq": seq, "error": error})
+                    ex.finish({"status": "error", "error": error})
+                    counts["failed"] += 1
+                else:
+                    ex.event("tool.responded", {"name": "search", "request_seq": seq, "response": {"hits": 3}})
+                    ex.finish({"status": "success", "payload": {"answer": "ok"}})
+    return counts
+
+
+@pytest.fixture(scope="session")
+def fleet_ui(tmp_path_factory):
+    """`tracedb ui` on two weeks of a fleet's executions; (base URL, counts)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data_dir = str(tmp_path_factory.mktemp("fleet") / "data")
+    with ThreadPoolExecutor(1) as t:  # not in the event loop of a browser test's Playwright
+        counts = t.submit(build_fleet_store, data_dir).result(300)
+    proc = UiProcess("--data-dir", data_dir)
+    yield proc.url, counts
+    assert proc.stop() == 0
 
 
 @pytest.fixture(scope="session")

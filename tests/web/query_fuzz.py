@@ -16,9 +16,10 @@ from urllib.parse import quote_from_bytes, unquote
 import orjson
 from hypothesis import strategies as st
 
-ROUTES = ("/", "/counts", "/api/event", "/api/rows", "/api/live", "/api/overview", "/diff", "/e/")
+ROUTES = ("/", "/counts", "/overview", "/api/event", "/api/rows", "/api/live", "/api/overview", "/diff", "/e/")
 API = ("/api/", "/counts")
-NAMES = ("status", "replayable", "intent", "q", "since", "until", "before", "limit", "id", "seq", "after", "a", "b")
+NAMES = ("status", "replayable", "intent", "q", "since", "until", "before", "limit", "id", "seq", "after", "a", "b",
+         "outcome", "model", "error", "min_cost", "slower_than", "per")
 
 YEARS = st.sampled_from([1, 1000, 1677, 1678, 1969, 1970, 2025, 2262, 2263, 2300, 9999])
 ISO_TIMES = st.one_of(
@@ -41,7 +42,8 @@ CURSORS = st.builds(_cursor, st.one_of(st.integers(0, 10**30), st.just(123456789
 NUMBERS = st.one_of(st.integers(-10**40, 10**40).map(str), st.sampled_from(["", " 5 ", "1e3", "0x10", "1_0", "٥", "nan", "-0"]))
 LONG = st.builds(lambda c, n: c * n, st.sampled_from(["a", "%", "_", "/", "é", "[", "*"]), st.integers(0, 60_000))
 TEXT = st.text(max_size=300)
-ODD = st.sampled_from(["", "\x00", "a\x00b", "\ud800", "completed", "running", "yes", "maybe", "exec-ok-0001",
+ODD = st.sampled_from(["", "\x00", "a\x00b", "\ud800", "completed", "running", "failed", "yes", "maybe", "exec-ok-0001",
+                       "day", "hour", "1e400", "inf", "-0.5", "2.5ms", "1.5m", "10h", "gpt-4o-mini", "TOOL_TIMEOUT",
                        "exec-", "e", "../..", "%", "%25", "_", "\\", "'", '"', "<script>", "\n"])
 VALUES = st.one_of(ISO_TIMES, AGES, CURSORS, NUMBERS, LONG, TEXT, ODD)
 

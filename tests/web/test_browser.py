@@ -18,7 +18,7 @@ import pytest
 import tracedb
 from tests.waiting import wait_until
 
-from .conftest import REPO, UiProcess, with_token
+from .conftest import FLEET_DAYS, REPO, UiProcess, with_token
 
 CHROMIUM = os.environ.get("TRACEDB_CHROMIUM", "/usr/bin/chromium")
 
@@ -299,3 +299,75 @@ def test_a_newcomer_sees_the_crashed_demo_execution_stop_on_its_timeline(tmp_pat
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(60) == 0
         serve.stderr.close()
+
+
+def test_an_otel_trace_shows_its_span_tree_beside_the_timeline(ui, page, shots):
+    url, ids = ui
+    page.goto(with_token(url + f"e/{ids['otel']}"))
+    tree = page.locator("[data-testid=span-tree]")
+    assert tree.is_visible() and tree.get_attribute("data-spans") == "5"
+    spans = tree.locator("a.span")
+    assert spans.count() == 5
+    assert [spans.nth(i).get_attribute("data-depth") for i in range(5)] == ["0", "1", "1", "1", "1"]
+    failed = tree.locator("a.span.err")
+    assert failed.count() == 1 and "search_flights timed out" in failed.text_content()
+    # The failed span is drawn red.
+    color = failed.locator("rect.bar").evaluate("e => getComputedStyle(e).fill")
+    assert color == "rgb(192, 53, 43)", color
+    # A span leads to its events in the table.
+    failed.click()
+    page.wait_for_url("**#ev-3")
+    shots(page, "span-tree.png")
+
+
+def test_a_failed_execution_is_red_in_the_list_and_on_its_timeline(ui, page, shots):
+    url, ids = ui
+    page.goto(with_token(url))
+    row = page.locator(f"tr[data-id='{ids['failed']}']")
+    assert row.get_attribute("class") == "failed"
+    assert row.locator("td").first.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(253, 233, 231)"
+    assert row.locator(".badge.oc-failed").inner_text() == "failed"
+    error = row.locator("[data-testid=list-error]")
+    assert error.is_visible() and error.inner_text() == "TOOL_TIMEOUT: search_flights timed out after 30 s"
+    assert error.evaluate("e => getComputedStyle(e).color") == "rgb(192, 53, 43)"
+    ok = page.locator(f"tr[data-id='{ids['ok']}'] td").first
+    assert ok.evaluate("e => getComputedStyle(e).backgroundColor") in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)")
+    # The filter form: failed executions only.
+    page.select_option("select[name=outcome]", "failed")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url("**outcome=failed**")
+    assert page.locator("table.executions tbody tr").count() == 1
+    # Its error leads to the failed call, red on the timeline with its message.
+    page.click("[data-testid=list-error]")
+    page.wait_for_url(f"**/e/{ids['failed']}#ev-5")
+    bar = page.locator("svg.timeline rect.bar.tool.err")
+    assert bar.count() == 1 and bar.evaluate("e => getComputedStyle(e).fill") == "rgb(192, 53, 43)"
+    assert "search_flights timed out after 30 s" in page.locator("svg.timeline").text_content()
+    assert page.locator("tr#ev-5.err [data-testid=event-error]").inner_text().startswith("TOOL_TIMEOUT")
+    shots(page, "execution-failed.png")
+
+
+def test_the_overview_page_charts_two_weeks_of_executions_failures_duration_tokens_and_cost(fleet_ui, page, shots):
+    url, counts = fleet_ui
+    page.goto(with_token(url))
+    page.click("header.top nav a[href='/overview']")
+    page.wait_for_url("**/overview")
+    assert page.locator("[data-testid=card-executions] .value").inner_text() == f"{counts['executions']:,}"
+    assert page.locator("[data-testid=card-failed] .value").inner_text() == f"{counts['failed']:,}"
+    for chart in ("executions", "p95", "tokens", "cost"):
+        svg = page.locator(f"[data-testid=chart-{chart}] svg")
+        assert svg.is_visible() and svg.bounding_box()["width"] > 300, chart
+        assert svg.locator("g.bucket").count() == FLEET_DAYS, chart  # a bar a day
+    failed_bars = page.locator("[data-testid=chart-executions] rect.s-failed")
+    assert failed_bars.count() > 0
+    assert failed_bars.first.evaluate("e => getComputedStyle(e).fill") == "rgb(192, 53, 43)"
+    # A model the price table does not know: its executions' cost is counted as unknown.
+    unknown = page.locator("[data-testid=by-model] tr[data-key='local-llama-3'] td").last
+    assert "unknown" in unknown.inner_text()
+    assert page.locator("[data-testid=by-intent] tbody tr").count() == 3
+    shots(page, "overview.png")
+    # A failure count leads to the list of those failures.
+    page.click("[data-testid=by-intent] a.failed-n >> nth=0")
+    page.wait_for_url("**outcome=failed**")
+    outcomes = page.locator("table.executions tbody tr").evaluate_all("rows => rows.map(r => r.dataset.outcome)")
+    assert outcomes and set(outcomes) == {"failed"}

@@ -32,8 +32,8 @@ def test_the_list_shows_every_execution_with_counts_and_filters(ui):
     for eid in ids.values():
         assert f'href="/e/{eid}"' in r.text
     counts = _get(url + "counts").json()
-    assert counts["counts"] == {"running": 0, "completed": 4, "incomplete": 1, "invalidated": 1}
-    assert counts["total"] == "6" and counts["shown"]["completed"] == "4"
+    assert counts["counts"] == {"running": 0, "completed": 6, "incomplete": 1, "invalidated": 1}
+    assert counts["total"] == "8" and counts["shown"]["completed"] == "6"
     # Counts per status under the other filters: the status filter itself is left out.
     narrowed = _get(url + "counts", params={"status": "incomplete", "intent": "AnswerQuestion"}).json()
     assert narrowed["counts"] == {"running": 0, "completed": 3, "incomplete": 1, "invalidated": 0}
@@ -52,13 +52,83 @@ def test_the_list_shows_every_execution_with_counts_and_filters(ui):
     assert ids["ok"] in _get(url, params={"since": "2025-11-01T00:00:00Z", "until": "2030-01-01"}).text
 
 
+def rows_of(html: str) -> dict:
+    """The list's rows: {execution id: the row's HTML}."""
+    return {part.split('"')[0]: part.split("</tr>")[0] for part in html.split('<tr data-id="')[1:]}
+
+
+def test_a_failed_execution_is_red_in_the_list_with_its_error_model_tokens_and_cost(ui):
+    url, ids = ui
+    rows = rows_of(_get(url).text)
+    failed = rows[ids["failed"]]
+    assert 'data-outcome="failed" class="failed"' in failed and 'class="badge oc-failed"' in failed
+    assert f'class="err-msg" data-testid="list-error" href="/e/{ids["failed"]}#ev-5"' in failed
+    assert ">TOOL_TIMEOUT: search_flights timed out after 30 s</a>" in failed
+    assert '<td class="model">gpt-4o-mini</td>' in failed and ">1,200 / 80<" in failed
+    # gpt-4o-mini: $0.15 a million input tokens, $0.60 a million output tokens.
+    assert ">$0.000228<" in failed
+    otel = rows[ids["otel"]]
+    assert 'data-outcome="succeeded"' in otel and 'class="failed"' not in otel and ">2,270 / 138<" in otel
+    # It got past its failed tool call: the first error is shown, softer.
+    assert 'class="err-msg soft"' in otel and "TimeoutError: search_flights timed out" in otel
+    # A model the price table does not know: its cost is unknown, never a guess.
+    assert [eid for eid, row in rows.items() if 'class="failed"' in row] == [ids["failed"]]
+    assert rows[ids["crashed"]].count('data-outcome="incomplete"') == 1
+
+
+@pytest.mark.parametrize("query, expected", [
+    ({"outcome": "failed"}, {"failed"}),
+    ({"outcome": "incomplete"}, {"crashed"}),
+    ({"model": "gpt-4o-mini"}, {"failed", "otel"}),
+    ({"error": "TOOL_TIMEOUT"}, {"failed"}),
+    ({"error": "NO_SUCH_CODE"}, set()),
+    ({"min_cost": "0.0002"}, {"failed", "otel"}),
+    ({"min_cost": "0.0003"}, {"otel"}),
+    ({"slower_than": "1h"}, set()),
+    ({"outcome": "failed", "intent": "AnswerQuestion"}, set()),
+])
+def test_the_list_filters_on_outcome_model_error_cost_and_duration(ui, query, expected):
+    url, ids = ui
+    html = _get(url, params=query).text
+    assert set(rows_of(html)) == {ids[k] for k in expected}, query
+    if not expected:
+        assert "No execution matches these filters" in html
+    for name, value in query.items():  # the form shows what it filtered on
+        assert f'name="{name}" value="{value}"' in html or f'<option value="{value}" selected>' in html
+
+
+def test_the_overview_draws_the_stats_aggregates(ui):
+    url, ids = ui
+    r = _get(url + "overview")
+    assert r.status_code == 200
+    page = r.text
+    card = lambda name: page.split(f'data-testid="card-{name}">')[1].split("</div></div>")[0]  # noqa: E731
+    assert '<div class="value">8</div>' in card("executions")
+    assert '<div class="value">1</div>' in card("failed") and "failure rate 14.3%" in card("failed")
+    assert '<div class="value">3,688</div>' in card("tokens")  # 1,200 + 80 + 2,270 + 138
+    for chart in ("chart-executions", "chart-p95", "chart-tokens", "chart-cost"):
+        assert f'data-testid="{chart}"' in page
+    executions = page.split('data-testid="chart-executions"')[1].split("</figure>")[0]
+    assert executions.count('class="s-failed"') == 1  # one day, one failure
+    by_intent = page.split('data-testid="by-intent"')[1].split("</section>")[0]
+    assert 'href="/?intent=BookFlight&amp;outcome=failed">1</a>' in by_intent
+    assert '<tr data-key="AnswerQuestion"' in by_intent
+    by_model = page.split('data-testid="by-model"')[1].split("</section>")[0]
+    assert '<tr data-key="gpt-4o-mini" class="has-failed"><td><a href="/?model=gpt-4o-mini">' in by_model
+    # Nothing since an hour ago (the store was recorded in 2025); by hour; a bad grouping is a 400.
+    recent = _get(url + "overview", params={"since": "1h", "per": "hour"}).text
+    assert '<div class="value">0</div>' in recent and "no executions" in recent
+    assert _get(url + "overview", params={"per": "week"}).status_code == 400
+    assert _get(url + "overview", params={"since": "soon"}).status_code == 400
+
+
 def test_pages_continue_by_cursor(ui):
     url, ids = ui
     first = _get(url, params={"limit": 4}).text
     assert first.count('<tr data-id="') == 4
     cursor = first.split('class="older" href="/?limit=4&amp;before=')[1].split('"')[0]
     second = _get(url, params={"limit": 4, "before": cursor}).text
-    assert second.count('<tr data-id="') == 2
+    assert second.count('<tr data-id="') == 4
     assert 'class="older"' not in second and "« Newest" in second
     shown = {line.split('"')[0] for line in (first + second).split('<tr data-id="')[1:]}
     assert shown == set(ids.values())
@@ -72,6 +142,14 @@ def test_pages_continue_by_cursor(ui):
     ({"limit": "100000"}, "out of range"),
     ({"since": "yesterday-ish"}, "is not a time"),
     ({"before": "not-a-cursor"}, "is not a page cursor"),
+    ({"outcome": "exploded"}, "is not an outcome"),
+    ({"min_cost": "-1"}, "is not a cost"),
+    ({"min_cost": "nan"}, "is not a cost"),
+    ({"min_cost": "cheap"}, "is not a cost"),
+    ({"slower_than": "fast"}, "is not a duration"),
+    ({"slower_than": "-2s"}, "is not a duration"),
+    ({"model": "m" * 201}, "characters long"),
+    ({"error": "E" * 201}, "characters long"),
 ])
 def test_a_malformed_parameter_is_a_400_page_saying_what_is_wrong(ui, query, words):
     url, _ = ui
@@ -121,6 +199,46 @@ def test_the_execution_page_has_its_header_timeline_replay_state_and_lineage(ui)
     assert f'forked from <a class="mono" href="/e/{ids["ok"]}">' in fork
 
 
+def test_a_nested_execution_has_its_span_tree_beside_the_timeline_and_a_flat_one_none(ui):
+    url, ids = ui
+    page = _get(url + f"e/{ids['otel']}").text
+    assert 'data-testid="span-tree" data-spans="5"' in page
+    tree = page.split('data-testid="span-tree"')[1].split("</svg>")[0]
+    # The agent span at the top, its four calls under it, in the order they started.
+    names = [part.split(">")[1].split("<")[0] for part in tree.split('<text class="name"')[1:]]
+    assert names == ["invoke_agent TravelPlanner", "chat gpt-4o-mini", "execute_tool search_flights",
+                     "execute_tool search_flights", "chat gpt-4o-mini"]
+    depths = [int(part.split('"')[1]) for part in tree.split("data-depth=")[1:]]
+    assert depths == [0, 1, 1, 1, 1]
+    # The tool call that failed is red, with its message; each span links to its first event.
+    assert tree.count('class="span k-tool err"') == 1 and "search_flights timed out" in tree
+    assert 'href="#ev-1"' in tree and 'href="#ev-9"' in tree
+    assert 'data-testid="span-tree"' not in _get(url + f"e/{ids['ok']}").text
+
+
+def test_the_failed_call_is_red_on_the_timeline_and_in_the_events_with_its_message(ui):
+    url, ids = ui
+    page = _get(url + f"e/{ids['failed']}").text
+    assert page.count('class="bar tool err"') == 1 and page.count('class="bar llm"') == 1
+    assert "search_flights · TOOL_TIMEOUT: search_flights timed out after 30 s" in page
+    rows = [r for r in page.split("<tr ")[1:] if 'class="ev' in r]
+    errored = [r.split('data-seq="')[1].split('"')[0] for r in rows if 'class="ev err"' in r]
+    assert errored == ["5", "6"]  # the tool's error answer, and the final response that failed
+    assert 'data-testid="event-error">TOOL_TIMEOUT: search_flights timed out after 30 s<' in page
+    assert 'class="final err"' in page
+    # The header: failed, why and where, what it called and cost.
+    title = page.split('<div class="titlebar">')[1].split("</div>")[0]
+    assert 'class="badge oc-failed">failed<' in title
+    failure = page.split('data-testid="failure">')[1].split("</section>")[0]
+    assert "Failed: " in failure and "TOOL_TIMEOUT: search_flights timed out after 30 s" in failure
+    assert '<a href="#ev-5">#5 tool.responded</a>' in failure
+    assert "<dt>Cost</dt><dd>$0.000228</dd>" in page and "<dt>Tokens in / out</dt><dd>1,200 / 80</dd>" in page
+    went_on = _get(url + f"e/{ids['otel']}").text.split('data-testid="failure">')[1].split("</section>")[0]
+    assert "A call failed, and the execution went on" in went_on
+    ok = _get(url + f"e/{ids['ok']}").text
+    assert " err" not in ok.split("<svg")[1].split("</svg>")[0] and 'class="ev err"' not in ok
+
+
 def test_recorded_html_is_text(ui):
     url, ids = ui
     for path in ("", f"e/{ids['xss']}", f"diff?a={ids['xss']}&b={ids['ok']}"):
@@ -158,6 +276,9 @@ def test_live_answers_nothing_new_cheaply_and_a_status_change_as_reload(ui):
     assert _get(url + "api/live", params={"id": eid, "after": 4, "status": "running"}).json()["reload"] is True
     doc = _get(url + "api/live", params={"id": eid, "after": 2, "status": "incomplete"}).json()
     assert doc["changed"] and doc["last_seq"] == 4 and 'id="ev-4"' in doc["rows"] and 'id="ev-2"' in doc["rows"]
+    assert doc["spans"] == ""  # recorded flat: no span tree to redraw
+    nested = _get(url + "api/live", params={"id": ids["otel"], "after": 8, "status": "completed"}).json()
+    assert nested["changed"] and 'data-testid="span-tree" data-spans="5"' in nested["spans"]
     assert "<svg" in doc["overview"]
 
 

@@ -62,7 +62,7 @@ def crashed_ui(tmp_path_factory):
 
 def _rows(html: str) -> dict:
     """execution id -> the text of its row in the list."""
-    rows = re.findall(r'<tr data-id="([^"]+)">(.*?)</tr>', html)
+    rows = re.findall(r'<tr data-id="([^"]+)"[^>]*>(.*?)</tr>', html)
     return {eid: re.sub(r"<[^>]+>", " ", cells) for eid, cells in rows}
 
 
@@ -70,6 +70,7 @@ def test_the_list_and_counts_show_the_wal_and_judge_each_row(crashed_ui):
     rows = _rows(_get(crashed_ui).text)
     assert set(rows) == {"exec-done-0", "exec-done-1", "exec-done-2", "exec-left-running", "exec-wal-only"}
     assert "completed" in rows["exec-wal-only"] and "replayable" in rows["exec-wal-only"]
+    assert "succeeded" in rows["exec-wal-only"]  # the outcome folded from the WAL too
     assert "incomplete" in rows["exec-left-running"] and "execution_incomplete" in rows["exec-left-running"]
     assert "record_corrupted" in rows[TAMPERED] and "record_corrupted" not in rows["exec-done-0"]
     replayable = _rows(_get(crashed_ui, params={"replayable": "yes"}).text)

@@ -22,7 +22,7 @@ def test_counts_per_status_leave_the_status_filter_out_and_keep_the_others(web_s
     data_dir, ids = web_store
     with Reader.open(_cfg(data_dir)) as r:
         every = r.status_counts()
-        assert every == {"running": 0, "completed": 4, "incomplete": 1, "invalidated": 1}
+        assert every == {"running": 0, "completed": 6, "incomplete": 1, "invalidated": 1}
         # The status filter is left out: a listing shows every status next to the one chosen.
         assert r.status_counts(Filter(status="completed")) == every
         assert r.status_counts(Filter(intent="AnswerQuestion")) == {
@@ -42,7 +42,8 @@ def test_the_replayable_filter(web_store):
         no = {s.execution_id for s in r.page(Filter(replayable=False)).items}
         yes = {s.execution_id for s in r.page(Filter(replayable=True)).items}
     assert no == {ids["crashed"], ids["invalidated"]}
-    assert yes == {ids["ok"], ids["other"], ids["fork"], ids["xss"]}
+    # A failure recorded in full replays: the failed execution and the OTel trace with a failed call too.
+    assert yes == {ids["ok"], ids["other"], ids["fork"], ids["xss"], ids["failed"], ids["otel"]}
     with pytest.raises(tracedb.TraceDBError):
         Filter(replayable="yes").apply(None)
 

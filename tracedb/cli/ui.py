@@ -46,6 +46,11 @@ def _recovery_note(cfg) -> str | None:
 def ui(ctx, host, port, allow_remote, token_file, trust_local_users, allowed_hosts, max_connections, data_dir, db_url, as_json):
     """Browse executions in a web page: the list, timelines, payloads, diffs and forks.
 
+    Failed executions show in red with their error; the list has outcome, model, tokens and cost
+    columns and filters; an execution that came with nesting (OpenTelemetry, the Agents SDK)
+    has its span tree; /overview draws what `tracedb stats` computes, per day and by intent and
+    model.
+
     Read-only: it reads the store next to a running recorder (`tracedb serve`) and never
     writes to it. With no recorder running it also shows what only the WAL holds (executions left
     running read as incomplete), as the read commands do. Prints the address to open; Ctrl-C (or SIGTERM) stops it. A running execution's

@@ -14,12 +14,13 @@ recorder: `tracedb.open(...)` or `tracedb.client.connect(...)`. Every callback r
 its events are durable (the recorder acknowledges after fdatasync). What it writes:
 
     agents.span.started   {span_id, parent_id, type, name}          every span, when it starts
-    llm.requested         {prompt_hash, request: {model, instructions, input, span_id}}
-    llm.responded         {prompt_hash, request_seq, response}       a model call (response span):
-                                                                     the Responses API response
-    tool.requested        {name, arguments, args_hash, span_id}      a function tool call
-    tool.responded        {name, args_hash, request_seq, response} or {..., error}
-    agents.handoff        {span_id, from_agent, to_agent}
+    llm.requested         {prompt_hash, request: {model, instructions, input, span_id}, span_id, parent_id}
+    llm.responded         {prompt_hash, request_seq, response, span_id, parent_id}   a model call
+                                                                     (response span): the Responses
+                                                                     API response
+    tool.requested        {name, arguments, args_hash, span_id, parent_id}   a function tool call
+    tool.responded        {name, args_hash, request_seq, response, span_id, parent_id} or {..., error}
+    agents.handoff        {span_id, parent_id, from_agent, to_agent}
     agents.span.ended     {span_id, parent_id, type, name, error, data}   agent, turn, guardrail, ...
     FINAL_RESPONSE        {status, payload: {final_output, last_agent}[, error]}   when the trace ends
 
@@ -235,7 +236,8 @@ class TraceDBProcessor(TracingProcessor):
         elif kind == "function":
             self._record(run, lambda: self._tool_call(run, span))
         elif kind == "handoff":
-            payload = {"span_id": span.span_id, "from_agent": data.from_agent, "to_agent": data.to_agent}
+            payload = {"span_id": span.span_id, "parent_id": span.parent_id, "from_agent": data.from_agent,
+                       "to_agent": data.to_agent}
             self._record(run, lambda: run.execution.event(HANDOFF, payload))
         else:
             if kind == "generation":  # a chat completions model: its answer is a chat message
@@ -275,8 +277,9 @@ class TraceDBProcessor(TracingProcessor):
             "input": model_input,
             "span_id": span.span_id,
         }
-        seq = run.execution.event(LLM_REQUESTED, {"prompt_hash": key, "request": request})
-        run.execution.event(LLM_RESPONDED, {"prompt_hash": key, "request_seq": seq, "response": response})
+        ids = {"span_id": span.span_id, "parent_id": span.parent_id}  # every event nests in the span tree
+        seq = run.execution.event(LLM_REQUESTED, {"prompt_hash": key, "request": request, **ids})
+        run.execution.event(LLM_RESPONDED, {"prompt_hash": key, "request_seq": seq, "response": response, **ids})
         text = final_output_of(response)
         if text is not None:
             run.final_output = text
@@ -286,10 +289,9 @@ class TraceDBProcessor(TracingProcessor):
         data = span.span_data
         arguments = _arguments(data.input)
         h = args_hash(arguments)
-        seq = run.execution.event(
-            TOOL_REQUESTED, {"name": data.name, "arguments": arguments, "args_hash": h, "span_id": span.span_id}
-        )
-        answer: Dict[str, Any] = {"name": data.name, "args_hash": h, "request_seq": seq}
+        ids = {"span_id": span.span_id, "parent_id": span.parent_id}
+        seq = run.execution.event(TOOL_REQUESTED, {"name": data.name, "arguments": arguments, "args_hash": h, **ids})
+        answer: Dict[str, Any] = {"name": data.name, "args_hash": h, "request_seq": seq, **ids}
         if span.error is not None:
             answer["error"] = {"type": "ToolError", "message": str(span.error.get("message", span.error))}
         else:

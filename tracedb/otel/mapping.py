@@ -640,9 +640,15 @@ def _oi_fields(kind: str, attrs: dict) -> dict:
 
 # -- one shape for both -----------------------------------------------------------------------
 
+def _parent(span: Span) -> dict:
+    # The request event of a call is written before the span's `otel` object (on its response):
+    # it names the parent itself, so the span tree holds every event (tracedb.spans).
+    return {"parent_span_id": span.parent_span_id} if span.parent_span_id is not None else {}
+
+
 def _llm_events(span: Span, request: dict, provider: Any, response: dict, rest: dict) -> list[tuple[str, dict]]:
     # No prompt_hash: event-log replay computes it from `request` when it needs it.
-    requested = {"request": request, "span_id": span.span_id}
+    requested = {"request": request, "span_id": span.span_id, **_parent(span)}
     if provider is not None:
         requested["provider"] = provider
     responded: dict[str, Any] = {"request_seq": None}
@@ -658,7 +664,7 @@ def _llm_events(span: Span, request: dict, provider: Any, response: dict, rest: 
 
 def _tool_events(span: Span, name: Any, arguments: Any, call_id: Any, result: Any,
                  rest: dict) -> list[tuple[str, dict]]:
-    requested = {"name": name, "arguments": arguments, "span_id": span.span_id}
+    requested = {"name": name, "arguments": arguments, "span_id": span.span_id, **_parent(span)}
     if call_id is not None:
         requested["call_id"] = call_id
     responded: dict[str, Any] = {"name": name, "request_seq": None}

@@ -4,6 +4,7 @@
 
     /                       executions newest first: filters, keyset pages
     /counts                 executions per status under the same filters (the list loads them)
+    /overview?since=&per=   the aggregates of `tracedb stats`: per day or hour, by intent and model
     /e/{id}                 one execution (a unique prefix redirects to the whole id)
     /api/event?id=&seq=     one event's payload as JSON (the payload viewer loads it on demand)
     /api/rows?id=&after=N   more event rows, as HTML in JSON
@@ -19,7 +20,9 @@ adds `/metrics` and `/health` to the same server.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import math
 import os
 import re
 from datetime import datetime, timezone
@@ -43,11 +46,14 @@ from ..errors import (
     InvalidInputError,
     TraceDBError,
 )
+from ..outcomes import OUTCOMES
 from ..paging import DEFAULT_PAGE_SIZE, decode_cursor
-from ..reads import NS_MAX, NS_MIN, AsyncReader, Filter
+from ..reads import NS_MAX, NS_MIN, AsyncReader, Filter, Timeline, to_ns
 from ..record import STATUS_RUNNING, STATUSES, utc_iso
+from ..spans import span_tree
 from ..validation import ID_LENGTH, INTENT_LENGTH
-from . import pages
+from . import overview, pages
+from .spanview import span_tree_svg
 from .timeline import layout
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -211,10 +217,54 @@ def _cursor(text: str) -> str:
     return text
 
 
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?) *(ms|s|m|h)?")
+_DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+# What a cost or a duration filter can ask for: more than any execution costs or lasts.
+MAX_COST_USD = 1e9
+MAX_DURATION_S = 10_000 * 365 * 86400.0
+FILTER_TEXT = 200  # a model name or an error code longer than this matches nothing stored
+
+
+def parse_seconds(text: str, name: str) -> float:
+    """A duration as `inspect --slower-than` takes it: 500ms, 2s, 1.5m, 1h; a bare number is seconds."""
+    m = _DURATION.fullmatch(text.strip().lower())
+    seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)] if m else None
+    if seconds is None or seconds > MAX_DURATION_S:
+        raise BadRequest(f"{name}={_shown(text)} is not a duration", hint="write it like 500ms, 2s, 1.5m or 1h")
+    return seconds
+
+
+def parse_cost(text: str, name: str) -> float:
+    """A cost in USD, at least 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_COST_USD:  # NaN too
+        raise BadRequest(f"{name}={_shown(text)} is not a cost", hint="give US dollars, 0 or more, such as 0.05")
+    return value
+
+
+def _outcome(text: str) -> str:
+    if text not in OUTCOMES:
+        raise BadRequest(f"outcome={_shown(text)} is not an outcome", hint="one of " + ", ".join(OUTCOMES))
+    return text
+
+
+def _short_text(text: str, name: str, what: str) -> str:
+    if len(text) > FILTER_TEXT:
+        raise BadRequest(f"{name} is {len(text)} characters long", hint=f"{what} has at most {FILTER_TEXT} characters")
+    return text
+
+
+LIST_PARAMS = ("status", "replayable", "intent", "q", "since", "until", "before", "limit",
+               "outcome", "model", "error", "min_cost", "slower_than")
+
+
 def list_params(request: Request) -> tuple[Filter, dict, Optional[str], int]:
     """The list page's filters from the query string; BadRequest for a malformed one."""
     q = query_of(request)
-    params = {k: q.get(k, "").strip() for k in ("status", "replayable", "intent", "q", "since", "until", "before", "limit")}
+    params = {k: q.get(k, "").strip() for k in LIST_PARAMS}
     status = _status(params["status"]) if params["status"] else None
     replayable = {"": None, "yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}.get(
         params["replayable"].lower(), "bad"
@@ -232,7 +282,12 @@ def list_params(request: Request) -> tuple[Filter, dict, Optional[str], int]:
     before = _cursor(params["before"]) if params["before"] else None
     limit = _int_param(request, "limit", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
     where = Filter(status=status, since=since, until=until, intent=params["intent"] or None,
-                   search=params["q"] or None, replayable=replayable)
+                   search=params["q"] or None, replayable=replayable,
+                   outcome=_outcome(params["outcome"]) if params["outcome"] else None,
+                   model=_short_text(params["model"], "model", "a model name") or None,
+                   error=_short_text(params["error"], "error", "an error code") or None,
+                   min_cost=parse_cost(params["min_cost"], "min_cost") if params["min_cost"] else None,
+                   slower_than=parse_seconds(params["slower_than"], "slower_than") if params["slower_than"] else None)
     return where, {k: v for k, v in params.items() if v}, before, limit
 
 
@@ -263,6 +318,21 @@ class Views:
             total = f"{sum(min(n, COUNT_LIMIT) for n in counts.values()):,}" + ("+" if capped else "")
         return _json({"counts": counts, "shown": shown, "limit": COUNT_LIMIT, "total": total})
 
+    async def overview_page(self, request: Request) -> Response:
+        """The aggregates of `tracedb stats`, drawn: per day or hour, by intent, by model."""
+        check_path(request)
+        q = query_of(request)
+        since_text = q.get("since", "").strip()
+        since = parse_time(since_text, "since") if since_text else None
+        per = q.get("per", "").strip() or "day"
+        if per not in overview.BUCKETS:
+            raise BadRequest(f"per={_shown(per)} is not day or hour", hint="per=day or per=hour")
+        since_ns = None if since is None else to_ns(since, "since")
+        # Three groupings at once (each in a worker thread); each answer holds the totals too.
+        by_time, by_intent, by_model = await asyncio.gather(*(
+            self.reader.stats(since_ns=since_ns, by=by) for by in (per, "intent", "model")))
+        return _html(overview.overview_page(by_time, by_intent, by_model, {"since": since_text}, per))
+
     async def _exact(self, request: Request) -> str:
         check_path(request)
         given = query_of(request).get("id")
@@ -279,7 +349,8 @@ class Views:
             return RedirectResponse(pages.exec_path(eid), status_code=302)
         tl = await self.reader.timeline(eid)
         lineage = await self.reader.lineage(eid)
-        return _html(pages.execution_page(tl, layout(tl), lineage, replay_command=self.replay_command))
+        return _html(pages.execution_page(tl, layout(tl), lineage, replay_command=self.replay_command,
+                                          spans=_spans(tl)))
 
     async def event(self, request: Request) -> Response:
         eid = await self._exact(request)
@@ -326,6 +397,7 @@ class Views:
             "status": tl.record.status, "changed": True, "last_seq": last, "rows": html,
             "events": len(tl.record.events),
             "overview": pages.overview_svg(lay, running=tl.record.status == STATUS_RUNNING),
+            "spans": _spans(tl),
         })
 
     async def diff(self, request: Request) -> Response:
@@ -342,6 +414,11 @@ class Views:
         pa = await self.reader.progress(a_id, 2**31 - 1, limit=1)
         pb = await self.reader.progress(b_id, 2**31 - 1, limit=1)
         return _html(pages.diff_page(d, pa.status, pb.status))
+
+
+def _spans(tl: Timeline) -> str:
+    """The span tree of an execution that came with nesting, drawn; "" for one without."""
+    return span_tree_svg(span_tree(tl.record.events, {t.seq: t.recorded_at_ns for t in tl.event_times}))
 
 
 def _is_api(request: Request) -> bool:
@@ -477,6 +554,7 @@ def create_app(
         *extra_routes,
         Route("/", v.executions, methods=get),
         Route("/counts", v.counts, methods=get),
+        Route("/overview", v.overview_page, methods=get),
         # The whole path after /e/ is the id: an id may hold "/" (percent-encoded in links,
         # decoded before routing). The fragments take the id as a query parameter.
         Route("/e/{rest:path}", v.execution, methods=get),

@@ -15,6 +15,7 @@ from urllib.parse import quote, urlencode
 import orjson
 
 from ..humanize import format_duration
+from ..outcomes import FAILED, OUTCOMES
 from ..program import program
 from ..reads import Lineage, Page, Timeline
 from ..record import (
@@ -82,6 +83,57 @@ def replay_words(status: str, replayable: bool, reason: Optional[str], note: Opt
     return words
 
 
+def error_words(err: Optional[dict], limit: int = 200) -> str:
+    """An error ({code, message}, as tracedb.outcomes gives it) in words: "CODE: message"."""
+    if not err:
+        return ""
+    code, message = err.get("code"), err.get("message")
+    text = f"{code}: {message}" if code and message else str(code or message or "error")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def outcome_badge(outcome: Optional[str]) -> str:
+    """What an execution came to: succeeded, failed, incomplete, running ("–": not derived)."""
+    if not outcome:
+        return '<span class="badge oc-none">–</span>'
+    return f'<span class="badge oc-{esc(outcome)}">{esc(outcome)}</span>'
+
+
+def fmt_models(models) -> str:
+    """The models an execution called: the first, and how many more."""
+    models = list(models or ())
+    if not models:
+        return "–"
+    return models[0] + (f" +{len(models) - 1}" if len(models) > 1 else "")
+
+
+def fmt_tokens(input_tokens: Optional[int], output_tokens: Optional[int]) -> str:
+    """Input / output tokens: 1,200 / 80; '–' when it called no model."""
+    if not input_tokens and not output_tokens:
+        return "–"
+    return f"{input_tokens or 0:,} / {output_tokens or 0:,}"
+
+
+def fmt_usd(cost: float) -> str:
+    """A cost in USD, to four significant places under a dollar: $0.0012, $1.25."""
+    if cost == 0:
+        return "$0"
+    if cost < 1:
+        return f"${cost:.4g}" if cost >= 1e-6 else "<$0.000001"
+    return f"${cost:,.2f}"
+
+
+def fmt_cost(cost: Optional[float], input_tokens: Optional[int] = None, output_tokens: Optional[int] = None) -> str:
+    """The cost cell (HTML): the price, '–' for no tokens, "unknown" when the price table does not
+    know a model it called (never a guess)."""
+    if cost is None:
+        return ('<span class="unknown" title="a model it called is not in the price table: '
+                'its tokens are counted, its cost is not guessed">unknown</span>')
+    if cost == 0 and not input_tokens and not output_tokens:
+        return "–"
+    return esc(fmt_usd(cost))
+
+
 def status_badge(status: str) -> str:
     return f'<span class="badge st-{esc(status)}">{esc(status)}</span>'
 
@@ -133,6 +185,7 @@ def layout_page(title: str, body: str, *, nav: str = "", live: bool = False) -> 
         "</head><body>"
         '<header class="top"><a class="brand" href="/">tracedb</a><nav>'
         + tab("executions", "/", "Executions")
+        + tab("overview", "/overview", "Overview")
         + tab("diff", "/diff", "Diff")
         + "</nav></header>"
         + ('<main data-live="1">' if live else "<main>") + body + "</main>"
@@ -154,6 +207,10 @@ def error_page(status: int, message: str, hint: Optional[str] = None) -> str:
 
 
 # -- the list of executions ----------------------------------------------------------------
+
+# The list's filters: any of them set, an empty page says "no match", not "nothing recorded".
+FILTERS = ("status", "replayable", "intent", "q", "since", "until", "outcome", "model", "error", "min_cost",
+           "slower_than")
 
 
 def _query(params: dict, **changes) -> str:
@@ -189,6 +246,13 @@ def list_page(page: Page, params: dict, *, first_page: bool) -> str:
         f'<label class="grow">Search<input name="q" value="{esc(params.get("q"))}" placeholder="text in the intent"></label>'
         f'<label>Since<input name="since" value="{esc(params.get("since"))}" placeholder="2h, 7d, ISO"></label>'
         f'<label>Until<input name="until" value="{esc(params.get("until"))}" placeholder="ISO time"></label>'
+        '<label>Outcome<select name="outcome">'
+        + options("outcome", [("", "any")] + [(o, o) for o in OUTCOMES])
+        + "</select></label>"
+        f'<label>Model<input name="model" value="{esc(params.get("model"))}" placeholder="gpt-4o-mini"></label>'
+        f'<label>Error<input name="error" value="{esc(params.get("error"))}" placeholder="error code"></label>'
+        f'<label>Min cost<input name="min_cost" value="{esc(params.get("min_cost"))}" placeholder="USD, 0.01"></label>'
+        f'<label>Slower than<input name="slower_than" value="{esc(params.get("slower_than"))}" placeholder="2s, 500ms"></label>'
         + (f'<input type="hidden" name="limit" value="{esc(params["limit"])}">' if params.get("limit") else "")
         + '<button type="submit">Filter</button><a class="clear" href="/">Clear</a></form>'
     )
@@ -205,26 +269,40 @@ def list_page(page: Page, params: dict, *, first_page: bool) -> str:
     counts_src = "/counts" + _query(p)[1:] if _query(p) != "/" else "/counts"
     rows = []
     for r in page.items:
+        marked = ' class="failed"' if r.outcome == FAILED else ""
+        error = ""
+        if r.error:
+            # A failed call the execution got past (it succeeded) is shown softer than a failure.
+            soft = "" if r.outcome == FAILED else " soft"
+            error = (f'<a class="err-msg{soft}" data-testid="list-error" '
+                     f'href="{esc(exec_path(r.execution_id))}#ev-{esc(r.error.get("seq"))}" '
+                     f'title="first error, at #{esc(r.error.get("seq"))} {esc(r.error.get("type"))}">'
+                     f"{esc(error_words(r.error, 140))}</a>")
         rows.append(
-            f'<tr data-id="{esc(r.execution_id)}">'
-            f'<td class="id">{exec_link(r.execution_id)}</td>'
-            f'<td class="when">{esc(fmt_time(r.created_at_ns))}</td>'
-            f'<td class="intent">{esc(r.intent or "")}</td>'
-            f"<td>{status_badge(r.status)}</td>"
-            f"<td>{replay_badge(r.replayable, r.replayable_reason, r.status)}</td>"
+            f'<tr data-id="{esc(r.execution_id)}" data-outcome="{esc(r.outcome or "")}"{marked}>'
+            f'<td class="id" title="{esc(r.execution_id)}">{exec_link(r.execution_id, _short_id(r.execution_id))}'
+            + (f'<div class="fork">fork of {exec_link(r.parent_execution_id, _short_id(r.parent_execution_id))}</div>'
+               if r.parent_execution_id else "")
+            + "</td>"
+            f'<td class="when">{esc(fmt_time(r.created_at_ns)[:10])}<br>{esc(fmt_time(r.created_at_ns)[11:19])}</td>'
+            f'<td class="intent">{esc(r.intent or "")}{error}</td>'
+            f"<td>{outcome_badge(r.outcome)}</td>"
+            f'<td><div class="state">{status_badge(r.status)} {replay_badge(r.replayable, r.replayable_reason, r.status)}</div></td>'
+            f'<td class="model">{esc(fmt_models(r.models))}</td>'
+            f'<td class="num" title="input / output tokens">{esc(fmt_tokens(r.input_tokens, r.output_tokens))}</td>'
+            f'<td class="num">{fmt_cost(r.cost_usd, r.input_tokens, r.output_tokens)}</td>'
             f'<td class="num">{r.last_seq}</td>'
             f'<td class="num">{esc(fmt_duration(r.duration_ns))}</td>'
-            + (f'<td class="fork">fork of {exec_link(r.parent_execution_id, _short_id(r.parent_execution_id))}</td>'
-               if r.parent_execution_id else "<td></td>")
-            + "</tr>"
+            "</tr>"
         )
     if rows:
         table = (
-            '<table class="executions"><thead><tr><th>Execution</th><th>Created (UTC)</th><th>Intent</th>'
-            "<th>Status</th><th>Replay</th><th class=\"num\">Events</th><th class=\"num\">Duration</th><th></th>"
-            "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+            '<div class="table-wrap"><table class="executions"><thead><tr><th>Execution</th><th>Created (UTC)</th><th>Intent</th>'
+            "<th>Outcome</th><th>Status · replay</th><th>Model</th><th class=\"num\">Tokens</th>"
+            "<th class=\"num\">Cost</th><th class=\"num\">Events</th><th class=\"num\">Duration</th>"
+            "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>"
         )
-    elif first_page and not any(params.get(k) for k in ("status", "replayable", "intent", "q", "since", "until")):
+    elif first_page and not any(params.get(k) for k in FILTERS):
         table = (
             '<div class="empty"><p>No executions recorded yet.</p>'
             f"<p>Record a few with <code>{esc(program())} demo</code> (next to a running "
@@ -297,6 +375,9 @@ def event_rows(
             call = f'<a href="#ev-{bar.request_seq}">← #{bar.request_seq}</a>'
         size = len(orjson.dumps(e.payload))
         cls = ["ev"]
+        err = lay.errors.get(e.seq)
+        if err is not None:
+            cls.append("err")
         if e.seq == stopped:
             cls.append("stopped")
             call += '<span class="stop-tag" data-testid="stopped-row">stopped here</span>'
@@ -307,7 +388,9 @@ def event_rows(
             f'<td class="num off">+{esc(fmt_duration(max(0, at - lay.t0)))}</td>'
             f'<td class="type"><span class="etype {_kind_class(e.type)}">{esc(e.type)}</span></td>'
             f'<td class="call">{call}</td>'
-            f'<td class="preview"><code>{esc(_preview(e.payload))}</code>'
+            f'<td class="preview">'
+            + (f'<span class="err-msg" data-testid="event-error">{esc(error_words(err, 120))}</span>' if err else "")
+            + f'<code>{esc(_preview(e.payload))}</code>'
             f'<span class="size">{esc(fmt_size(size))}</span></td></tr>'
         )
         last = max(last, e.seq)
@@ -352,6 +435,17 @@ def overview_svg(lay: Layout, *, running: bool) -> str:
     few = len(lay.bars) <= 40
     dense = len(lay.bars) > DENSE_BARS
     spans: dict[tuple, list] = {}  # (kind, lane) -> merged [x0, x1] of a dense timeline
+    # What each lane already shows, [x0, x1]: a label beside a bar goes only where it hides nothing.
+    taken: dict[float, list] = {}
+    if few:
+        for b in lay.bars:
+            x0 = X(b.start_ns)
+            taken.setdefault(bar_y.get((b.kind, b.lane), events_y), []).append(
+                (x0, x0 + max(2.0, X(b.end_ns if b.end_ns is not None else lay.t1) - x0)))
+
+    def free(ry: float, a: float, z: float, own: tuple) -> bool:
+        return LEFT <= a and z <= W and all(r == own or z <= r[0] or a >= r[1] for r in taken.get(ry, ()))
+
     for b in lay.bars:
         ry = bar_y.get((b.kind, b.lane), events_y)
         if dense and b.end_ns is not None:
@@ -370,19 +464,32 @@ def overview_svg(lay: Layout, *, running: bool) -> str:
         label = f"{b.label} · {fmt_duration(b.duration_ns)}" if not open_ else f"{b.label} · no response"
         tip = (f"#{b.request_seq} {b.kind} call {b.label}: "
                + (f"answered by #{b.response_seq} after {fmt_duration(b.duration_ns)}" if not open_ else "never answered"))
+        cls = f"bar {b.kind}" + (" open" if open_ else "") + (" err" if b.error else "")
+        if b.error:
+            label = f"{b.label} · {error_words(b.error, 60)}"
+            tip += f", with an error: {error_words(b.error)}"
         parts.append(
-            f'<a href="#ev-{b.request_seq}"><rect class="bar {b.kind}{" open" if open_ else ""}" data-seq="{b.request_seq}" '
+            f'<a href="#ev-{b.request_seq}"><rect class="{cls}" data-seq="{b.request_seq}" '
             f'x="{x0:.2f}" y="{ry:.1f}" width="{w:.2f}" height="{lane_h:.0f}" rx="3"><title>{esc(tip)}</title></rect>'
         )
         need = 12 + 6.2 * len(label)
+        text_cls = "barlabel" + (" err" if b.error else "")
         if w > need:
-            parts.append(f'<text class="barlabel" x="{x0 + 4:.2f}" y="{ry + 14:.1f}">{esc(label)}</text>')
-        elif few:  # beside the bar, where there is room
-            if x0 + w + need < W:
-                parts.append(f'<text class="barlabel out" x="{x0 + w + 4:.2f}" y="{ry + 14:.1f}">{esc(label)}</text>')
-            elif x0 - need > LEFT:
-                parts.append(f'<text class="barlabel out" x="{x0 - 4:.2f}" y="{ry + 14:.1f}" '
-                             f'text-anchor="end">{esc(label)}</text>')
+            parts.append(f'<text class="{text_cls}" x="{x0 + 4:.2f}" y="{ry + 14:.1f}">{esc(label)}</text>')
+        elif few:  # beside the bar, where there is room: the whole label, else a shorter one
+            own = (x0, x0 + w)
+            labels = [label] + ([f"{b.label} · {b.error.get('code') or 'error'}"] if b.error else [])
+            for text in labels:
+                need = 6.2 * len(text) + 8
+                if free(ry, x0 + w, x0 + w + need, own):
+                    parts.append(f'<text class="{text_cls} out" x="{x0 + w + 4:.2f}" y="{ry + 14:.1f}">{esc(text)}</text>')
+                    taken[ry].append((x0 + w, x0 + w + need))
+                    break
+                if free(ry, x0 - need, x0, own):
+                    parts.append(f'<text class="{text_cls} out" x="{x0 - 4:.2f}" y="{ry + 14:.1f}" '
+                                 f'text-anchor="end">{esc(text)}</text>')
+                    taken[ry].append((x0 - need, x0))
+                    break
         parts.append("</a>")
     for (kind, ry), runs in spans.items():
         parts.append(f'<path class="bar {kind} dense" d="'
@@ -396,9 +503,10 @@ def overview_svg(lay: Layout, *, running: bool) -> str:
         parts.append(f'<path class="ticks" d="{path}"/>')
     for t in lay.ticks:
         if t.type == "FINAL_RESPONSE":
+            err = lay.errors.get(t.seq)
             parts.append(
-                f'<circle class="final" cx="{X(t.at_ns):.2f}" cy="{events_y + lane_h / 2:.1f}" r="5">'
-                f"<title>#{t.seq} FINAL_RESPONSE</title></circle>"
+                f'<circle class="final{" err" if err else ""}" cx="{X(t.at_ns):.2f}" cy="{events_y + lane_h / 2:.1f}" r="5">'
+                f"<title>#{t.seq} FINAL_RESPONSE{esc(': failed: ' + error_words(err)) if err else ''}</title></circle>"
             )
     if lay.stopped_at is not None:
         sx = X(lay.stopped_at.at_ns)
@@ -420,8 +528,9 @@ def overview_svg(lay: Layout, *, running: bool) -> str:
     )
 
 
-def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_command: str) -> str:
-    """Header, replay state, lineage, timeline, events, payload viewer."""
+def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_command: str, spans: str = "") -> str:
+    """Header, replay state, lineage, timeline (and the span tree, `spans`, drawn beside it),
+    events, payload viewer."""
     r = tl.record
     eid = r.execution_id
     running = r.status == STATUS_RUNNING
@@ -435,6 +544,13 @@ def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_comman
         ("Envelope hash", f'<span class="mono small">{esc(r.header.envelopeHash)}</span>'),
         ("Pinned", "yes (never pruned)" if tl.pinned else "no"),
     ]
+    oc = tl.outcome or {}
+    if oc.get("outcome"):
+        meta[2:2] = [
+            ("Models", f'<span class="mono">{esc(", ".join(oc.get("models") or ()) or "–")}</span>'),
+            ("Tokens in / out", esc(fmt_tokens(oc.get("input_tokens"), oc.get("output_tokens")))),
+            ("Cost", fmt_cost(oc.get("cost_usd"), oc.get("input_tokens"), oc.get("output_tokens"))),
+        ]
     if r.parentExecutionId:
         meta.append(("Fork of", f"{exec_link(r.parentExecutionId)} at seq {esc(r.forkedAtSeq)}"))
     dl = "".join(f'<div class="kv"><dt>{k}</dt><dd>{v}</dd></div>' for k, v in meta)
@@ -470,16 +586,31 @@ def execution_page(tl: Timeline, lay: Layout, lineage: Lineage, *, replay_comman
             '<section class="final"><h2>Final response</h2>'
             f'<pre class="json">{esc(orjson.dumps(r.finalResponse, option=orjson.OPT_INDENT_2).decode())}</pre></section>'
         )
+    failure = ""
+    err = oc.get("error")
+    if err:
+        failed = oc.get("outcome") == FAILED
+        where = f'<a href="#ev-{esc(err.get("seq"))}">#{esc(err.get("seq"))} {esc(err.get("type"))}</a>'
+        failure = (
+            f'<section class="failure{"" if failed else " soft"}" data-testid="failure"><p>'
+            + ("Failed: " if failed else "A call failed, and the execution went on: ")
+            + f'<b class="err-msg">{esc(error_words(err))}</b> at {where}.</p></section>'
+        )
     body = (
         f'<div class="titlebar"><h1 class="intent">{esc(r.intent or "(no intent)")}</h1>'
-        f'<span class="status-now">{status_badge(r.status)}</span>'
+        # The outcome where it says more than the status (succeeded or failed, not "incomplete" twice).
+        + (outcome_badge(oc["outcome"]) if oc.get("outcome") and oc["outcome"] != r.status else "")
+        + f'<span class="status-now">{status_badge(r.status)}</span>'
         f"{replay_badge(r.header.replayable, r.header.replayableReason, r.status)}</div>"
         f'<dl class="meta">{dl}</dl>'
+        + failure
         + replay
         + lineage_html
         + f'<section class="tl"><h2>Timeline</h2><div class="overview" data-src="{esc(api_path("overview", eid))}">'
         + overview_svg(lay, running=running)
-        + "</div></section>"
+        + "</div>"
+        + f'<div class="spans">{spans}</div>'
+        + "</section>"
         + '<section class="events"><h2>Events <span class="sub">click a row for its payload</span></h2>'
         '<table class="events"><thead><tr><th class="num">#</th><th class="num">At</th><th>Type</th>'
         '<th>Call</th><th>Payload</th></tr></thead>'

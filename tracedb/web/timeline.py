@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..outcomes import event_error
 from ..reads import Timeline
 from ..record import LLM_REQUESTED, LLM_RESPONDED, STATUS_RUNNING, TOOL_REQUESTED, TOOL_RESPONDED
 from ..replay import args_hash, prompt_hash
@@ -29,6 +30,7 @@ class Bar:
     start_ns: int
     end_ns: Optional[int]
     lane: int
+    error: Optional[dict] = None  # {code, message} of a call whose answer was an error
 
     @property
     def duration_ns(self) -> Optional[int]:
@@ -56,6 +58,7 @@ class Layout:
     lanes: dict
     stopped_at: Optional[Tick]
     call_of_seq: dict  # request or response seq -> its Bar
+    errors: dict  # seq -> {code, message} of each event that records an error (tracedb.outcomes)
 
     def x(self, ns: int, width: float) -> float:
         """The position of time `ns` on an axis `width` wide."""
@@ -137,6 +140,11 @@ def layout(timeline: Timeline) -> Layout:
     """The layout of `timeline` (the read API's record with its event times)."""
     record = timeline.record
     at = {t.seq: t.recorded_at_ns for t in timeline.event_times}
+    errors = {}
+    for e in record.events:
+        err = event_error(e.type, e.payload)
+        if err is not None:
+            errors[e.seq] = err
     t0 = timeline.created_at_ns or (timeline.event_times[0].recorded_at_ns if timeline.event_times else 0)
     ticks = tuple(Tick(e.seq, e.type, at.get(e.seq, t0)) for e in record.events)
     t1 = max([t0 + 1] + [t.at_ns for t in ticks])
@@ -161,11 +169,11 @@ def layout(timeline: Timeline) -> Layout:
         else:
             ends[lane] = stop
         bars.append(Bar(call.kind, _label(call.kind, call.request), call.request_seq, call.response_seq,
-                        start, end, lane))
+                        start, end, lane, errors.get(call.response_seq)))
     call_of_seq = {}
     for b in bars:
         call_of_seq[b.request_seq] = b
         if b.response_seq is not None:
             call_of_seq[b.response_seq] = b
     lanes = {kind: max(1, len(ends)) if ends else 0 for kind, ends in lane_ends.items()}
-    return Layout(t0, t1, tuple(bars), ticks, lanes, stopped, call_of_seq)
+    return Layout(t0, t1, tuple(bars), ticks, lanes, stopped, call_of_seq, errors)

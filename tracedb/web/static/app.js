@@ -189,6 +189,12 @@
               tpl.innerHTML = doc.overview;  // server-rendered SVG, escaped
               ov.replaceChildren(tpl.content);
             }
+            const spans = document.querySelector(".spans");
+            if (spans && doc.spans !== undefined) {
+              const tpl = document.createElement("template");
+              tpl.innerHTML = doc.spans;  // server-rendered SVG, escaped
+              spans.replaceChildren(tpl.content);
+            }
           }
           setTimeout(tick, POLL_MS);
         })
