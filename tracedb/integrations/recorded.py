@@ -333,7 +333,9 @@ def http_transports(api: HttpApi) -> SimpleNamespace:
 
     # -- recording ---------------------------------------------------------------------------
 
-    class RecordingStream(http.SyncByteStream):
+    class _Capture:
+        """What a recording stream has read of a response; `on_done` gets it once, at close."""
+
         def __init__(self, response: Any, on_done):
             self._response = response
             self._on_done = on_done
@@ -342,6 +344,7 @@ def http_transports(api: HttpApi) -> SimpleNamespace:
             self._failed: Optional[BaseException] = None
             self._done = False
 
+    class RecordingStream(_Capture, http.SyncByteStream):
         def __iter__(self):
             try:
                 for chunk in self._response.stream:
@@ -360,15 +363,7 @@ def http_transports(api: HttpApi) -> SimpleNamespace:
                     self._done = True
                     self._on_done(b"".join(self._chunks), self._complete, self._failed)
 
-    class AsyncRecordingStream(http.AsyncByteStream):
-        def __init__(self, response: Any, on_done):
-            self._response = response
-            self._on_done = on_done
-            self._chunks: list[bytes] = []
-            self._complete = False
-            self._failed: Optional[BaseException] = None
-            self._done = False
-
+    class AsyncRecordingStream(_Capture, http.AsyncByteStream):
         async def __aiter__(self):
             try:
                 async for chunk in self._response.stream:

@@ -103,6 +103,17 @@ def check_fork_point(parent: ExecutionRecord, at_seq: int) -> List[ExecutionEven
     return [e for e in parent.events if e.seq <= at_seq]
 
 
+def _start_fork(start: Any, parent: ExecutionRecord, at_seq: int, new_execution_id: Optional[str]) -> Any:
+    """Call `start` (Store.start, or AsyncStore.start whose result is awaited) for a fork of `parent`."""
+    return start(
+        intent_of(parent),
+        parent.envelope,
+        new_execution_id,
+        parent_execution_id=parent.execution_id,
+        forked_at_seq=at_seq,
+    )
+
+
 def fork(
     store: Any, execution_id: str, at_seq: int, *, new_execution_id: Optional[str] = None
 ) -> Fork:
@@ -113,13 +124,7 @@ def fork(
     """
     parent = store.get(execution_id)
     prefix = check_fork_point(parent, at_seq)
-    ex = store.start(
-        intent_of(parent),
-        parent.envelope,
-        new_execution_id,
-        parent_execution_id=parent.execution_id,
-        forked_at_seq=at_seq,
-    )
+    ex = _start_fork(store.start, parent, at_seq, new_execution_id)
     seq_map: Dict[int, int] = {}
     for e in prefix:
         seq_map[e.seq] = ex.event(e.type, _renumbered(e, seq_map))
@@ -132,13 +137,7 @@ async def fork_async(
     """`fork` for an AsyncStore (`await tracedb.open_async(...)`); the fork's handle is async."""
     parent = await astore.get(execution_id)
     prefix = check_fork_point(parent, at_seq)
-    ex = await astore.start(
-        intent_of(parent),
-        parent.envelope,
-        new_execution_id,
-        parent_execution_id=parent.execution_id,
-        forked_at_seq=at_seq,
-    )
+    ex = await _start_fork(astore.start, parent, at_seq, new_execution_id)
     seq_map: Dict[int, int] = {}
     for e in prefix:
         seq_map[e.seq] = await ex.event(e.type, _renumbered(e, seq_map))
