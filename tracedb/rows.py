@@ -88,9 +88,15 @@ class TraceSummary:
             "models": list(self.models),
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
-            "cost_usd": self.cost_usd,
+            "cost_usd": usd(self.cost_usd),
             "cursor": self.cursor,
         }
+
+
+def usd(cost: Optional[float]) -> Optional[float]:
+    """A cost in USD as shown: the float sum of many prices rounded to 1e-10 USD (0.00036, not
+    0.00035999999999999997); None (unknown) stays None."""
+    return None if cost is None else round(float(cost), 10)
 
 
 def models_of(value) -> list:
@@ -108,7 +114,7 @@ def outcome_view(row: Mapping) -> dict:
     return {
         "outcome": row.get("outcome"), "error": error_of(row), "models": models_of(row.get("models")),
         "input_tokens": row.get("input_tokens"), "output_tokens": row.get("output_tokens"),
-        "cost_usd": row.get("cost_usd"),
+        "cost_usd": usd(row.get("cost_usd")),
     }
 
 

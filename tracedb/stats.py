@@ -156,5 +156,5 @@ def _group(key, c, durations: dict) -> dict:
     }
     for p, v in zip(_PERCENTILES, ps):
         g[f"p{p}_ms"] = None if v is None else round(int(v) / 1e6, 3)
-    g.update(input_tokens=int(tokens_in), output_tokens=int(tokens_out), cost_usd=float(cost), cost_unknown=int(unknown))
+    g.update(input_tokens=int(tokens_in), output_tokens=int(tokens_out), cost_usd=round(float(cost), 10), cost_unknown=int(unknown))
     return g

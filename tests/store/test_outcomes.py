@@ -155,6 +155,9 @@ def check_filters_and_stats(reader, ids: dict) -> None:
     assert set(by_model) == {"gpt-4o-mini", "gpt-4o", "my-own-model"}
     assert by_model["gpt-4o"]["failed"] == 1 and by_model["my-own-model"]["succeeded"] == 1
     assert by_model["gpt-4o-mini"]["input_tokens"] == 1100  # the execution's, under each model it called
+    # Costs as shown: the float sum rounded to 1e-10 USD, in the listing's JSON and in stats.
+    failed_row = next(r for r in reader.page(Filter(outcome="failed")).items)
+    assert failed_row.to_dict()["cost_usd"] == 0.0012 and by_model["gpt-4o"]["cost_usd"] == 0.0012
     days = reader.stats(by="day")["groups"]
     assert len(days) == 1 and days[0]["key"].endswith("T00:00:00Z") and days[0]["executions"] == 4
     assert reader.stats(by="outcome")["groups"][0] == {**reader.stats(by="outcome")["groups"][0], "key": "succeeded", "executions": 2}
