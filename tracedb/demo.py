@@ -39,11 +39,14 @@ MODEL = "demo-llm-1"
 
 
 def fake_llm(request: dict) -> dict:
-    """A deterministic stand-in for a model: picks a tool, then words the tool's answer."""
+    """A deterministic stand-in for a model: picks a tool, then words the tool's answer. It names
+    itself and counts tokens as a provider's answer does (no price is known for it: cost unknown)."""
     last = request["messages"][-1]
     if last["role"] == "user":
-        return {"tool_call": request.get("tool_choice"), "usage": {"prompt_tokens": 42, "completion_tokens": 9}}
-    return {"content": f"The answer: {last['content']}.", "usage": {"prompt_tokens": 61, "completion_tokens": 12}}
+        return {"model": MODEL, "tool_call": request.get("tool_choice"),
+                "usage": {"prompt_tokens": 42, "completion_tokens": 9}}
+    return {"model": MODEL, "content": f"The answer: {last['content']}.",
+            "usage": {"prompt_tokens": 61, "completion_tokens": 12}}
 
 
 def _calculator(args: dict) -> dict:
