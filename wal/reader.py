@@ -556,7 +556,7 @@ class WalReader:
                 limit = to_lsn if to_lsn is not None else _NO_LIMIT
                 unpack = fmt.REC_HEAD.unpack_from
                 crc32c = fmt.crc32c
-                mask = fmt.mask
+                DELTA = fmt.MASK_DELTA  # fmt.mask, inlined below: this loop runs once per record
                 # The record layout (FORMAT.md), bound to locals for the loop below.
                 HEAD, CRC_SIZE, ALIGN = fmt.RECORD_HEADER_SIZE, fmt.RECORD_CRC_SIZE, fmt.ALIGN
                 DATA, GROUP_START = fmt.TYPE_DATA, fmt.FLAG_GROUP_START
@@ -593,7 +593,8 @@ class WalReader:
                             # zero padding: the top `pad` bytes of the record's last 8-byte word
                             and (not pad or not word(buf, rec_end - ALIGN)[0] >> (64 - 8 * pad))
                         ):
-                            valid = mask(crc32c(buf[off + CRC_SIZE : off + HEAD + n], seed)) == crc
+                            c = crc32c(buf[off + CRC_SIZE : off + HEAD + n], seed)
+                            valid = ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + DELTA) & 0xFFFFFFFF == crc
                     if not valid:
                         if not at_eof:
                             # A record cut by the end of this piece of the file: read on from it.

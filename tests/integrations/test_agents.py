@@ -30,18 +30,6 @@ from tracedb.spans import span_tree
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture
-def processor(store):
-    """The tracedb processor as the SDK's only one: nothing is exported to OpenAI."""
-    p = TraceDBProcessor(store)
-    set_trace_processors([p])
-    try:
-        yield p
-    finally:
-        set_trace_processors([])
-        p.shutdown()
-
-
 @pytest.fixture(autouse=True)
 def fresh_tools():
     wa.TOOL_CALLS.clear()

@@ -8,24 +8,12 @@ import socket
 
 import openai
 import pytest
-from agents import Runner, set_trace_processors
+from agents import Runner
 
 from tests.integrations import weather_agent as wa
-from tracedb.integrations.agents import TraceDBProcessor
 from tracedb.integrations.openai import record
 
 ENVELOPE = {"intent": "AnswerQuestion"}
-
-
-@pytest.fixture
-def processor(store):
-    p = TraceDBProcessor(store)
-    set_trace_processors([p])
-    try:
-        yield p
-    finally:
-        set_trace_processors([])
-        p.shutdown()
 
 
 def only_row(store):
