@@ -136,7 +136,10 @@ def test_a_replayable_execution_offers_its_replay_command_to_copy(ui, page, shot
     cmd = page.locator("[data-testid=replay] .cmd code").inner_text()
     assert cmd.endswith(f"replay {ids['ok']}") and "tracedb --data-dir" in cmd  # program: tests/cli/test_program_name.py
     page.click("[data-testid=replay] button.copy")
-    assert page.locator("[data-testid=replay] button.copy").inner_text() == "Copied"
+    # The label changes once the clipboard's promise settles (asynchronously): wait for it.
+    page.wait_for_function(
+        "document.querySelector('[data-testid=replay] button.copy').textContent === 'Copied'"
+    )
     page.click("tr#ev-4")
     page.locator("tr.payload .jtree").wait_for()
     shots(page, "execution.png")
