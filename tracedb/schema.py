@@ -2,4 +2,4 @@
 migrations/versions/. Kept apart from `tracedb.db` so that a read can check it without loading
 SQLAlchemy."""
 
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0006"
