@@ -62,14 +62,17 @@ class EventFrame(NamedTuple):
 
     `split_event` reads it from the record's bytes; the store builds it as it encodes the record
     and hands it to the WAL with the record (the compaction hint, kept in memory only), so that
-    the compactor of the same process does not split the frame again. A hint must say what the
-    record says."""
+    the compactor of the same process does not split the frame again nor decode the payload for
+    the derived columns. A hint must say what the record says."""
 
     execution_id: str
     seq: int
     type: str
     payload_offset: int  # the payload JSON is record[payload_offset:]
     t: int
+    # What the event adds to the derived columns (`outcomes.event_facts`), when the writer
+    # knew it from the payload it had decoded; None: the reader decodes the payload if needed.
+    facts: Optional[tuple] = None
 
 
 def is_event(record: bytes) -> bool:

@@ -45,7 +45,7 @@ from .codec import (
     transition,
 )
 from .errors import IntegrityError
-from .outcomes import fold_event, may_matter
+from .outcomes import fold_event, fold_facts, may_matter
 from .record import FINAL_RESPONSE, ROUTER_DECISION, STATUS_RUNNING
 
 # A step row's values, in this order, laid end to end in `Fold.steps`.
@@ -174,7 +174,9 @@ class Fold:
 
     def add(self, recs, hinted: bool = False) -> None:
         """Fold records in LSN order: (lsn, record bytes), or (lsn, record bytes, hint) when
-        `hinted` (a hint: the event's `codec.EventFrame`, or None)."""
+        `hinted` (a hint: the event's `codec.EventFrame`, or None). An event's derived columns
+        come from its hint's `facts` when it has them, else from its payload, decoded only when
+        `outcomes.may_matter` says it can change them."""
         new, steps, ends = self.new, self.steps, self.ends
         loads = orjson.loads
         held = self.held
@@ -187,20 +189,22 @@ class Fold:
                     self.doc(loads(raw), lsn)
                     continue
                 frame = split_event(raw)
-            eid, seq, type_, at, t = frame
+            eid, seq, type_, at, t, facts = frame
             if held is not None and eid not in new and self.row(eid) is None:
                 self.skipped += 1
                 continue
             body = raw[at:]
-            text = body.decode()
             # The payload's checksum is over the very bytes written (tracedb.checksums).
-            steps += (eid, seq, type_, text, t, lsn, crc32c(body))
+            steps += (eid, seq, type_, body.decode(), t, lsn, crc32c(body))
             ends[eid] = (seq, t)
-            if may_matter(type_, body):
-                try:
-                    fold_event(self.row(eid), seq, type_, loads(body), t)
-                except orjson.JSONDecodeError:
-                    pass  # not JSON (see bad_decisions): it records no error and no usage
+            if facts is None:
+                if may_matter(type_, body):
+                    try:
+                        fold_event(self.row(eid), seq, type_, loads(body), t)
+                    except orjson.JSONDecodeError:
+                        pass  # not JSON (see bad_decisions): it records no error and no usage
+            elif facts:
+                fold_facts(self.row(eid), seq, type_, facts, t)
             if type_ == ROUTER_DECISION:
                 try:
                     self.row(eid)["router_decision"] = loads(body)

@@ -61,6 +61,7 @@ from .errors import (
 )
 from .ids import new_execution_id
 from .models import traces
+from .outcomes import event_facts
 from .record import (
     FINAL_RESPONSE,
     FLAGGABLE_STATUSES,
@@ -686,10 +687,12 @@ class Store:
             value, changed = redact(parsed, rules)
             if changed:
                 pj = payload_json(value, type_)
+                parsed = value
         data = encode_event(execution_id, seq, type_, pj, now)
         if len(data) > wal.MAX_PAYLOAD_BYTES:
             check_record_size(data)
-        hint = EventFrame(execution_id, seq, type_, event_payload_offset(data, pj), now) if self._hinting else None
+        hint = EventFrame(execution_id, seq, type_, event_payload_offset(data, pj), now,
+                          event_facts(type_, pj, parsed)) if self._hinting else None
         return data, hint
 
     @staticmethod

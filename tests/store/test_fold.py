@@ -30,6 +30,7 @@ from tracedb.compactor import Compactor
 from tracedb.config import load_config
 from tracedb.fold import STEP_COLUMNS, close_left_running, fold, new_row, read_record
 from tracedb.models import trace_steps, traces
+from tracedb.outcomes import event_facts
 from tracedb.record import compute_envelope_hash
 
 RECORDER = "rec-fold"
@@ -124,7 +125,12 @@ def compact(engine, wal_dir: str, recorder: str, from_lsn: int, to_lsn: int, hin
             out = []
             for lsn in range(first, min(to, first + n - 1) + 1):
                 raw = records[lsn - 1]
-                out.append((lsn, raw, split_event(raw) if is_event(raw) else None))
+                frame = None
+                if is_event(raw):  # as the store hands it over: frame and derived facts
+                    frame = split_event(raw)
+                    body = raw[frame.payload_offset :]
+                    frame = frame._replace(facts=event_facts(frame.type, body, orjson.loads(body)))
+                out.append((lsn, raw, frame))
             return out
     comp = Compactor(engine, wal_dir, recorder, from_lsn, batch_records=4, source=source)
     try:
@@ -243,3 +249,27 @@ def test_a_fold_of_an_unknown_op_raises_unless_told_to_skip():
     with pytest.raises(IntegrityError):
         fold(recs, RECORDER)
     assert fold(recs, RECORDER, {}, skip_unknown=True).skipped == 1
+
+
+def test_the_facts_the_store_hands_over_are_of_the_redacted_payload(tmp_path):
+    """In-process, the store hands the compactor each event's derived facts with its frame: they
+    are taken from the payload as stored, after redaction."""
+    import tracedb
+    from tests.store.redaction_config import SECRET_PATTERN, files_holding, write_config
+
+    data = str(tmp_path / "data")
+    store = tracedb.open(data, config=load_config(write_config(str(tmp_path))))
+    try:
+        assert store._hinting
+        ex = store.start("Research", {"q": 1})
+        ex.event("tool.responded", {"name": "search", "error": {"code": "E1", "message": f"bad {SECRET_PATTERN}"}})
+        ex.finish({"status": "success"})
+        store.compact()
+        with store.engine.connect() as conn:
+            code, message = conn.execute(
+                sa.select(traces.c.error_code, traces.c.error_message).where(traces.c.execution_id == ex.execution_id)
+            ).one()
+        assert code == "E1" and SECRET_PATTERN not in message and "[REDACTED]" in message
+        assert files_holding(data, SECRET_PATTERN) == {}
+    finally:
+        store.close()
