@@ -35,6 +35,7 @@ from . import outcomes
 from .codec import (
     EVENT_TAG,
     OP_EVENT,
+    EventFrame,
     OP_FINISH,
     OP_INCOMPLETE,
     OP_INVALIDATE,
@@ -144,7 +145,7 @@ class Fold:
         self.new: dict = {}
         self.upd: dict = {}
         self.steps: list = []
-        # Per execution, (seq, time) of its last event not yet folded into its row: one dict store
+        # Per execution, the frame of its last event not yet folded into its row: one dict store
         # per event instead of finding the row; folded in before any other record of that
         # execution applies, and by `end()`.
         self.ends: dict = {}
@@ -196,7 +197,7 @@ class Fold:
             body = raw[at:]
             # The payload's checksum is over the very bytes written (tracedb.checksums).
             steps += (eid, seq, type_, body.decode(), t, lsn, crc32c(body))
-            ends[eid] = (seq, t)
+            ends[eid] = frame
             if facts is None:
                 if may_matter(type_, body):
                     try:
@@ -274,10 +275,10 @@ class Fold:
         return len(self.steps) // STEP_WIDTH
 
 
-def _set_end(row: dict, end: tuple) -> None:
-    """Fold an execution's last event so far, (seq, time), into its row."""
-    row["last_seq"], row["updated_at_ns"] = end
-    row["last_event_ns"] = end[1]
+def _set_end(row: dict, end: EventFrame) -> None:
+    """Fold an execution's last event so far (its frame) into its row."""
+    row["last_seq"] = end[1]
+    row["updated_at_ns"] = row["last_event_ns"] = end[4]
 
 
 def close_left_running(row: dict, note: str) -> None:
