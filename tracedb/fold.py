@@ -56,31 +56,31 @@ STEP_WIDTH = len(STEP_COLUMNS)
 ANY_RECORDER_OPS = frozenset({OP_INVALIDATE, OP_RECORDING_FAILURE})
 
 
+# What every new row starts with (`new_row` copies it and sets the start record's columns).
+_NEW_ROW = {
+    "execution_id": None, "recorder_id": None, "intent": None, "status": STATUS_RUNNING,
+    "replayable": False, "replayable_reason": None, "status_note": None, "envelope": None,
+    "envelope_hash": None, "router_decision": None, "final_response": None, "last_seq": 0,
+    "created_at_ns": None, "updated_at_ns": None, "parent_execution_id": None,
+    "forked_at_seq": None, "pinned": False, "meta": None, **outcomes.initial(), "last_event_ns": None,
+}
+
+
 def new_row(d: dict, recorder_id: str) -> dict:
     """The whole `traces` row a start record makes (JSON columns as values, not text)."""
     t = d["t"]
-    return {
-        "execution_id": d["id"],
-        "recorder_id": recorder_id,
-        "intent": d.get("intent"),
-        "status": STATUS_RUNNING,
-        "replayable": False,
-        "replayable_reason": None,
-        "status_note": None,
-        "envelope": d["envelope"],
-        "envelope_hash": d["hash"],
-        "router_decision": None,
-        "final_response": None,
-        "last_seq": 0,
-        "created_at_ns": t,
-        "updated_at_ns": t,
-        "parent_execution_id": d.get("parent"),
-        "forked_at_seq": d.get("fork_seq"),
-        "pinned": False,
-        "meta": d.get("meta"),
-        **outcomes.initial(),
-        "last_event_ns": None,
-    }
+    row = _NEW_ROW.copy()
+    row["execution_id"] = d["id"]
+    row["recorder_id"] = recorder_id
+    row["intent"] = d.get("intent")
+    row["envelope"] = d["envelope"]
+    row["envelope_hash"] = d["hash"]
+    row["created_at_ns"] = row["updated_at_ns"] = t
+    row["parent_execution_id"] = d.get("parent")
+    row["forked_at_seq"] = d.get("fork_seq")
+    row["meta"] = d.get("meta")
+    row["models"] = []  # its own list: the fold appends to it
+    return row
 
 
 def steps_of(flat: list, width: int = STEP_WIDTH) -> list[tuple]:
