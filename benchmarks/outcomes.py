@@ -69,12 +69,16 @@ def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) 
     """Events/s of live compaction of agent-shaped executions, per second of wall time and per
     second of this process's CPU time; `derive=False`: the fold off."""
     import tracedb
-    from tracedb import compactor, outcomes
+    from tracedb import fold, outcomes
+    from tracedb import store as store_module
     from tracedb.state import StagedBatch
 
-    saved = (compactor.may_matter, outcomes.fold_finish, outcomes.fold_closed)
+    saved = (fold.may_matter, fold.fold_facts, store_module.event_facts, outcomes.fold_finish, outcomes.fold_closed)
     if not derive:
-        compactor.may_matter = lambda type_, body: False
+        # The fold's decoding, and the facts the store hands the compactor with each event.
+        fold.may_matter = lambda type_, body: False
+        fold.fold_facts = lambda *a: None
+        store_module.event_facts = lambda *a: outcomes.NO_FACTS
         outcomes.fold_finish = outcomes.fold_closed = lambda *a: None
     d = tempfile.mkdtemp(dir=workdir)
     store = tracedb.open(os.path.join(d, "data"), config={"compact_interval_ms": 0, "idle_timeout_s": 0})
@@ -104,7 +108,7 @@ def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) 
             cpu += time.process_time() - c0
         store.close()
     finally:
-        compactor.may_matter, outcomes.fold_finish, outcomes.fold_closed = saved
+        fold.may_matter, fold.fold_facts, store_module.event_facts, outcomes.fold_finish, outcomes.fold_closed = saved
         shutil.rmtree(d)
     return steps / elapsed, steps / cpu
 

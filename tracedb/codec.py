@@ -18,7 +18,7 @@ The store writes them (`tracedb.store`), the compactor and recovery read them.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import orjson
 
@@ -57,6 +57,36 @@ def event_payload_offset(record: bytes, payload_json: bytes) -> int:
     return len(record) - len(payload_json)
 
 
+class EventFrame(NamedTuple):
+    """An event record's frame: whose event it is, and where its payload JSON starts.
+
+    `split_event` reads it from the record's bytes; the store builds it as it encodes the record
+    and hands it to the WAL with the record (the compaction hint, kept in memory only), so that
+    the compactor of the same process does not split the frame again nor decode the payload for
+    the derived columns. A hint must say what the record says."""
+
+    execution_id: str
+    seq: int
+    type: str
+    payload_offset: int  # the payload JSON is record[payload_offset:]
+    t: int
+    # What the event adds to the derived columns (`outcomes.event_facts`), when the writer
+    # knew it from the payload it had decoded; None: the reader decodes the payload if needed.
+    facts: Optional[tuple] = None
+
+
+def is_event(record: bytes) -> bool:
+    """Whether a record is a framed event (every other record is a JSON document)."""
+    return record[:1] == b"\x01"
+
+
+def split_event(record: bytes) -> EventFrame:
+    """The frame of an event's record (`encode_event`): the one place it is parsed."""
+    cut = record.index(b"\n")
+    eid, seq, type_, t = orjson.loads(record[1:cut])
+    return EventFrame(eid, seq, type_, cut + 1, t)
+
+
 def encode_start(
     execution_id: str, intent: str, envelope: dict, envelope_hash: str, t: int,
     parent_execution_id: Optional[str] = None, forked_at_seq: Optional[int] = None,
@@ -92,10 +122,10 @@ def encode_status(op: str, execution_id: str, text: str, t: int) -> bytes:
 def decode_record(raw: bytes) -> dict:
     """One record as a document, events in the shape {"op": "event", "id", "seq", "type",
     "payload", "t"} (for tools and tests; the compactor itself never decodes event payloads)."""
-    if raw[:1] == b"\x01":
-        cut = raw.index(b"\n")
-        eid, seq, type_, t = orjson.loads(raw[1:cut])
-        return {"op": OP_EVENT, "id": eid, "seq": seq, "type": type_, "payload": orjson.loads(raw[cut + 1 :]), "t": t}
+    if is_event(raw):
+        f = split_event(raw)
+        return {"op": OP_EVENT, "id": f.execution_id, "seq": f.seq, "type": f.type,
+                "payload": orjson.loads(raw[f.payload_offset :]), "t": f.t}
     return orjson.loads(raw)
 
 

@@ -54,18 +54,10 @@ from wal.format import crc32c
 
 from . import db, outcomes
 from .checksums import TRACE_VALUE_COLUMNS, crc_column
-from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_INVALIDATE, OP_RECORDING_FAILURE, OP_START, transition
 from .errors import IntegrityError
+from .fold import STEP_COLUMNS, STEP_WIDTH, Fold, steps_of
 from .models import compaction_checkpoint, trace_steps, traces
-from .outcomes import fold_event, may_matter
-from .record import (
-    FINAL_RESPONSE,
-    REASON_RANK,
-    ROUTER_DECISION,
-    STATUS_INCOMPLETE,
-    STATUS_INVALIDATED,
-    STATUS_RUNNING,
-)
+from .record import REASON_RANK, STATUS_INCOMPLETE, STATUS_INVALIDATED
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +69,7 @@ log = logging.getLogger(__name__)
 PauseHook = Callable[[str, int], None]
 pause_hook: Optional[PauseHook] = None
 
-_STEP_COLS = ("execution_id", "seq", "type", "payload", "recorded_at_ns", "lsn", "payload_crc")
+_STEP_COLS = STEP_COLUMNS
 _TRACE_COLS = (
     "execution_id", "recorder_id", "intent", "status", "replayable", "replayable_reason",
     "status_note", "envelope", "envelope_hash", "router_decision", "final_response", "last_seq",
@@ -86,28 +78,10 @@ _TRACE_COLS = (
 )
 
 
-STEP_WIDTH = len(_STEP_COLS)
-
-
-def _row_of(eid: str, new: dict, upd: dict) -> dict:
-    """The batch's pending trace row for `eid`: the new one, or the changes to an existing one."""
-    row = new.get(eid)
-    if row is None:
-        row = upd.get(eid)
-        if row is None:
-            row = upd[eid] = {}
-    return row
-
-
-def _set_end(row: dict, end: tuple) -> None:
-    """Fold an execution's last event so far, (seq, time), into its pending trace row."""
-    row["last_seq"], row["updated_at_ns"] = end
-    row["last_event_ns"] = end[1]
-
 
 def _rows(flat, width: int = STEP_WIDTH) -> list[tuple]:
     """Rows laid end to end, `width` values each, as a list of tuples."""
-    return [tuple(flat[i : i + width]) for i in range(0, len(flat), width)]
+    return steps_of(flat, width)
 
 
 @dataclass(frozen=True)
@@ -274,8 +248,8 @@ class Compactor:
         """`source(first_lsn, max_records, to_lsn)`, when given, is asked first for the records
         to apply, as (lsn, payload, hint) (`wal.Wal.take_retained`: what the recorder in this
         process has just appended, still in memory); when it answers None the compactor reads
-        the WAL segments. An event's hint, (execution id, seq, type, offset of the payload JSON
-        in the record, time ns), saves decoding its record; it must say what the record says."""
+        the WAL segments. An event's hint, its `codec.EventFrame`, saves splitting its record's
+        frame; it must say what the record says."""
         self.engine = engine
         self.source = source
         self.wal_dir = wal_dir
@@ -498,52 +472,16 @@ class Compactor:
     # -- one batch -----------------------------------------------------------------------
     def _apply(self, recs, hinted: bool) -> tuple[int, int, int, int, int]:
         """Apply one batch: `recs` are wal Records, or (lsn, payload, hint) when `hinted`."""
-        new: dict[str, dict] = {}
-        upd: dict[str, dict] = {}
-        # Step rows laid end to end, STEP_WIDTH values each: no tuple per row outlives the loop,
-        # so building a batch does not set off the cyclic garbage collector again and again.
-        steps: list = []
-        # Per execution, (seq, time) of its last event not yet folded into its trace row: one
-        # dict store per event instead of finding the row; folded in before any other record of
-        # that execution applies, and at the end of the batch.
-        ends: dict[str, tuple] = {}
-        loads = orjson.loads
-        for rec in recs:
-            lsn = rec[0]
-            hint = rec[2] if hinted else None
-            if hint is not None:
-                eid, seq, type_, at, t = hint
-                body = rec[1][at:]
-            else:
-                raw = rec[1]
-                if raw[0] != EVENT_TAG:
-                    d = loads(raw)
-                    end = ends.pop(d["id"], None)
-                    if end is not None:
-                        _set_end(_row_of(d["id"], new, upd), end)
-                    self._apply_doc(d, lsn, new, upd, steps)
-                    continue
-                cut = raw.index(b"\n")
-                eid, seq, type_, t = loads(raw[1:cut])
-                body = raw[cut + 1 :]
-            # The payload's checksum is over the very bytes written (tracedb.checksums).
-            text = body.decode()
-            steps += (eid, seq, type_, text, t, lsn, crc32c(body))
-            ends[eid] = (seq, t)
-            if may_matter(type_, body):
-                try:
-                    fold_event(_row_of(eid, new, upd), seq, type_, loads(body), t)
-                except orjson.JSONDecodeError:
-                    pass  # not JSON (see below): it records no error and no usage
-            if type_ == ROUTER_DECISION:
-                try:
-                    _row_of(eid, new, upd)["router_decision"] = loads(text)
-                except orjson.JSONDecodeError:
-                    # The store refuses payloads that are not JSON (an orjson.Fragment); a
-                    # WAL written before it did may hold one: it must not stop compaction.
-                    log.error("WAL record %d: ROUTER_DECISION payload is not JSON; not kept", lsn)
-        for eid, end in ends.items():
-            _set_end(_row_of(eid, new, upd), end)
+        f = Fold(self.recorder_id)
+        f.add(recs, hinted)
+        f.end()
+        for eid, lsn in f.restarted.items():
+            _log_restart(lsn, eid)
+        for lsn in f.bad_decisions:
+            # The store refuses payloads that are not JSON (an orjson.Fragment); a WAL written
+            # before it did may hold one: it must not stop compaction.
+            log.error("WAL record %d: ROUTER_DECISION payload is not JSON; not kept", lsn)
+        new, upd, steps = f.new, f.upd, f.steps
         self._batches_total += 1
         try:
             self._write(new, upd, steps, recs[-1][0])
@@ -556,61 +494,8 @@ class Compactor:
                 "compaction batch up to LSN %d hit %s; applying it record by record",
                 recs[-1][0], getattr(e, "orig", None) or e,
             )
-            skipped = self._write_filtered(new, upd, steps, recs[-1][0])
-        return len(recs), len(steps) // STEP_WIDTH, len(new), len(upd), skipped
-
-    def _apply_doc(self, d: dict, lsn: int, new: dict, upd: dict, steps: list) -> None:
-        """One record other than a framed event: start, finish, or a status change."""
-        op = d["op"]
-        eid = d["id"]
-        if op == OP_START:
-            if eid in new or eid in upd:
-                _drop_earlier(eid, lsn, upd, steps)
-            t = d["t"]
-            new[eid] = {
-                "execution_id": eid,
-                "recorder_id": self.recorder_id,
-                "intent": d.get("intent"),
-                "status": STATUS_RUNNING,
-                "replayable": False,
-                "replayable_reason": None,
-                "status_note": None,
-                "envelope": d["envelope"],
-                "envelope_hash": d["hash"],
-                "router_decision": None,
-                "final_response": None,
-                "last_seq": 0,
-                "created_at_ns": t,
-                "updated_at_ns": t,
-                "parent_execution_id": d.get("parent"),
-                "forked_at_seq": d.get("fork_seq"),
-                "pinned": False,
-                "meta": d.get("meta"),
-                **outcomes.initial(),
-                "last_event_ns": None,
-                "_lsn": lsn,
-            }
-        else:
-            row = _row_of(eid, new, upd)
-            t = d["t"]
-            row["updated_at_ns"] = t
-            if op == OP_FINISH:
-                seq = d["seq"]
-                response = d.get("response")
-                data = orjson.dumps(response)
-                steps += (eid, seq, FINAL_RESPONSE, data.decode(), t, lsn, crc32c(data))
-                row["last_seq"] = seq
-                row["last_event_ns"] = t
-                row["final_response"] = response
-                outcomes.fold_finish(row, seq, response)
-            elif op in (OP_INCOMPLETE, OP_INVALIDATE):
-                outcomes.fold_closed(row)
-            elif op != OP_RECORDING_FAILURE:
-                raise IntegrityError(
-                    f"WAL record {lsn} has an unknown op {op!r}",
-                    hint="this WAL was written by a newer tracedb; upgrade before compacting",
-                )
-            transition(row, op, d)
+            skipped = self._write_filtered(new, upd, steps, recs[-1][0], f.starts)
+        return len(recs), f.step_count(), len(new), len(upd), skipped
 
     def _write(self, new: dict, upd: dict, steps: list, last_lsn: int, replace: frozenset = frozenset()) -> None:
         """Commit one batch: `steps` is flat (see `_apply`), the checkpoint moves with it.
@@ -643,7 +528,8 @@ class Compactor:
         self._pause("after_commit")
         self.applied_lsn = last_lsn
 
-    def _write_filtered(self, new: dict, upd: dict, steps: list, last_lsn: int) -> int:
+    def _write_filtered(self, new: dict, upd: dict, steps: list, last_lsn: int, starts: dict) -> int:
+        """`_write` of what this recorder may apply: the database read for who owns which id."""
         conn = self._connection()
         rows = _rows(steps)
         ids = list({*new, *upd, *(s[0] for s in rows)})
@@ -673,13 +559,13 @@ class Compactor:
         kept_new = {}
         for eid, row in new.items():
             if eid in replaced:
-                _log_restart(row["_lsn"], eid)
+                _log_restart(starts[eid], eid)
             elif eid in owner:
                 skipped += 1
                 log.error(
                     "WAL LSN %d starts execution %r, which recorder %r recorded already: this "
                     "recorder's records of it are skipped (execution ids must be unique across "
-                    "a fleet)", row["_lsn"], eid, owner[eid],
+                    "a fleet)", starts[eid], eid, owner[eid],
                 )
                 continue
             kept_new[eid] = row
@@ -761,13 +647,6 @@ def _log_restart(lsn: int, eid: str) -> None:
         "WAL LSN %d starts execution %r again: its earlier execution (deleted by prune before the id "
         "was used again) is replaced", lsn, eid,
     )
-
-
-def _drop_earlier(eid: str, lsn: int, upd: dict, steps: list) -> None:
-    """A start of an id this batch already holds records of: drop them (module doc)."""
-    _log_restart(lsn, eid)
-    upd.pop(eid, None)
-    steps[:] = [v for row in _rows(steps) if row[0] != eid for v in row]
 
 
 def _merge_models(conn, upd: dict) -> None:

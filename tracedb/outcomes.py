@@ -262,11 +262,34 @@ def fold_event(row: dict, seq: int, event_type: str, payload: Any, t: int) -> No
     """Fold one event into the derived columns of `row` (a new row, or a delta whose tokens and
     cost are increments, models new names, and error the batch's first: see the compactor)."""
     err = event_error(event_type, payload)
+    used = event_usage(event_type, payload)
+    if err is not None or used is not None:
+        fold_facts(row, seq, event_type, (err, used), t)
+
+
+NO_FACTS = ()  # what `event_facts` says of an event that changes no derived column
+
+
+def event_facts(event_type: str, payload_json: bytes, payload: Any) -> tuple:
+    """What an event adds to the derived columns: (error or None, usage or None), NO_FACTS when
+    nothing; `payload` is `payload_json` decoded. The store has the payload decoded at hand when
+    it writes the record, and hands this to the compactor with it (`codec.EventFrame.facts`), so
+    that compaction decodes no payload."""
+    if not may_matter(event_type, payload_json):
+        return NO_FACTS
+    err = event_error(event_type, payload)
+    used = event_usage(event_type, payload)
+    if err is None and used is None:
+        return NO_FACTS
+    return err, used
+
+
+def fold_facts(row: dict, seq: int, event_type: str, facts: tuple, t: int) -> None:
+    """Fold an event's `event_facts` (not NO_FACTS) into the derived columns of `row`, as
+    `fold_event` folds its payload."""
+    err, used = facts
     if err is not None:
         _note_error(row, seq, event_type, err)
-    if event_type != LLM_RESPONDED:
-        return
-    used = event_usage(event_type, payload)
     if used is None:
         return
     model, n_in, n_out, cached = used

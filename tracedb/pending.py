@@ -26,11 +26,11 @@ import orjson
 import wal
 from wal.dir_lock import LOCK_FILE
 
-from . import outcomes, sqlite_reads
-from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_RECORDING_FAILURE, OP_START, transition
+from . import sqlite_reads
 from .config import Config
 from .errors import file_error, path_exists
-from .record import FINAL_RESPONSE, ROUTER_DECISION, STATUS_RUNNING
+from .fold import STEP_WIDTH, close_left_running, fold, read_record
+from .record import STATUS_RUNNING
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -97,6 +97,8 @@ class Pending:
     `rows`: execution id -> the whole `traces` row (a dict of its columns) as it reads now.
     `steps`: execution id -> the events read from the WAL, not in the database yet.
     `last_event_at_ns`: execution id -> the time of its last event.
+    `replaced`: ids whose database row (and steps) belong to an earlier execution that a start
+    in the WAL replaces (`tracedb.fold`): `steps` holds the newer execution's steps alone.
     """
 
     applied_lsn: int = 0
@@ -104,6 +106,7 @@ class Pending:
     uncompacted_records: int = 0
     left_running: tuple = ()  # ids of executions left running with no recorder
     damages: tuple = ()
+    replaced: tuple = ()
     rows: dict = field(default_factory=dict)
     steps: dict = field(default_factory=dict)
     last_event_at_ns: dict = field(default_factory=dict)
@@ -247,87 +250,31 @@ def _load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
         # shown, and a view without it would pass for the whole store.
         raise file_error(e if e.filename else _failing_segment(config.wal_dir, e), config.data_dir) from None
     pending.uncompacted_records = len(records)
-    decoded = []
-    ids: set = set()
-    tag = bytes((EVENT_TAG,))
-    for lsn, raw in records:
-        if raw[:1] == tag:
-            cut = raw.index(b"\n")
-            eid, seq, type_, t = orjson.loads(raw[1:cut])
-            decoded.append((lsn, None, (eid, seq, type_, raw[cut + 1 :].decode(), t)))
-        else:
-            d = orjson.loads(raw)
-            eid = d["id"]
-            decoded.append((lsn, d, None))
-        ids.add(eid)
+    ids = {read_record(raw)[1] for _lsn, raw in records}
     if lite:
         running, rows = sqlite_reads.running_with_rows(engine, recorder_id, ids)
     else:
         running, rows = _running_with_rows(engine, recorder_id, ids)
+    last_at = pending.last_event_at_ns
     for row in rows.values():
-        pending.last_event_at_ns[row["execution_id"]] = row.pop("_last_event_at_ns")
-    changed: set = set()
-    for lsn, d, ev in decoded:
-        if ev is not None:
-            eid, seq, type_, text, t = ev
-            row = rows.get(eid)
-            if row is None:
-                continue  # the compactor skips steps of an execution it has no row for
-            pending.steps.setdefault(eid, []).append(PendingStep(seq, type_, text, t, lsn))
-            row["last_seq"] = seq
-            row["updated_at_ns"] = row["last_event_ns"] = t
-            pending.last_event_at_ns[eid] = t
-            if outcomes.may_matter(type_, text.encode()):
-                try:
-                    outcomes.fold_event(row, seq, type_, orjson.loads(text), t)
-                except orjson.JSONDecodeError:
-                    pass
-            if type_ == ROUTER_DECISION:
-                try:
-                    row["router_decision"] = orjson.loads(text)
-                except orjson.JSONDecodeError:
-                    pass
-            changed.add(eid)
-            continue
-        op, eid, t = d["op"], d["id"], d["t"]
-        if op == OP_START:
-            if eid in rows:
-                continue  # already there: the compactor skips a second start
-            rows[eid] = {
-                "execution_id": eid, "recorder_id": recorder_id, "intent": d.get("intent"),
-                "status": STATUS_RUNNING, "replayable": False, "replayable_reason": None,
-                "status_note": None, "envelope": d["envelope"], "envelope_hash": d["hash"],
-                "router_decision": None, "final_response": None, "last_seq": 0,
-                "created_at_ns": t, "updated_at_ns": t, "parent_execution_id": d.get("parent"),
-                "forked_at_seq": d.get("fork_seq"), "pinned": False, "meta": d.get("meta"),
-                **outcomes.initial(), "last_event_ns": None,
-            }
-            pending.last_event_at_ns[eid] = None
-            changed.add(eid)
-            continue
-        row = rows.get(eid)
-        if row is None:
-            continue
-        row["updated_at_ns"] = t
-        if op == OP_FINISH:
-            seq = d["seq"]
-            pending.steps.setdefault(eid, []).append(
-                PendingStep(seq, FINAL_RESPONSE, orjson.dumps(d.get("response")).decode(), t, lsn)
-            )
-            row["last_seq"] = seq
-            row["final_response"] = d.get("response")
-            row["last_event_ns"] = t
-            outcomes.fold_finish(row, seq, d.get("response"))
-            pending.last_event_at_ns[eid] = t
-        elif op != OP_RECORDING_FAILURE:
-            outcomes.fold_closed(row)
-        transition(row, op, d)
-        changed.add(eid)
+        last_at[row["execution_id"]] = row.pop("_last_event_at_ns")
+    foreign = frozenset(eid for eid, row in rows.items() if recorder_id and row["recorder_id"] != recorder_id)
+    held = frozenset(rows)
+    # Folded exactly as the compactor folds them (tracedb.fold), into the database's rows.
+    f = fold(records, recorder_id, rows, foreign, skip_unknown=True)
+    rows.update(f.new)
+    changed = {*f.new, *f.upd}
+    for eid in f.new:
+        last_at[eid] = None
+    for i in range(0, len(f.steps), STEP_WIDTH):
+        eid, seq, type_, text, t, lsn, _crc = f.steps[i : i + STEP_WIDTH]
+        pending.steps.setdefault(eid, []).append(PendingStep(seq, type_, text, t, lsn))
+        last_at[eid] = t
+    pending.replaced = tuple(sorted(held.intersection(f.restarted)))
     left = []
     for eid, row in rows.items():
         if row["status"] == STATUS_RUNNING and (not recorder_id or row["recorder_id"] == recorder_id):
-            transition(row, OP_INCOMPLETE, {"why": NO_RECORDER_NOTE})
-            outcomes.fold_closed(row)
+            close_left_running(row, NO_RECORDER_NOTE)
             left.append(eid)
             changed.add(eid)
     pending.left_running = tuple(sorted(left))

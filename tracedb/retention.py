@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
@@ -28,7 +27,7 @@ import wal
 
 from . import db
 from .backoff import Backoff
-from .codec import EVENT_TAG
+from .fold import fork_parent
 from .errors import ExecutionNotFoundError, InvalidInputError
 from .models import TERMINAL_STATUSES, trace_steps, traces
 from .record import REASON_MANUALLY_INVALIDATED, STATUS_INVALIDATED
@@ -427,13 +426,9 @@ class UncompactedForks:
         if not os.path.isdir(self.wal_dir):
             return self.parents
         reader = wal.WalReader(self.wal_dir, from_lsn=self.next_lsn, mode="point_in_time")
-        event_tag = bytes((EVENT_TAG,))
         for rec in reader.records():
             self.next_lsn = rec.lsn + 1
-            raw = rec.payload
-            if raw[:1] == event_tag or b'"parent"' not in raw:
-                continue
-            parent = orjson.loads(raw).get("parent")
+            parent = fork_parent(rec.payload)
             if parent:
                 self.parents.add(parent)
         return self.parents

@@ -34,9 +34,10 @@ import wal
 from wal import salvage_file, segment_of
 
 from . import db
-from .codec import EVENT_TAG, OP_FINISH, OP_INCOMPLETE, OP_INVALIDATE, OP_RECORDING_FAILURE, OP_START
+from .codec import OP_EVENT, OP_FINISH, OP_INCOMPLETE, OP_INVALIDATE, OP_RECORDING_FAILURE, OP_START, is_event
 from .config import Config
 from .errors import StoreInUseError, StoreNotFoundError, path_exists
+from .fold import read_record, record_time
 from .models import compaction_checkpoint, trace_steps, traces
 from .pending import recorder_id_of
 from .record import REASON_RECORD_CORRUPTED, REASON_RECORDING_FAILURE, STATUS_INVALIDATED, STATUS_RUNNING, compute_envelope_hash
@@ -133,9 +134,7 @@ class RepairReport:
 
 def _execution_id(payload: bytes) -> Optional[str]:
     try:
-        if payload[:1] == bytes((EVENT_TAG,)):
-            return orjson.loads(payload[1 : payload.index(b"\n")])[0]
-        return orjson.loads(payload)["id"]
+        return read_record(payload)[1]
     except (ValueError, KeyError, TypeError, IndexError):
         return None
 
@@ -350,12 +349,8 @@ def _decoded(recs) -> list:
 
 
 def _decode(payload: bytes) -> tuple:
-    """(op, execution id, seq or None, document or None) of a record."""
-    if payload[:1] == bytes((EVENT_TAG,)):
-        eid, seq, _type, _t = orjson.loads(payload[1 : payload.index(b"\n")])
-        return "event", eid, seq, None
-    d = orjson.loads(payload)
-    return d["op"], d["id"], d.get("seq"), d
+    """(op, execution id, seq or None, document or None) of a record (`fold.read_record`)."""
+    return read_record(payload)
 
 
 def _db_state(conn, ids: list[str]) -> tuple[dict, set]:
@@ -392,7 +387,7 @@ def _needed(records: list, rows: dict, steps: set) -> tuple[list, set]:
             if state is not None or eid in started:
                 continue
             started.add(eid)
-        elif op in ("event", OP_FINISH):
+        elif op in (OP_EVENT, OP_FINISH):
             if (eid, seq) in steps:
                 continue
             steps.add((eid, seq))
@@ -499,7 +494,7 @@ def _salvage(config: Config, dry_run: bool, open_store: Optional[Callable], live
         for eid, seq in steps:
             seqs.setdefault(eid, set()).add(seq)
         for _l, _p, (op, eid, seq, _d) in prefix + after_cut:
-            if op in ("event", OP_FINISH):
+            if op in (OP_EVENT, OP_FINISH):
                 seqs.setdefault(eid, set()).add(seq)
         corrupted = tuple(
             (eid, tuple(x for x in range(1, max(s) + 1) if x not in s))
@@ -536,7 +531,7 @@ def _salvage(config: Config, dry_run: bool, open_store: Optional[Callable], live
         first_t: dict = {}
         for _l, payload, (op, eid, _s, d) in need:
             if eid in orphans and eid not in first_t:
-                t = d["t"] if d is not None else orjson.loads(payload[1 : payload.index(b"\n")])[3]
+                t = record_time(payload, d)
                 first_t[eid] = t
                 payloads.append(_made_up_start(eid, t))
             payloads.append(payload)
@@ -580,7 +575,7 @@ def _closed_after_cut(live: list, gaps: dict) -> dict:
     for f in live:
         for r in f.records:
             gap = max(((a, b) for a, b in gaps.items() if b <= r.lsn), default=None)
-            if gap is None or r.payload[:1] == bytes((EVENT_TAG,)):
+            if gap is None or is_event(r.payload):
                 continue
             try:
                 op, eid, _seq, _d = _decode(r.payload)

@@ -39,10 +39,12 @@ from .codec import (
     OP_INVALIDATE,
     OP_RECORDING_FAILURE,
     STATUS_TEXT_KEY,
+    EventFrame,
     encode_event,
     encode_finish,
     encode_start,
     encode_status,
+    event_payload_offset,
 )
 from .compactor import CompactResult, Compactor
 from .config import AUTO_WORKER_RATE, Config, as_config
@@ -59,6 +61,7 @@ from .errors import (
 )
 from .ids import new_execution_id
 from .models import traces
+from .outcomes import event_facts
 from .record import (
     FINAL_RESPONSE,
     FLAGGABLE_STATUSES,
@@ -684,10 +687,12 @@ class Store:
             value, changed = redact(parsed, rules)
             if changed:
                 pj = payload_json(value, type_)
+                parsed = value
         data = encode_event(execution_id, seq, type_, pj, now)
         if len(data) > wal.MAX_PAYLOAD_BYTES:
             check_record_size(data)
-        hint = (execution_id, seq, type_, len(data) - len(pj), now) if self._hinting else None
+        hint = EventFrame(execution_id, seq, type_, event_payload_offset(data, pj), now,
+                          event_facts(type_, pj, parsed)) if self._hinting else None
         return data, hint
 
     @staticmethod
