@@ -8,7 +8,9 @@ group's gate (one wake-up per group, passed from thread to thread), asyncio call
 the number of fsyncs.
 
 An event loop can take the flusher's place (`attach_loop`, which `open_async` calls; see
-wal/loop_flusher.py). Around the writer: the directory lock (wal/dir_lock.py), spare
+wal/loop_flusher.py). Both flushers work on one state object, `GroupCommit`
+(wal/group_commit.py), and ask the log only what its `GroupLog` interface offers. Around the
+writer: the directory lock (wal/dir_lock.py), spare
 zero-filled segments (wal/spares.py), the compactor's window of recent records
 (wal/retained_records.py), the flusher's doorbell (wal/doorbell.py) and the acknowledgment of
 asyncio futures (wal/futures.py).
@@ -30,7 +32,7 @@ from .doorbell import Doorbell
 from .errors import PayloadTooLargeError, WalClosedError, WalFailedError, WalUsageError
 from .fs import OsFileSystem, make_dirs, make_private, write_all, write_file_atomic
 from .futures import GroupGate, acknowledge, running_loop
-from .group_commit import FlusherStep, Owner
+from .group_commit import FlusherStep, Group, GroupCommit, Owner
 from .loop_flusher import LoopFlusher
 from .reader import APPLIED_FILE, list_segments, read_applied_lsn, read_gaps, scan_last_segment
 from .repair import continue_at, keep_torn_tail, move_aside, seal_intact
@@ -86,7 +88,51 @@ def _check_batch(payloads: Sequence[bytes], hints) -> None:
             raise PayloadTooLargeError(len(p), fmt.MAX_PAYLOAD_BYTES)
 
 
-class Wal(LoopFlusher):
+class ThreadFlusher:
+    """The flusher thread's side of the `Flusher` interface: its doorbell, and whether it
+    sleeps on it. The thread runs `Wal._flusher`; it is woken (a ring, a syscall) only when it
+    sleeps."""
+
+    __slots__ = ("bell", "idle", "thread")
+
+    def __init__(self) -> None:
+        self.bell: Optional[Doorbell] = None  # made once the log is open: no fd leaks on errors
+        self.idle = False  # (under the commit's lock) it sleeps on the bell, or watches the loop
+        self.thread: Optional[threading.Thread] = None
+
+    def start(self, target) -> None:
+        self.bell = Doorbell()
+        self.thread = threading.Thread(target=target, name="wal-flusher", daemon=True)
+        self.thread.start()
+
+    def request_locked(self) -> bool:
+        """Wake the thread if it sleeps (under the commit's lock): it flushes the open group."""
+        if self.idle:
+            self.idle = False
+            self.bell.ring()
+        return True
+
+    def ring_locked(self) -> None:
+        """Wake the thread whether it sleeps or not (a rotation to run, a close)."""
+        self.idle = False
+        self.bell.ring()
+
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def sleep(self) -> None:
+        self.bell.wait()
+
+    def join(self) -> None:
+        if self.thread is not None and threading.current_thread() is not self.thread:
+            self.thread.join()
+
+    def close(self) -> None:
+        if self.bell is not None:
+            self.bell.close()
+
+
+class Wal:
     """A write-ahead log opened for appending. Sync API; see `AsyncWal` for the asyncio twin.
 
     `append` returns the record's LSN only after the fdatasync covering it succeeded.
@@ -108,22 +154,19 @@ class Wal(LoopFlusher):
         self.fs = fs or OsFileSystem()
         # Called with (bytes, seconds) after each group is written and synced; settable.
         self.on_group = on_group
-        self._lock = threading.Lock()
+        # The group commit's state (who flushes, what is pending, what is durable), under
+        # its lock; `_lock` and `_synced` name its lock and condition.
+        self._commit = GroupCommit(self.directory)
+        self._lock = self._commit.lock
+        self._synced = self._commit.synced
         self._applied_lock = threading.Lock()
-        self._synced = threading.Condition(self._lock)
-        self._bell: Optional[Doorbell] = None  # made once the log is open: no fd leaks on errors
+        # The two flushers: the thread (always there), and the attached event loop, if any.
+        self._thread_flusher = ThreadFlusher()
+        self._loop_flusher = LoopFlusher(self._commit, self, self._thread_flusher)
         # The loop that will ring for the open group once its ready callbacks ran; an append
         # from any other loop schedules its own ring (a closed loop never runs its callbacks).
         self._ring_loop = None
-        self._flusher_idle = False  # ring only for a sleeping flusher: a ring is a syscall
-        self._group = bytearray()
-        self._waiters: list = []  # (loop, future, lsn) of asyncio appends in the open group
-        self._gate: Optional[GroupGate] = None  # where the open group's blocking appends wait
         self._retained: Optional[RetainedRecords] = None  # see retain()
-        self._group_last_lsn = 0
-        self._writing_lsn = 0  # last LSN of the group being written and synced (0: none)
-        self._closed = False
-        self._failed: Optional[WalFailedError] = None
         self._appends = 0
         self._groups = 0
         self._bytes = 0
@@ -131,11 +174,6 @@ class Wal(LoopFlusher):
         self._last_group = 0
         self._lock_fd: Optional[int] = None
         self._fd: Optional[int] = None
-        # Who is writing and syncing a group now (group_commit.Owner).
-        self._owner = Owner.IDLE
-        self._watch = threading.Condition(self._lock)  # the thread's timed waits on the loop
-        self._rotation = None  # (rotate_to, last_lsn) the flusher is to carry out for the loop
-        self._init_loop_flusher()
         # Spare segments (preallocate), made by their own thread when asked for: for a plain
         # segment once this much was written in it since it was opened (so that a short-lived
         # writer, a script, a test, never zero-fills anything), for a preallocated one once it
@@ -159,9 +197,7 @@ class Wal(LoopFlusher):
         except BaseException:
             self._release_lock()
             raise
-        self._bell = Doorbell()
-        self._thread = threading.Thread(target=self._flusher, name="wal-flusher", daemon=True)
-        self._thread.start()
+        self._thread_flusher.start(self._flusher)
         if preallocate:
             self._spares = SpareSegments(self.fs, self.directory, self._spare_made)
             self._spare_event = self._spares.ready_event  # set once a spare is ready (tests wait on it)
@@ -227,8 +263,8 @@ class Wal(LoopFlusher):
             # before this writer wrote as much as a plain segment asks for first.
             self._spare_at = max(self._bound // 2, end + self._prealloc_after)
         self._next_lsn = next_lsn
-        self._durable_lsn = next_lsn - 1
-        self._group_last_lsn = next_lsn - 1
+        self._commit.durable_lsn = next_lsn - 1
+        self._commit.last_lsn = next_lsn - 1
         self._encode_seed = self._seed
         if tail.sealed:
             self.fs.close(fd)
@@ -242,8 +278,8 @@ class Wal(LoopFlusher):
         fd = self._create_segment_file(salt, number, first_lsn)
         self._set_segment(fd, number, first_lsn, fmt.salt_seed(salt), fmt.SEGMENT_HEADER_SIZE, 0)
         self._encode_seed = self._seed
-        self._durable_lsn = first_lsn - 1
-        self._group_last_lsn = first_lsn - 1
+        self._commit.durable_lsn = first_lsn - 1
+        self._commit.last_lsn = first_lsn - 1
 
     def _create_segment_file(self, salt: int, number: int, first_lsn: int) -> int:
         """Write a new segment file holding its header (atomically); its fd, after the header."""
@@ -280,17 +316,38 @@ class Wal(LoopFlusher):
             # as it is ready; else one is asked for once this segment has grown a little.
             self._spare_at = None if self._spare_asked else end + self._prealloc_after
 
+    # -- the event loop as flusher (wal/loop_flusher.py) ---------------------------------
+    def attach_loop(self) -> bool:
+        """Let the running event loop flush the groups its appends fill (call it in the loop).
+
+        The loop writes each group and starts its fdatasync without blocking (wal/aio.py),
+        then acknowledges the group when the completion arrives; appends from other threads
+        and loops still work (the loop flushes theirs too). Returns False, changing nothing,
+        where the file system object offers no background fdatasync (`fs.async_syncer()` is
+        missing or returns None): the flusher thread then goes on flushing everything.
+        Call `detach_loop` in the loop before it stops; `close` does it when it can.
+        """
+        return self._loop_flusher.attach()
+
+    def detach_loop(self) -> None:
+        """Give flushing back to the thread: finish the loop's flush in flight (waiting for
+        it, and for a rotation under way), then stop watching the syncer. Call it in the
+        attached loop, or once that loop has stopped; a no-op when no loop is attached."""
+        self._loop_flusher.detach()
+
+    @property
+    def loop_attached(self) -> bool:
+        """An event loop flushes this log (attach_loop)."""
+        return self._loop_flusher.loop is not None
+
     # -- appending -----------------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._failed is not None:
-            raise self._failed
-        if self._closed:
-            raise WalClosedError(f"WAL {self.directory} is closed")
+        self._commit.check_open()
 
     def _encode_all_locked(self, payloads: Sequence[bytes], hints) -> list[int]:
         """Frame `payloads` into the open group (sizes already checked); their LSNs."""
         first = self._next_lsn
-        group = self._group
+        group = self._commit.data
         mark = len(group)
         try:
             nxt = fmt.frame_data_records(group, self._encode_seed, first, payloads)
@@ -299,7 +356,7 @@ class Wal(LoopFlusher):
             del group[mark:]
             raise
         self._next_lsn = nxt
-        self._group_last_lsn = nxt - 1
+        self._commit.last_lsn = nxt - 1
         retained = self._retained
         if retained is not None:
             keep = retained.keep
@@ -325,45 +382,39 @@ class Wal(LoopFlusher):
     def _gate_locked(self) -> GroupGate:
         """The open group's gate, for a blocking caller whose records were just framed into it
         (under the lock); sees that the group gets flushed."""
-        gate = self._gate
-        if gate is None:
-            gate = self._gate = GroupGate()
-            self._waiters.append((None, gate, None))
+        gate, _new = self._commit.gate_locked()
         self._wake_locked()
         return gate
 
     def _wake_locked(self) -> None:
         """After an append made outside the attached loop (under the lock): see that its
         group gets flushed, by the attached loop while it runs, else by the flusher thread."""
-        if self._loop_alive() and (self._owner is not Owner.IDLE or self._kick_locked()):
+        looper = self._loop_flusher
+        if looper.alive() and (self._commit.owner is not Owner.IDLE or looper.request_locked()):
             return  # the flush in flight (or the rotation) starts the next one when done
-        self._ring_locked()
-
-    def _ring_locked(self) -> None:
-        """Wake the flusher thread if it sleeps (under the lock): a ring is a syscall."""
-        if self._flusher_idle:
-            self._flusher_idle = False
-            self._bell.ring()
+        self._thread_flusher.request_locked()
 
     def _wait_durable(self, lsn: int, gate: GroupGate) -> None:
         # The group's gate opens once it is durable: one wake-up per group, passed along. The
         # wait is timed, so that nothing a waiter did wrong with the gate can leave a thread
         # waiting: the checks below then decide.
-        if gate.wait(1.0 if self._aio_loop is None else 0.1) and self._durable_lsn >= lsn:
+        commit = self._commit
+        looper = self._loop_flusher
+        if gate.wait(1.0 if looper.loop is None else 0.1) and commit.durable_lsn >= lsn:
             return
         # A failure, a close, or an attached loop that did not flush in time: look closer.
-        with self._lock:
-            while self._durable_lsn < lsn:
+        with commit.lock:
+            while commit.durable_lsn < lsn:
                 # A failure elsewhere (mark_applied) does not stop the group being written: an
                 # append in it waits for that group's own outcome.
-                if self._failed is not None and lsn > self._writing_lsn:
-                    raise self._failed
-                if self._closed and not self._thread.is_alive():
+                if commit.failed is not None and lsn > commit.writing_lsn:
+                    raise commit.failed
+                if commit.closed and not self._thread_flusher.alive():
                     raise WalClosedError(f"WAL {self.directory} closed before LSN {lsn} was synced")
-                if self._aio_loop is None:
-                    self._synced.wait()
-                elif not self._synced.wait(0.1) and not self._loop_alive():
-                    self._ring_locked()  # the attached loop stopped: the thread takes over
+                if looper.loop is None:
+                    commit.synced.wait()
+                elif not commit.synced.wait(0.1) and not looper.alive():
+                    self._thread_flusher.request_locked()  # the loop stopped: the thread takes over
 
     def append(self, payload: bytes, hint=None) -> int:
         """Append one record; return its LSN once it is durable (after fdatasync).
@@ -409,8 +460,8 @@ class Wal(LoopFlusher):
                 fut.set_result(lsns)
                 return fut
             self._appends += len(lsns)
-            self._waiters.append((loop, fut, lsns))
-            if self._flusher_idle and self._ring_loop is not loop:
+            self._commit.waiters.append((loop, fut, lsns))
+            if self._thread_flusher.idle and self._ring_loop is not loop:
                 self._ring_for(loop)
         return fut
 
@@ -421,20 +472,21 @@ class Wal(LoopFlusher):
         fut = loop.create_future()
         with self._lock:
             lsn = self._frame_one_locked(payload, hint)
-            self._waiters.append((loop, fut, lsn))
-            if self._flusher_idle and self._ring_loop is not loop:
+            self._commit.waiters.append((loop, fut, lsn))
+            if self._thread_flusher.idle and self._ring_loop is not loop:
                 self._ring_for(loop)
         return fut
 
     def _frame_one_locked(self, payload, hint) -> int:
         """Frame one record (its size checked) into the open group, under the lock; its LSN.
         The single appends' hot path, shorter than `_encode_all_locked`."""
-        if self._failed is not None or self._closed:
-            self._check_open()
+        commit = self._commit
+        if commit.failed is not None or commit.closed:
+            commit.check_open()
         lsn = self._next_lsn
-        _frame_record(self._group, self._encode_seed, lsn, fmt.TYPE_DATA, payload)
+        _frame_record(commit.data, self._encode_seed, lsn, fmt.TYPE_DATA, payload)
         self._next_lsn = lsn + 1
-        self._group_last_lsn = lsn
+        commit.last_lsn = lsn
         if self._retained is not None:
             self._retained.keep(lsn, payload, hint)
         self._appends += 1
@@ -456,11 +508,11 @@ class Wal(LoopFlusher):
         with self._lock:
             if self._ring_loop is loop:
                 self._ring_loop = None
-            flush_here = self._aio_loop is loop  # this loop flushes, below, outside the lock
-            if not flush_here and self._group:
-                self._ring_locked()
+            flush_here = self._loop_flusher.loop is loop  # this loop flushes, below, outside the lock
+            if not flush_here and self._commit.data:
+                self._thread_flusher.request_locked()
         if flush_here:
-            self._loop_flush()
+            self._loop_flusher.flush()
 
     # -- records kept in memory for an in-process consumer -------------------------------
     def retain(self, max_records: int, max_bytes: int = 32 << 20) -> None:
@@ -488,21 +540,16 @@ class Wal(LoopFlusher):
         with self._lock:
             if self._retained is None:
                 return None
-            return self._retained.take(first_lsn, max_records, min(to_lsn, self._durable_lsn))
+            return self._retained.take(first_lsn, max_records, min(to_lsn, self._commit.durable_lsn))
 
     # -- the flusher ---------------------------------------------------------------------
-    def _take_group_locked(self):
-        """The open group, handed to the flusher (under the lock; the group is not empty)."""
-        group = self._group
-        waiters = self._waiters
-        last_lsn = self._group_last_lsn
-        self._writing_lsn = last_lsn
-        fmt.mark_group_start(group, self._encode_seed)  # the seed it was framed with
-        self._group = bytearray()
-        self._waiters = []
-        self._gate = None
+    def take_group_locked(self) -> Group:
+        """The open group, taken for flushing (under the lock; the group is not empty); part
+        of the `GroupLog` the flushers use."""
+        data, waiters, last_lsn = self._commit.take_locked()
+        fmt.mark_group_start(data, self._encode_seed)  # the seed it was framed with
         rotate_to = None
-        if self._segment_bytes + len(group) >= self._bound or (
+        if self._segment_bytes + len(data) >= self._bound or (
             # A plain segment (the first after open) is left early for a zero-filled spare,
             # once one is ready: fdatasync over preallocated blocks skips the file-size journal
             # commit that an append costs.
@@ -512,68 +559,78 @@ class Wal(LoopFlusher):
             salt = secrets.randbits(32)
             rotate_to = (salt, self._segment_number + 1, last_lsn + 1)
             self._encode_seed = fmt.salt_seed(salt)
-        return group, waiters, last_lsn, rotate_to
+        return Group(data, waiters, last_lsn, rotate_to)
+
+    def write_group(self, group: Group) -> int:
+        """Write a taken group to the open segment (its flusher owns the fd); the fd to sync."""
+        fd = self._fd
+        write_all(self.fs, fd, group.data)
+        return fd
 
     def _flusher(self) -> None:
+        """The flusher thread: flushes the groups nobody else does, rotates for the attached
+        loop, and finishes the flush of a loop that went away."""
+        commit = self._commit
+        thread = self._thread_flusher
+        looper = self._loop_flusher
         while True:
-            with self._lock:
+            with commit.lock:
                 # Decide and take the group under one hold of the lock: a failure in between
                 # (mark_applied) empties the group, and an empty group must never be "synced".
                 taken = None
-                if self._rotation is not None:  # the attached loop's, see _group_synced
-                    taken, rotation, self._rotation = FlusherStep.ROTATE, self._rotation, None
-                elif self._owner is not Owner.IDLE:
+                if commit.rotation is not None:  # the attached loop's, see group_synced
+                    taken, rotation, commit.rotation = FlusherStep.ROTATE, commit.rotation, None
+                elif commit.owner is not Owner.IDLE:
                     # The attached loop is flushing. Stay awake while it does (a blocking
                     # caller rang): if the loop goes away mid-flush, finish its flush here.
-                    rescue = self._owner is Owner.LOOP and self._aio_job is not None and not self._loop_alive()
+                    rescue = commit.owner is Owner.LOOP and looper.job is not None and not looper.alive()
                     taken = FlusherStep.RESCUE if rescue else FlusherStep.WATCH
-                elif not self._group:
-                    if self._closed:
+                elif not commit.data:
+                    if commit.closed:
                         return
-                    self._flusher_idle = True
-                elif self._loop_alive() and self._kick_locked():
+                    thread.idle = True
+                elif looper.alive() and looper.request_locked():
                     taken = FlusherStep.WATCH  # the loop flushes the group; watch that it does
                 else:
-                    taken = self._take_group_locked()
-                    self._owner = Owner.THREAD
+                    taken = self.take_group_locked()
+                    commit.owner = Owner.THREAD
                 if taken is FlusherStep.WATCH:
-                    self._flusher_idle = True  # the loop's own appends schedule its flushes
-                    self._watch.wait(0.05)
+                    thread.idle = True  # the loop's own appends schedule its flushes
+                    commit.watch.wait(0.05)
                     continue
             if taken is None:
-                self._bell.wait()
+                thread.sleep()
                 continue
             if taken is FlusherStep.RESCUE:
-                if not self._reap_loop_flush(block=True, rescue=True):
-                    with self._lock:  # the loop runs again, or it was detached meanwhile
-                        self._watch.wait(0.05)
+                if not looper.reap(block=True, rescue=True):
+                    with commit.lock:  # the loop runs again, or it was detached meanwhile
+                        commit.watch.wait(0.05)
                 continue
             if taken is FlusherStep.ROTATE:
                 if not self._rotate_and_release(*rotation):
                     return
                 continue  # the next pass hands the open group back to the loop
-            group, waiters, last_lsn, rotate_to = taken
             try:
                 t0 = time.perf_counter()
-                write_all(self.fs, self._fd, group)
-                self.fs.fdatasync(self._fd)
+                self.fs.fdatasync(self.write_group(taken))
                 dt = time.perf_counter() - t0
             except BaseException as e:  # noqa: BLE001 - every failure fails closed
-                self._fail("write/fdatasync", e, waiters)
+                self.fail("write/fdatasync", e, taken.waiters)
                 return
-            if not self._group_synced(len(group), waiters, last_lsn, rotate_to, dt, None):
+            if not self.group_synced(taken, dt, None):
                 return
 
-    def _group_synced(self, nbytes: int, waiters, last_lsn: int, rotate_to, dt: float, loop) -> bool:
+    def group_synced(self, group: Group, dt: float, loop) -> bool:
         """A group's fdatasync succeeded: acknowledge it, then rotate if it was the last of
         its segment (in the flusher thread when `loop`, the attached loop, is running this).
-        Leaves `_owner` set while a rotation runs. False if the rotation failed."""
-        with self._lock:
-            self._durable_lsn = last_lsn
+        Leaves the commit's owner set while a rotation runs. False if the rotation failed."""
+        nbytes, waiters, rotate_to = len(group.data), group.waiters, group.rotate_to
+        commit = self._commit
+        with commit.lock:
+            commit.synced_locked(group.last_lsn)
             self._groups += 1
             self._bytes += nbytes
             self._fsync_s += dt
-            self._synced.notify_all()
         self._last_group = len(waiters)
         if self.on_group is not None:
             # Before the fd is released: the next group's report never overtakes this one.
@@ -583,9 +640,9 @@ class Wal(LoopFlusher):
                 pass
         spare = 0
         if rotate_to is None:
-            with self._lock:
+            with commit.lock:
                 self._segment_bytes += nbytes
-                self._owner = Owner.IDLE
+                commit.owner = Owner.IDLE
                 if self._spare_at is not None and self._segment_bytes >= self._spare_at:
                     spare = self._spare_due_locked()
             if spare:
@@ -593,7 +650,7 @@ class Wal(LoopFlusher):
             if loop is not None:
                 # Start the next group's fdatasync before acknowledging this one: the disk
                 # works while the loop runs the producers this acknowledgment wakes.
-                self._loop_flush()
+                self._loop_flusher.flush()
         acknowledge(waiters, None)
         retained = self._retained
         if retained is not None and retained.dropped is not None:
@@ -603,14 +660,13 @@ class Wal(LoopFlusher):
         if loop is not None:
             # Its blocking calls (seal, fdatasync, rename, directory fsync) go to the flusher
             # thread, which hands flushing back to the loop when it is done.
-            with self._lock:
-                self._owner = Owner.ROTATING
-                self._rotation = (rotate_to, last_lsn)
-                self._flusher_idle = False
-                self._bell.ring()  # whether it sleeps on the bell ...
-                self._watch.notify()  # ... or watches the loop
+            with commit.lock:
+                commit.owner = Owner.ROTATING
+                commit.rotation = (rotate_to, group.last_lsn)
+                self._thread_flusher.ring_locked()  # whether it sleeps on the bell ...
+                commit.watch.notify()  # ... or watches the loop
             return True
-        return self._rotate_and_release(rotate_to, last_lsn)
+        return self._rotate_and_release(rotate_to, group.last_lsn)
 
     def _rotate_and_release(self, rotate_to, last_lsn: int) -> bool:
         # The group is durable and acknowledged; a failed rotation fails closed only the
@@ -618,10 +674,10 @@ class Wal(LoopFlusher):
         try:
             self._rotate(rotate_to, last_lsn)
         except BaseException as e:  # noqa: BLE001
-            self._fail("segment rotation", e, [])
+            self.fail("segment rotation", e, [])
             return False
         with self._lock:
-            self._owner = Owner.IDLE
+            self._commit.owner = Owner.IDLE
             self._synced.notify_all()
         return True
 
@@ -680,20 +736,16 @@ class Wal(LoopFlusher):
             self._spare_ready = True
             self._spare_size = size
 
-    def _fail(self, op: str, cause: BaseException, waiters, *, from_flusher: bool = True) -> None:
+    def fail(self, op: str, cause: BaseException, waiters, *, from_flusher: bool = True) -> None:
+        """Fail closed: `waiters` and every pending append fail with a WalFailedError, and
+        appends are refused from now on (an fsync is never retried). `from_flusher`: the
+        flusher of the group in flight failed (else, mark_applied: that group's own outcome
+        still decides its appends)."""
         err = WalFailedError(op, cause)
         with self._lock:
-            self._failed = err
-            if from_flusher:
-                self._writing_lsn = 0  # no group is being written any more
-                self._owner = Owner.IDLE
-            rest = self._waiters
-            self._waiters = []
-            self._gate = None
+            rest = self._commit.fail_locked(err, from_flusher)
             if self._retained is not None:
                 self._retained.clear()  # what was not durable never will be
-            self._group = bytearray()
-            self._synced.notify_all()
         if self._spares is not None:
             self._spares.stop()
         acknowledge(waiters + rest, err)
@@ -706,9 +758,9 @@ class Wal(LoopFlusher):
         """
         with self._lock:
             self._check_open()
-            if lsn > self._durable_lsn + 1:
+            if lsn > self._commit.durable_lsn + 1:
                 raise WalUsageError(
-                    f"cannot mark LSN {lsn} applied: only LSNs up to {self._durable_lsn} are durable"
+                    f"cannot mark LSN {lsn} applied: only LSNs up to {self._commit.durable_lsn} are durable"
                 )
             current = self._segment_number
         with self._applied_lock:  # one at a time: they share APPLIED.tmp and the deletes
@@ -733,8 +785,8 @@ class Wal(LoopFlusher):
             except OSError as e:
                 # A failed fsync of the directory (or of APPLIED) is not retried, as everywhere
                 # in this log: fail closed; reopening recovers from what is on disk.
-                self._fail("mark_applied", e, [], from_flusher=False)
-                raise self._failed from e
+                self.fail("mark_applied", e, [], from_flusher=False)
+                raise self._commit.failed from e
         return deleted
 
     @property
@@ -745,16 +797,16 @@ class Wal(LoopFlusher):
     @property
     def durable_lsn(self) -> int:
         """The last LSN covered by a successful fdatasync."""
-        return self._durable_lsn
+        return self._commit.durable_lsn
 
     @property
     def failed(self) -> Optional[WalFailedError]:
-        return self._failed
+        return self._commit.failed
 
     def stats(self) -> WalStats:
         with self._lock:
             return WalStats(
-                self._appends, self._groups, self._bytes, self._fsync_s, self._durable_lsn,
+                self._appends, self._groups, self._bytes, self._fsync_s, self._commit.durable_lsn,
                 self._last_group,
             )
 
@@ -764,31 +816,30 @@ class Wal(LoopFlusher):
         With an event loop attached, call it from that loop's thread (`AsyncWal.close` does)
         or once the loop has stopped; from another thread while the loop runs, the loop keeps
         flushing until the queue is empty and is then detached through a callback."""
-        loop = self._aio_loop
+        looper = self._loop_flusher
+        loop = looper.loop
         if loop is not None and (running_loop() is loop or not loop.is_running()):
             try:
-                self.detach_loop()
+                looper.detach()
             except WalUsageError:
                 pass  # it started running again: detached through it below
         with self._lock:
-            if self._closed:
+            if self._commit.closed:
                 return
-            self._closed = True
-            self._flusher_idle = False
-            self._bell.ring()
+            self._commit.closed = True
+            self._thread_flusher.ring_locked()
         if self._spares is not None:
             self._spares.stop()
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
-        loop = self._aio_loop
+        self._thread_flusher.join()
+        loop = looper.loop
         if loop is not None:
-            self._detach_from_outside(loop)
+            looper.detach_from_outside(loop)
         if self._spares is not None:
             self._spares.join()
             self._spares.discard()
         with self._lock:
             self._synced.notify_all()
-        self._bell.close()
+        self._thread_flusher.close()
         if self._fd is not None:
             try:
                 self.fs.close(self._fd)
@@ -804,7 +855,8 @@ class Wal(LoopFlusher):
         self.close()
 
     def __del__(self):
-        if getattr(self, "_lock_fd", None) is not None and not getattr(self, "_closed", True):
+        commit = getattr(self, "_commit", None)
+        if getattr(self, "_lock_fd", None) is not None and commit is not None and not commit.closed:
             import warnings
 
             warnings.warn(f"Wal {self.directory} was never closed", ResourceWarning, stacklevel=1)

@@ -213,7 +213,7 @@ def test_nothing_is_acknowledged_before_its_completion_is_reaped(wal_dir):
             assert not any(f.done() for f in futs)
             assert aw.durable_lsn == 1
             fs.hold.set()
-            os.eventfd_write(aw.wal._syncer.fileno(), 1)  # the signal the held reap swallowed
+            os.eventfd_write(aw.wal._loop_flusher.syncer.fileno(), 1)  # the signal the held reap swallowed
             assert await asyncio.wait_for(asyncio.gather(*futs), 10) == list(range(2, 12))
             assert aw.durable_lsn == 11
         finally:
@@ -296,12 +296,12 @@ def test_detaching_while_the_thread_rotates_for_the_loop_waits_for_the_rotation(
                 if later.done():
                     acked.append(later.result())
                     later = None
-            assert aw.wal._owner is Owner.ROTATING
+            assert aw.wal._commit.owner is Owner.ROTATING
             later = later or aw.append(b"queued behind the rotation")
             threading.Timer(0.2, release.set).start()
             aw.wal.detach_loop()  # blocks until the rotation is done
             assert release.is_set() and not aw.wal.loop_attached
-            assert aw.wal._owner in (Owner.IDLE, Owner.THREAD)
+            assert aw.wal._commit.owner in (Owner.IDLE, Owner.THREAD)
             acked.append(await asyncio.wait_for(later, 10))
             acked.append(await asyncio.wait_for(aw.append(b"after"), 10))
             assert len(wal.list_segments(wal_dir)) >= 2
@@ -416,7 +416,7 @@ def test_close_from_another_thread_while_the_loop_appends(wal_dir):
     async def main():
         aw = await wal.open_async(wal_dir)
         loop = asyncio.get_running_loop()
-        fd = aw.wal._syncer.fileno()
+        fd = aw.wal._loop_flusher.syncer.fileno()
 
         async def producer(k: int) -> None:
             i = 0
@@ -453,7 +453,7 @@ def test_a_kick_left_in_a_loop_that_was_closed_does_not_stall_the_next_loop(wal_
 
         assert a.run_until_complete(attach())
         with w._lock:
-            assert w._kick_locked()  # queued in A, never run
+            assert w._loop_flusher.request_locked()  # queued in A, never run
         w.detach_loop()
         a.close()
 
@@ -504,7 +504,7 @@ def test_a_loop_that_runs_again_while_it_is_being_detached_starts_no_flush(wal_d
 
         assert loop.run_until_complete(attach())
         with w._lock:
-            w._detaching = True  # what detach_loop sets first, under the lock
+            w._loop_flusher.detaching = True  # what detach_loop sets first, under the lock
 
         async def burst():
             fut = w.append_one_future(b"in the burst", asyncio.get_running_loop())
@@ -512,7 +512,7 @@ def test_a_loop_that_runs_again_while_it_is_being_detached_starts_no_flush(wal_d
             return fut
 
         fut = loop.run_until_complete(burst())
-        assert w._owner is Owner.IDLE and w._aio_job is None and not fut.done()
+        assert w._commit.owner is Owner.IDLE and w._loop_flusher.job is None and not fut.done()
         w.detach_loop()
         assert not w.loop_attached
         assert loop.run_until_complete(asyncio.wait_for(fut, 10)) == 1
