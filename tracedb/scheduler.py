@@ -138,7 +138,9 @@ class CompactionScheduler:
     def note_append(self) -> None:
         """Records were appended: wake the compactor when a batch's worth waits."""
         # Event.set() takes a lock even when already set.
-        if not self.wake.is_set() and self.wal.durable_lsn - self.compactor.applied_lsn >= self.config.compact_batch_records:
+        if self.wake.is_set():
+            return
+        if self.wal.durable_lsn - self.compactor.applied_lsn >= self.config.compact_batch_records:
             self.wake.set()
 
     # -- where the compactor runs ------------------------------------------------------

@@ -66,8 +66,6 @@ from .validation import (
 )
 
 _TOO_LARGE_HINT = "store large blobs elsewhere and record a reference"
-
-
 _WAL_REFUSALS = (wal.PayloadTooLargeError, wal.WalFailedError, wal.WalClosedError)
 
 
@@ -100,6 +98,7 @@ class _AppendNow:
 
     def put(self, data: bytes, hint, state, closing: bool) -> int:
         return self.staging._append(data, hint)
+
 
 class Staging:
     """Numbers and closes the executions of one store, handing each record to a sink.
@@ -579,7 +578,7 @@ class Staging:
             return 0
         return self.mark_incomplete(idle, "idle", idle_since_ns=limit)
 
-    # -- what the sidecar and the OTLP ingest ask on their hot path ----------------------------------------------
+    # -- what the sidecar and the OTLP ingest ask on their hot path --------------------------
     def next_seq(self, execution_id: str) -> Optional[int]:
         """The seq the next event of an execution held in memory gets; None if only the database
         knows the execution (closed and compacted, or never seen)."""
@@ -598,8 +597,9 @@ class Staging:
         """How many executions are recording (status running)."""
         return self.executions.count(STATUS_RUNNING)
 
+
 def _nothing() -> None:
-    pass
+    """`Staging.note_append` until the store hands it the scheduler's."""
 
 
 def _given_times(times, n: int) -> Optional[tuple]:
