@@ -87,17 +87,17 @@ def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) 
     async def record(lo: int, hi: int) -> None:
         batch = StagedBatch()
         for e in range(lo, hi):
-            start = store.reserve_start("answer", {"intent": "answer", "n": e}, f"exec-{e:08d}")
-            store.check_new_in_db(start)
-            store.stage_start(batch, start)
+            start = store.staging.reserve_start("answer", {"intent": "answer", "n": e}, f"exec-{e:08d}")
+            store.staging.check_new_in_db(start)
+            store.staging.stage_start(batch, start)
             for i in range(1, events_per):
                 type_, make = _TURN[i % 4]
                 payload = make(i) if make is not None else _tool_answer(i, e % 10 == 0 and i == 4)
-                store.stage_event(batch, start.execution_id, type_, payload)
+                store.staging.stage_event(batch, start.execution_id, type_, payload)
             failed = e % 10 == 0
-            store.stage_finish(batch, start.execution_id,
+            store.staging.stage_finish(batch, start.execution_id,
                                {"status": "error", "error": {"code": "TOOL_TIMEOUT"}} if failed else {"status": "success", "payload": {"n": e}})
-        await store.append_staged(batch, asyncio.get_running_loop())
+        await store.staging.append_staged(batch, asyncio.get_running_loop())
 
     try:
         for lo in range(0, executions, chunk):

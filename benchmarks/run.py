@@ -478,13 +478,13 @@ def bench_compaction_live(workdir: str, executions: int, events_per: int) -> dic
     async def record(lo: int, hi: int) -> None:
         batch = StagedBatch()
         for e in range(lo, hi):
-            start = store.reserve_start("summarize", execution_envelope(e), f"exec-{e:08d}")
-            store.check_new_in_db(start)
-            store.stage_start(batch, start)
+            start = store.staging.reserve_start("summarize", execution_envelope(e), f"exec-{e:08d}")
+            store.staging.check_new_in_db(start)
+            store.staging.stage_start(batch, start)
             for _ in range(1, events_per):
-                store.stage_event(batch, start.execution_id, "tool.responded", payload)
-            store.stage_finish(batch, start.execution_id, {"status": "success", "payload": {"n": e}})
-        await store.append_staged(batch, asyncio.get_running_loop())
+                store.staging.stage_event(batch, start.execution_id, "tool.responded", payload)
+            store.staging.stage_finish(batch, start.execution_id, {"status": "success", "payload": {"n": e}})
+        await store.staging.append_staged(batch, asyncio.get_running_loop())
 
     for lo in range(0, executions, chunk):
         asyncio.run(record(lo, min(executions, lo + chunk)))

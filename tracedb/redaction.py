@@ -20,7 +20,7 @@ database, exports or logs:
   rewritten); each match becomes REDACTED.
 - `[redaction.intents.<intent>]`: more keys and patterns for the executions of one intent.
 
-The envelope hash is computed before redaction (`Store.reserve_start`), so replay with the
+The envelope hash is computed before redaction (`Staging.reserve_start`), so replay with the
 original envelope still verifies; the store keeps the hash of the envelope as stored in the
 trace's `meta` for `verify`. A record lists where it was redacted (`ExecutionRecord.redacted_paths`).
 """

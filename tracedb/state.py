@@ -4,7 +4,7 @@ The store keeps one `ExecutionState` per execution it is recording (status, next
 executions stay until the compactor has applied their last record, so a closed execution is refused
 without a database query and an explicit id is never started twice.
 
-Numbering an event and closing an execution happen in one place (`Store.stage_*`), under the
+Numbering an event and closing an execution happen in one place (`Staging.stage_*`), under the
 execution's lock, and hand the numbered WAL record to a *sink*: appended at once (the sync API),
 queued on the WAL's group commit (the asyncio API), or framed into a `StagedBatch` that one WAL
 call appends later (the sidecar).
@@ -61,7 +61,7 @@ class StageMiss(Exception):
 
 
 class StagedStart:
-    """A start validated and reserved by `Store.reserve_start`, not yet staged.
+    """A start validated and reserved by `Staging.reserve_start`, not yet staged.
 
     `state` is None when recording is disabled; `data` is the start's WAL record."""
 
@@ -78,7 +78,7 @@ class StagedStart:
 
 
 class StagedBatch:
-    """Records staged for one WAL append (`Store.append_staged`); a `RecordSink`."""
+    """Records staged for one WAL append (`Staging.append_staged`); a `RecordSink`."""
 
     __slots__ = ("payloads", "closing", "hints")
 

@@ -1,6 +1,6 @@
 """The asyncio twin of the embedded store: the same names, awaited; never blocks the event loop.
 
-Records are numbered by the store's own `stage_*` calls and queued on the WAL's group commit under
+Records are numbered by the store's staging object (`tracedb.staging.Staging`, `store.staging`) and queued on the WAL's group commit under
 the execution's lock; the caller awaits a future that resolves once they are durable. With
 `[wal] aio` on, the event loop itself writes each group and runs its fdatasync (`wal.Wal.attach_loop`).
 Database work runs in the default executor.
@@ -19,6 +19,7 @@ from .config import Config, as_config
 from .record import FINAL_RESPONSE, ExecutionRecord
 from .recovery import RecoverResult
 from .retention import PruneResult
+from .staging import Staging
 from .state import StagedBatch, StageMiss
 from .store import Store
 from .verify import VerifyResult
@@ -31,10 +32,10 @@ class _Queue:
     """A sink that queues each record on the WAL as it is handed over (under the execution's
     lock, so LSN order follows seq order); `durable()` waits for it."""
 
-    __slots__ = ("store", "loop", "future", "closing")
+    __slots__ = ("staging", "loop", "future", "closing")
 
-    def __init__(self, store: Store, loop: asyncio.AbstractEventLoop):
-        self.store = store
+    def __init__(self, staging: Staging, loop: asyncio.AbstractEventLoop):
+        self.staging = staging
         self.loop = loop
         self.future: Optional[asyncio.Future] = None
         self.closing = False
@@ -43,10 +44,10 @@ class _Queue:
         if closing:
             batch = StagedBatch()
             batch.put(data, hint, state, closing)
-            self.future = self.store.append_staged(batch, self.loop)
+            self.future = self.staging.append_staged(batch, self.loop)
             self.closing = True
         else:
-            self.future = self.store.append_one_future(data, self.loop, hint)
+            self.future = self.staging.append_one_future(data, self.loop, hint)
 
     async def durable(self) -> None:
         """Wait until what was handed over is durable. Cancelling the caller never takes the
@@ -73,7 +74,7 @@ class _Acked:
                 yield from asyncio.shield(fut).__await__()
             else:
                 yield from fut.__await__()
-            sink.store.note_append()
+            sink.staging.note_append()
         return self.value
 
 
@@ -100,7 +101,7 @@ class AsyncStore:
         return await loop.run_in_executor(None, lambda: fn(*args, **kwargs))
 
     def _sink(self) -> _Queue:
-        return _Queue(self.store, asyncio.get_running_loop())
+        return _Queue(self.store.staging, asyncio.get_running_loop())
 
     async def start(
         self,
@@ -114,7 +115,7 @@ class AsyncStore:
         meta: Optional[dict] = None,
     ) -> "AsyncExecution":
         """Start an execution; returns once its start record is durable (`Store.start`)."""
-        s = self.store
+        s = self.store.staging
         start = s.reserve_start(
             intent, envelope, execution_id, parent_execution_id, forked_at_seq, created_at_ns, meta=meta
         )
@@ -139,25 +140,25 @@ class AsyncStore:
         loop = get_running_loop()
         sink = self._event_sink
         if sink is None or sink.loop is not loop:
-            sink = self._event_sink = _Queue(self.store, loop)
+            sink = self._event_sink = _Queue(self.store.staging, loop)
         sink.future = None
         try:
-            seq = self.store.stage_event(sink, execution_id, type, payload)
+            seq = sink.staging.stage_event(sink, execution_id, type, payload)
         except StageMiss:
-            raise await self._run(self.store.not_held_error, execution_id) from None
+            raise await self._run(sink.staging.not_held_error, execution_id) from None
         fut = sink.future
         if fut is not None:
             await fut  # cancelling the caller never takes the record back: the WAL writes it
-            self.store.note_append()
+            sink.staging.note_append()
         return seq
 
     async def finish(self, execution_id: str, response: dict) -> int:
         """Record the final response and close the execution; returns its seq once durable."""
         sink = self._sink()
         try:
-            seq = self.store.stage_finish(sink, execution_id, response)
+            seq = sink.staging.stage_finish(sink, execution_id, response)
         except StageMiss:
-            raise await self._run(self.store.not_held_error, execution_id) from None
+            raise await self._run(sink.staging.not_held_error, execution_id) from None
         return await _Acked(sink, seq)
 
     async def invalidate(self, execution_id: str, reason: str) -> None:
@@ -169,7 +170,7 @@ class AsyncStore:
         await self._status_change(execution_id, OP_RECORDING_FAILURE, detail)
 
     async def _status_change(self, execution_id: str, op: str, text: str) -> None:
-        s = self.store
+        s = self.store.staging
         sink = self._sink()
         if not s.stage_status_change(sink, execution_id, op, text, held_only=True):
             # Only the database knows it: look it up off the loop, and hand over from there.
@@ -179,7 +180,7 @@ class AsyncStore:
     async def abandon(self, execution_id: str, why: str) -> str:
         """Mark a running execution incomplete now because its agent died; returns the status it had."""
         sink = self._sink()
-        status = self.store.stage_abandon(sink, execution_id, why)
+        status = sink.staging.stage_abandon(sink, execution_id, why)
         if status is None:
             return await self._run(self.store.abandon, execution_id, why)
         await sink.durable()

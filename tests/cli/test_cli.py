@@ -177,7 +177,7 @@ def test_recover_after_a_crash_reports_what_it_marked(data_dir, run):
     # A recorder that died: its executions are still "running" in the database.
     store = tracedb.open(data_dir, config=settings())
     store.start("X", {}, "exec-cut").event("INTENT_RECEIVED", {"intent": "X"})
-    store._compactor.compact(store._wal.durable_lsn)
+    store.scheduler.compactor.compact(store._wal.durable_lsn)
     store._shutdown_resources()  # released without close(): like a crash, minus the kill
     listing = run("inspect", "--list")
     assert "note: no recorder is running" in listing.stderr

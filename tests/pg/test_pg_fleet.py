@@ -65,7 +65,7 @@ def _terminate(pg_admin, pid: int) -> None:
 
 
 def _backend_pid(store) -> int:
-    return store._compactor._conn.connection.driver_connection.info.backend_pid
+    return store.scheduler.compactor._conn.connection.driver_connection.info.backend_pid
 
 
 def _lost(message: str) -> sa.exc.OperationalError:
@@ -80,7 +80,7 @@ def test_a_connection_dropped_during_compaction_loses_and_duplicates_nothing(ope
             ex.event("tool.requested", {"i": i, "j": j})
         ex.finish({"status": "success", "i": i})
     total = store.durable_lsn  # 330 records: 17 batches of 20
-    comp = store._compactor
+    comp = store.scheduler.compactor
     original = comp._pause
     dropped = []
 
@@ -129,7 +129,7 @@ def test_a_database_that_stays_away_is_reported_and_compaction_resumes_later(ope
         ex = store.start("X", {"i": i})
         for j in range(5):
             ex.event("tool.requested", {"j": j})
-    comp = store._compactor
+    comp = store.scheduler.compactor
     original = comp._pause
 
     def always_down(point: str) -> None:

@@ -197,7 +197,7 @@ def test_an_operator_invalidation_is_noticed_and_never_overwritten(open_pg_store
     assert not retention.invalidate_in_db(store.engine, ex.execution_id, "again", store.clock())
     ex.event("tool.requested", {"n": 2})  # in flight before the recorder noticed: kept
     store.compact()
-    assert store._sync_external() == 1
+    assert store.scheduler.sync_external() == 1
     with pytest.raises(tracedb.ExecutionClosedError):
         ex.event("tool.requested", {"n": 3})
     rec = store.get(ex.execution_id)
@@ -274,7 +274,7 @@ def test_copy_errors_reach_the_compactor_as_sqlalchemy_errors(open_pg_store):
     # Steps go in with COPY on PostgreSQL; a constraint it breaks must be the IntegrityError the
     # compactor's record-by-record path catches, and the transaction must roll back cleanly.
     store = open_pg_store()
-    copy = store._compactor._insert_steps
+    copy = store.scheduler.compactor._insert_steps
     with store.engine.connect() as conn:
         with pytest.raises(sa.exc.IntegrityError):
             with conn.begin():

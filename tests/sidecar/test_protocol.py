@@ -144,7 +144,7 @@ def test_closed_execution_known_only_to_the_database_is_refused(store_server):
     start(c, "exec-old")
     c.call({"id": 1, "op": "finish", "execution_id": "exec-old", "response": {"status": "success"}})
     store_server.call(lambda: store_server.backend.astore.compact())  # the store forgets it
-    assert store_server.backend.store.next_seq("exec-old") is None
+    assert store_server.backend.store.staging.next_seq("exec-old") is None
     r = c.call({"id": 2, "op": "event", "execution_id": "exec-old", "type": "tool.requested", "payload": {}})
     assert r["error"]["code"] == "execution_closed"
     # A resend of its final response is still recognised.
@@ -366,7 +366,7 @@ def test_a_start_resent_while_its_first_copy_fails_gets_the_same_answer(store_se
     # The first copy of a fork of a missing parent fails while it is checked off the loop; the
     # copy resent meanwhile must not be told the execution exists.
     store = store_server.backend.store
-    check = store.check_new_in_db
+    check = store.staging.check_new_in_db
     checking = threading.Event()
 
     def slow_check(start):
@@ -374,7 +374,7 @@ def test_a_start_resent_while_its_first_copy_fails_gets_the_same_answer(store_se
         time.sleep(0.2)  # the check is slow: the resent copy arrives while it runs
         return check(start)
 
-    store.check_new_in_db = slow_check
+    store.staging.check_new_in_db = slow_check
     try:
         req = {"id": 1, "op": "start", "intent": "ProcessIntent", "envelope": ENV, "execution_id": "exec-orphan",
                "parent_execution_id": "exec-missing", "forked_at_seq": 0}
@@ -386,4 +386,4 @@ def test_a_start_resent_while_its_first_copy_fails_gets_the_same_answer(store_se
         assert a.recv()["error"]["code"] == "unknown_execution"
         assert b.recv()["error"]["code"] == "unknown_execution"
     finally:
-        store.check_new_in_db = check
+        store.staging.check_new_in_db = check

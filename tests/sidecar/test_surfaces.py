@@ -20,13 +20,11 @@ from tracedb.store import Store, open_store
 from tracedb.store_async import AsyncExecution as StoreAsyncExecution
 from tracedb.store_async import AsyncStore, open_store_async
 
-# What the sync store has that is not the user's API: the staging interface the asyncio store,
-# the sidecar and OTLP ingest call, and what the sidecar asks on its hot path.
+# What the sync store has that is not on the asyncio one: its engines, LSNs, WAL, redaction and
+# the background compaction's last error. (The staging interface the asyncio store, the sidecar and
+# OTLP ingest call is `store.staging`, an attribute, not in a class's `dir`.)
 STORE_INTERNALS = {
-    "engine", "read_engine", "applied_lsn", "durable_lsn", "redactor", "wal", "append_future", "append_one_future",
-    "append_staged", "note_append", "not_held_error", "reserve_start", "check_new_in_db", "stage_start",
-    "cancel_start", "stage_event", "stage_finish", "redact_for", "stage_status_change", "stage_invalidate",
-    "stage_abandon", "next_seq", "status_of", "open_executions",
+    "engine", "read_engine", "applied_lsn", "durable_lsn", "redactor", "redact_for", "wal", "background_error",
 }
 # What only the asyncio store has: the sync store it wraps; and `config`, a property there and
 # an attribute of the sync store (which `dir` of the class does not show).

@@ -93,9 +93,9 @@ def test_the_recorder_notices_an_operator_invalidation_and_refuses_more_events(o
     ex = store.start("X", {})
     ex.event("tool.requested", {"n": 1})
     store.compact()
-    store._compactor.external_change()  # baseline of SQLite's data_version
+    store.scheduler.compactor.external_change()  # baseline of SQLite's data_version
     retention.invalidate_in_db(store.engine, ex.execution_id, "bad agent", store.clock())
-    assert store._sync_external() == 1
+    assert store.scheduler.sync_external() == 1
     with pytest.raises(tracedb.ExecutionClosedError):
         ex.event("tool.requested", {"n": 2})
 
@@ -198,7 +198,7 @@ def test_background_compactor_applies_without_being_asked(data_dir, clock):
 
     with tracedb.open(data_dir, config={"compact_interval_ms": 20, "compact_batch_records": 10}, clock=clock) as store:
         applied = threading.Event()
-        original = store._forget_applied
+        original = store.scheduler.forget_applied
 
         def spy(lsn):
             original(lsn)
@@ -206,7 +206,7 @@ def test_background_compactor_applies_without_being_asked(data_dir, clock):
                 applied.set()
 
         target = [10**9]
-        store._forget_applied = spy
+        store.scheduler.forget_applied = spy
         ex = store.start("X", {})
         for i in range(30):
             ex.event("tool.requested", {"i": i})
@@ -219,7 +219,7 @@ def test_a_compactor_process_applies_every_record_once_and_the_store_takes_over_
     import signal
 
     store = open_store(compact_worker=True, compact_batch_records=50, wal_segment_size_bytes=4096)
-    worker = store._worker
+    worker = store.scheduler.worker
     assert worker is not None and worker.pid != os.getpid()
     for i in range(10):
         ex = store.start("X", {"i": i})
@@ -238,7 +238,7 @@ def test_a_compactor_process_applies_every_record_once_and_the_store_takes_over_
     ex.event("tool.requested", {"after": "the child died"})
     ex.finish({"status": "success"})
     result = store.compact()  # the child is gone: compaction goes on in-process
-    assert store._worker is None and result.applied_lsn == store.durable_lsn
+    assert store.scheduler.worker is None and result.applied_lsn == store.durable_lsn
     assert counts(store.engine) == (11, 102, store.durable_lsn)
     store.close()
     assert worker.proc.poll() is not None
@@ -248,7 +248,7 @@ def test_closing_a_store_stops_its_compactor_process(open_store):
     store = open_store(compact_worker=True)
     ex = store.start("X", {})
     ex.event("tool.requested", {})
-    pid_proc = store._worker.proc
+    pid_proc = store.scheduler.worker.proc
     store.close()
     assert pid_proc.poll() == 0
     with tracedb.open(store.data_dir) as again:
@@ -262,7 +262,7 @@ def test_a_stalled_compactor_process_is_killed_and_compaction_goes_on_in_process
     from tracedb import compactor_worker
 
     store = open_store(compact_worker=True)
-    worker = store._worker
+    worker = store.scheduler.worker
     assert worker is not None
     # Shortened only now: the child's start-up (its imports) may take longer than this.
     monkeypatch.setattr(compactor_worker, "STALL_S", 0.5)
@@ -273,13 +273,13 @@ def test_a_stalled_compactor_process_is_killed_and_compaction_goes_on_in_process
         result = store.compact()
     finally:
         worker.proc.wait()
-    assert store._worker is None and result.applied_lsn == store.durable_lsn
+    assert store.scheduler.worker is None and result.applied_lsn == store.durable_lsn
     assert [e.seq for e in store.get(ex.execution_id).events] == [1]
 
 
 def test_the_compactor_process_gets_its_settings_on_stdin_not_its_command_line(open_store):
     store = open_store(compact_worker=True)
-    with open(f"/proc/{store._worker.pid}/cmdline", "rb") as f:
+    with open(f"/proc/{store.scheduler.worker.pid}/cmdline", "rb") as f:
         argv = f.read().split(b"\0")
     assert not any(b"database" in a or b"traces.db" in a for a in argv)
 
@@ -311,7 +311,7 @@ def test_the_compactor_process_answers_many_batches_without_being_taken_for_stal
     from tracedb import compactor_worker
 
     store = open_store(compact_worker=True, compact_batch_records=5)
-    assert store._worker is not None
+    assert store.scheduler.worker is not None
     monkeypatch.setattr(compactor_worker, "STALL_S", 3.0)  # after the child's start-up
     for i in range(20):
         ex = store.start("X", {"i": i})
@@ -319,7 +319,7 @@ def test_the_compactor_process_answers_many_batches_without_being_taken_for_stal
             ex.event("tool.requested", {"j": j})
     result = store.compact()
     assert result.batches >= 20 and result.applied_lsn == store.durable_lsn
-    assert store._worker is not None, "the child was given up on"
+    assert store.scheduler.worker is not None, "the child was given up on"
     assert counts(store.engine)[1] == 80
 
 
@@ -352,9 +352,9 @@ def _record_mixed(store, n=12):
     async def more():
         batch = StagedBatch()  # the sidecar's path: events staged, then one WAL append
         for k in range(3):
-            store.stage_event(batch, "exec-staged", "tool.requested", {"k": k})
-        store.stage_finish(batch, "exec-staged", {"status": "success"})
-        await store.append_staged(batch, asyncio.get_running_loop())
+            store.staging.stage_event(batch, "exec-staged", "tool.requested", {"k": k})
+        store.staging.stage_finish(batch, "exec-staged", {"status": "success"})
+        await store.staging.append_staged(batch, asyncio.get_running_loop())
         astore = tracedb.AsyncStore(store)
         ex = await astore.start("async", {"k": 1}, "exec-async")
         for j in range(5):
@@ -417,7 +417,7 @@ def test_a_compactor_that_fell_behind_the_memory_window_reads_the_segments(open_
 def test_compaction_from_memory_that_fails_is_applied_again_from_the_segments(open_store, monkeypatch):
     store = open_store()
     record_seed_002(store)
-    real = store._compactor._write
+    real = store.scheduler.compactor._write
     calls = {"n": 0}
 
     def failing_once(*a, **k):
@@ -426,7 +426,7 @@ def test_compaction_from_memory_that_fails_is_applied_again_from_the_segments(op
             raise sa.exc.OperationalError("INSERT", {}, Exception("injected: database is locked"))
         return real(*a, **k)
 
-    monkeypatch.setattr(store._compactor, "_write", failing_once)
+    monkeypatch.setattr(store.scheduler.compactor, "_write", failing_once)
     with pytest.raises(sa.exc.OperationalError):
         store.compact()
     # The records taken from memory are gone from it; the retry reads them from the WAL.
@@ -453,16 +453,16 @@ def _worker_of(store, timeout_s: float = 30.0):
     import time
 
     deadline = time.monotonic() + timeout_s
-    while store._worker is None and time.monotonic() < deadline:
+    while store.scheduler.worker is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    return store._worker
+    return store.scheduler.worker
 
 
 def _auto_store(open_store, monkeypatch, rate: int, cores: int = 2):
-    from tracedb import store as store_mod
+    from tracedb import scheduler as scheduler_mod
 
-    monkeypatch.setattr(store_mod, "AUTO_WORKER_RATE", rate)
-    monkeypatch.setattr(store_mod, "_cores", lambda: cores)
+    monkeypatch.setattr(scheduler_mod, "AUTO_WORKER_RATE", rate)
+    monkeypatch.setattr(scheduler_mod, "_cores", lambda: cores)
     return open_store(compact_worker="auto", compact_interval_ms=20, compact_batch_records=100)
 
 
@@ -470,11 +470,11 @@ def test_auto_moves_compaction_to_a_process_once_the_store_records_fast_and_appl
     open_store, monkeypatch
 ):
     store = _auto_store(open_store, monkeypatch, rate=50)
-    assert store._worker is None  # nothing recorded yet: no process
+    assert store.scheduler.worker is None  # nothing recorded yet: no process
     _record_for(store, 1.5)
     worker = _worker_of(store)
     assert worker is not None and worker.pid != os.getpid()
-    assert not store._hinting  # the child reads the segments: nothing kept in memory for it
+    assert not store.staging.hinting  # the child reads the segments: nothing kept in memory for it
     _record_for(store, 0.3)
     store.compact()
     n_traces, n_steps, applied = counts(store.engine)
@@ -488,16 +488,16 @@ def test_auto_moves_compaction_to_a_process_once_the_store_records_fast_and_appl
 def test_auto_keeps_compaction_in_process_below_the_rate_and_on_one_core(open_store, monkeypatch, tmp_path):
     slow = _auto_store(open_store, monkeypatch, rate=10**9)
     _record_for(slow, 1.0)
-    assert slow._worker is None and slow._hinting
+    assert slow.scheduler.worker is None and slow.staging.hinting
     one_core = open_store(str(tmp_path / "one"), compact_worker="auto", compact_interval_ms=20)
-    from tracedb import store as store_mod
+    from tracedb import scheduler as scheduler_mod
 
-    monkeypatch.setattr(store_mod, "AUTO_WORKER_RATE", 50)
-    monkeypatch.setattr(store_mod, "_cores", lambda: 1)
+    monkeypatch.setattr(scheduler_mod, "AUTO_WORKER_RATE", 50)
+    monkeypatch.setattr(scheduler_mod, "_cores", lambda: 1)
     one_core.close()
     one_core = open_store(str(tmp_path / "one"), compact_worker="auto", compact_interval_ms=20)
     _record_for(one_core, 1.0)
-    assert one_core._worker is None
+    assert one_core.scheduler.worker is None
     slow.compact()
     assert counts(slow.engine)[2] == slow.durable_lsn
 
@@ -521,7 +521,7 @@ def test_auto_keeps_compaction_in_process_when_sys_executable_is_not_a_python_in
     monkeypatch.setattr(compactor_worker, "CompactorWorker", lambda **kw: started.append(kw))
     store = _auto_store(open_store, monkeypatch, rate=50)
     _record_for(store, 1.0)
-    assert started == [] and store._worker is None and store._hinting  # never even tried
+    assert started == [] and store.scheduler.worker is None and store.staging.hinting  # never even tried
     store.compact()
     assert counts(store.engine)[2] == store.durable_lsn
 
@@ -560,7 +560,7 @@ def test_a_starting_compactor_process_holds_up_no_read_and_takes_over_where_the_
     t0 = time.monotonic()
     result = store.compact()  # in-process: the child's start holds no lock
     assert time.monotonic() - t0 < 5 and result.applied_lsn == store.durable_lsn > ready_at[0]
-    assert store._worker is None
+    assert store.scheduler.worker is None
     release.set()
     assert _worker_of(store) is not None
     _record_for(store, 0.5)

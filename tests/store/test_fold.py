@@ -260,7 +260,7 @@ def test_the_facts_the_store_hands_over_are_of_the_redacted_payload(tmp_path):
     data = str(tmp_path / "data")
     store = tracedb.open(data, config=load_config(write_config(str(tmp_path))))
     try:
-        assert store._hinting
+        assert store.staging.hinting
         ex = store.start("Research", {"q": 1})
         ex.event("tool.responded", {"name": "search", "error": {"code": "E1", "message": f"bad {SECRET_PATTERN}"}})
         ex.finish({"status": "success"})

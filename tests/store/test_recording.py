@@ -379,34 +379,34 @@ def test_staged_batches_number_validate_and_append_together(data_dir, clock):
         loop = asyncio.get_running_loop()
         try:
             batch = StagedBatch()
-            start = store.reserve_start("ProcessIntent", ENVELOPE, "exec-a1b2c3d4")
-            store.check_new_in_db(start)
-            store.stage_start(batch, start)
-            assert store.next_seq("exec-a1b2c3d4") == 1
+            start = store.staging.reserve_start("ProcessIntent", ENVELOPE, "exec-a1b2c3d4")
+            store.staging.check_new_in_db(start)
+            store.staging.stage_start(batch, start)
+            assert store.staging.next_seq("exec-a1b2c3d4") == 1
             for seq, t, p in SEED_002_EVENTS:
-                assert store.stage_event(batch, "exec-a1b2c3d4", t, p) == seq
+                assert store.staging.stage_event(batch, "exec-a1b2c3d4", t, p) == seq
             with pytest.raises(tracedb.ExecutionClosedError):
-                store.stage_event(batch, "exec-a1b2c3d4", "INTENT_RECEIVED", {})
+                store.staging.stage_event(batch, "exec-a1b2c3d4", "INTENT_RECEIVED", {})
             with pytest.raises(tracedb.InvalidInputError):
-                store.stage_event(batch, "exec-a1b2c3d4", "BOGUS", {})
+                store.staging.stage_event(batch, "exec-a1b2c3d4", "BOGUS", {})
             assert len(batch.payloads) == 9
             lsn_before = store.durable_lsn
-            lsns = await store.append_staged(batch, loop)
+            lsns = await store.staging.append_staged(batch, loop)
             assert lsns == list(range(lsn_before + 1, lsn_before + 10))
             rec = await astore.get("exec-a1b2c3d4")
             assert [(e.seq, e.type, e.payload) for e in rec.events] == SEED_002_EVENTS
-            assert rec.status == "completed" and store.next_seq("exec-a1b2c3d4") is None
-            assert store.status_of("exec-a1b2c3d4") == "completed"
+            assert rec.status == "completed" and store.staging.next_seq("exec-a1b2c3d4") is None
+            assert store.staging.status_of("exec-a1b2c3d4") == "completed"
             # Compacted and forgotten in memory: the database half of the check refuses it.
-            again = store.reserve_start("X", {}, "exec-a1b2c3d4")
+            again = store.staging.reserve_start("X", {}, "exec-a1b2c3d4")
             with pytest.raises(tracedb.ExecutionExistsError):
-                store.check_new_in_db(again)
-            store.cancel_start(again)
-            other = store.reserve_start("X", {})
-            store.cancel_start(other)
-            assert store.next_seq(other.execution_id) is None
+                store.staging.check_new_in_db(again)
+            store.staging.cancel_start(again)
+            other = store.staging.reserve_start("X", {})
+            store.staging.cancel_start(other)
+            assert store.staging.next_seq(other.execution_id) is None
             b2 = StagedBatch()
-            assert store.stage_invalidate(b2, "exec-unknown", "why") is False
+            assert store.staging.stage_invalidate(b2, "exec-unknown", "why") is False
             await astore.compact()
         finally:
             await astore.close()

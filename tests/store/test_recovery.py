@@ -126,9 +126,9 @@ def test_the_sweeper_leaves_an_execution_that_recorded_after_it_looked(open_stor
     ex = store.start("X", {})
     clock.advance(601)
     limit = clock() - 600 * 10**9
-    (state,) = [s for s in store._open_states() if s.last_activity_ns <= limit]
+    (state,) = [s for s in store.staging.open_states() if s.last_activity_ns <= limit]
     ex.event("tool.requested", {"late": True})
-    assert store._mark_incomplete([state], "idle", idle_since_ns=limit) == 0
+    assert store.staging.mark_incomplete([state], "idle", idle_since_ns=limit) == 0
     assert store.get(ex.execution_id).status == "running"
     assert ex.event("tool.requested", {}) == 2
 

@@ -3,7 +3,7 @@
 `SpanIngest.record(spans)`, called on the event loop that owns the store's group commit, maps the
 spans to events and looks up new traces in a worker thread, then, back on the loop and in the
 order requests arrived, stages every new span's events into one `StagedBatch` (the path the
-sidecar's native requests take: `Store.stage_*`, then `Store.append_staged`). It returns once
+sidecar's native requests take: `Staging.stage_*`, then `Staging.append_staged`). It returns once
 that batch is durable: one WAL call and one fdatasync for a whole request, shared with whatever
 else the recorder is writing.
 
@@ -80,6 +80,7 @@ class SpanIngest:
 
     def __init__(self, store, *, keep_closed: int = KEEP_CLOSED_TRACES):
         self.store = store
+        self.staging = store.staging  # numbering, closing and the batch's append
         self.loop = asyncio.get_running_loop()
         self.traces: "OrderedDict[str, TraceEntry]" = OrderedDict()
         self.keep_closed = keep_closed
@@ -142,7 +143,7 @@ class SpanIngest:
                 result.rejected.extend(f"span {s.span_id}: the recorder could not look up its trace" for s in group)
                 continue
             self._stage_trace(batch, entry, group, mapped, result)
-        fut = self.store.append_staged(batch, self.loop)
+        fut = self.staging.append_staged(batch, self.loop)
         turn.set_result(None)
         if fut is not None:
             self.last = fut
@@ -179,7 +180,7 @@ class SpanIngest:
 
     def _resolve(self, fresh: list) -> None:
         """Reserve a start for each new trace; look up the ones the store knows already. What
-        `Store.check_new_in_db` does for one id, for a whole request in one query: the store's
+        `Staging.check_new_in_db` does for one id, for a whole request in one query: the store's
         memory holds every execution not yet compacted, the database the others."""
         store = self.store
         starts = []
@@ -188,7 +189,7 @@ class SpanIngest:
                 root = next((s for s in group if s.is_root), None)
                 intent = M.intent_of(root, group[0])
                 try:
-                    starts.append((entry, store.reserve_start(intent, M.envelope_of(group[0], intent), entry.execution_id)))
+                    starts.append((entry, self.staging.reserve_start(intent, M.envelope_of(group[0], intent), entry.execution_id)))
                 except ExecutionExistsError:
                     starts.append((entry, None))  # the store holds it: an execution this ingest forgot
                 except InvalidInputError as e:
@@ -200,11 +201,11 @@ class SpanIngest:
         except BaseException:
             for _entry, start in starts:
                 if start is not None:
-                    store.cancel_start(start)
+                    self.staging.cancel_start(start)
             raise
         for entry, start in starts:
             if start is not None and entry.execution_id in stored:
-                store.cancel_start(start)
+                self.staging.cancel_start(start)
                 start = None
             if start is not None:
                 entry.start = start
@@ -212,8 +213,8 @@ class SpanIngest:
                 continue
             record = store.get(entry.execution_id)
             entry.spans = M.recorded_span_ids(record)
-            held = store.next_seq(entry.execution_id) is not None
-            entry.status = store.status_of(entry.execution_id) if held else record.status
+            held = self.staging.next_seq(entry.execution_id) is not None
+            entry.status = self.staging.status_of(entry.execution_id) if held else record.status
 
     def _in_database(self, execution_ids: list) -> set:
         """Which of these executions the database holds (blocking)."""
@@ -240,7 +241,6 @@ class SpanIngest:
     # -- on the loop -----------------------------------------------------------------------
     def _stage_trace(self, batch: StagedBatch, entry: TraceEntry, group: list, mapped: dict,
                      result: IngestResult) -> None:
-        store = self.store
         eid = entry.execution_id
         for span in group:
             if entry.refused is not None:
@@ -260,18 +260,18 @@ class SpanIngest:
             if entry.start is not None:
                 # Started with its first span that is stored: a request whose spans are all
                 # refused leaves no execution behind.
-                store.stage_start(batch, entry.start)
+                self.staging.stage_start(batch, entry.start)
                 entry.start = None
             try:
-                first = store.stage_event(batch, eid, *events[0])
+                first = self.staging.stage_event(batch, eid, *events[0])
                 M.link_request_seq(events, first)
                 for type_, payload in events[1:]:
-                    store.stage_event(batch, eid, type_, payload)
+                    self.staging.stage_event(batch, eid, type_, payload)
                 output = M.model_output(events)
                 if output is not None:
                     entry.last_output = output
                 if final is not None:
-                    store.stage_finish(batch, eid, M.with_answer(final, entry.last_output))
+                    self.staging.stage_finish(batch, eid, M.with_answer(final, entry.last_output))
                     self._close(entry, STATUS_COMPLETED)
             except ExecutionClosedError as e:
                 self._close(entry, e.status)
@@ -309,7 +309,7 @@ class SpanIngest:
         if len(self.traces) <= 2 * self.keep_closed:
             return
         drop = len(self.traces) - self.keep_closed
-        next_seq = self.store.next_seq
+        next_seq = self.staging.next_seq
         for tid in list(self.traces):
             if drop <= 0:
                 break

@@ -1,7 +1,8 @@
 """The embedded store as the sidecar server's backend (see backend.py for the contract).
 
-Fast path (an event for an execution held in memory, with the expected seq): one call into
-`Store.stage_event`, which numbers the event and frames its WAL record into the current batch.
+Fast path (an event for an execution held in memory, with the expected seq): one call into the
+store's `Staging.stage_event` (`tracedb.staging`), which numbers the event and frames its WAL
+record into the current batch.
 Slow paths run as `Deferred`s off the hot path: starts with a client-chosen id (the database is
 asked whether the id exists), requests for executions only the database knows, and resent
 requests, which are compared with what was recorded.
@@ -63,6 +64,7 @@ class StoreBackend:
     def __init__(self, astore: AsyncStore):
         self.astore = astore
         self.store = astore.store
+        self.staging = self.store.staging  # numbering, closing and the batch's append
         self.loop = asyncio.get_running_loop()
         self.batch = StagedBatch()
         self.last: Optional[asyncio.Future] = None  # the last committed batch's future
@@ -81,14 +83,14 @@ class StoreBackend:
     def stage_event(self, execution_id: str, type: str, payload: Any, seq: Optional[int]):
         """Stage one event (see Backend.stage_event); the fast path returns the seq itself."""
         try:
-            return self.store.stage_event(self.batch, execution_id, type, payload, seq)
+            return self.staging.stage_event(self.batch, execution_id, type, payload, seq)
         except StageMiss as miss:
             return self._missed(miss, execution_id, type, payload, seq)
 
     def stage_finish(self, execution_id: str, response: dict, seq: Optional[int]):
         """Stage the final response (see Backend.stage_finish)."""
         try:
-            return self.store.stage_finish(self.batch, execution_id, response, seq)
+            return self.staging.stage_finish(self.batch, execution_id, response, seq)
         except StageMiss as miss:
             return self._missed(miss, execution_id, FINAL_RESPONSE, response, seq)
 
@@ -103,7 +105,7 @@ class StoreBackend:
         """Stage an invalidation; executions only the database knows are invalidated off the loop."""
         self._recorded_steps.pop(execution_id, None)  # its cached status would be stale
         before = len(self.batch.payloads)
-        if self.store.stage_invalidate(self.batch, execution_id, reason):
+        if self.staging.stage_invalidate(self.batch, execution_id, reason):
             if len(self.batch.payloads) > before:
                 return Staged({}, IN_BATCH)
             return Staged({}, self.barrier())  # already invalidated: answer once that is durable
@@ -113,7 +115,7 @@ class StoreBackend:
         """Stage a recording_failure flag; executions only the database knows are flagged off the loop."""
         self._recorded_steps.pop(execution_id, None)
         before = len(self.batch.payloads)
-        if self.store.stage_status_change(self.batch, execution_id, OP_RECORDING_FAILURE, detail, held_only=True):
+        if self.staging.stage_status_change(self.batch, execution_id, OP_RECORDING_FAILURE, detail, held_only=True):
             return Staged({}, IN_BATCH if len(self.batch.payloads) > before else self.barrier())
         return Deferred(self._flag_in_db(execution_id, detail))
 
@@ -124,7 +126,7 @@ class StoreBackend:
     def stage_abandon(self, execution_id: str, reason: str):
         """Mark a running execution incomplete (its agent is gone); a repeat is answered alike."""
         before = len(self.batch.payloads)
-        status = self.store.stage_abandon(self.batch, execution_id, reason)
+        status = self.staging.stage_abandon(self.batch, execution_id, reason)
         if status is None:
             return Deferred(self._abandon_in_db(execution_id))
         if len(self.batch.payloads) > before:
@@ -135,7 +137,7 @@ class StoreBackend:
 
     async def _abandon_in_db(self, execution_id: str) -> Staged:
         # Only the database knows it: it is closed (recovery closed every orphan at start-up).
-        status = await self._run(self.store.status_of, execution_id)
+        status = await self._run(self.staging.status_of, execution_id)
         if status is None:
             raise ExecutionNotFoundError(execution_id)
         if status == "incomplete":
@@ -145,11 +147,11 @@ class StoreBackend:
     def stage_start(self, intent, envelope, execution_id, parent_execution_id, forked_at_seq):
         """Stage a start. A client-chosen id is looked up in the database first: on the loop when
         a direct SQLite read answers at once (microseconds), else off the loop."""
-        store = self.store
+        staging = self.staging
         if parent_execution_id is not None:
             return Deferred(self._start(intent, envelope, execution_id, parent_execution_id, forked_at_seq))
         try:
-            start = store.reserve_start(intent, envelope, execution_id, None, forked_at_seq)
+            start = staging.reserve_start(intent, envelope, execution_id, None, forked_at_seq)
         except ExecutionExistsError:
             return Deferred(self._existing(
                 execution_id, intent, envelope,
@@ -158,7 +160,7 @@ class StoreBackend:
         if start.explicit and start.state is not None:
             known = self._db_status(start.execution_id)
             if known is not False:
-                store.cancel_start(start)
+                staging.cancel_start(start)
                 if known is None:  # the quick read could not answer: ask off the loop
                     return Deferred(self._start(intent, envelope, execution_id, None, forked_at_seq))
                 return Deferred(self._existing(execution_id, intent, envelope))
@@ -166,7 +168,7 @@ class StoreBackend:
 
     def _stage_start(self, start) -> Staged:
         """Stage a start checked to be new; answered once its batch is durable."""
-        self.store.stage_start(self.batch, start)
+        self.staging.stage_start(self.batch, start)
         self._recorded_steps.pop(start.execution_id, None)  # an id pruned and used again
         return Staged(self._started(start.execution_id, start.envelope_hash), IN_BATCH)
 
@@ -204,7 +206,7 @@ class StoreBackend:
                 return done
             return None
         self.batch = StagedBatch()
-        fut = self.store.append_staged(batch, self.loop)
+        fut = self.staging.append_staged(batch, self.loop)
         self.last = fut
         now = time.monotonic()
         if now - self._sample_at >= 0.05:
@@ -263,7 +265,7 @@ class StoreBackend:
             cache.move_to_end(execution_id)
             return got
         rec = await self._recorded(execution_id)
-        closed = rec.status if rec.status in TERMINAL_STATUSES and self.store.next_seq(execution_id) is None else None
+        closed = rec.status if rec.status in TERMINAL_STATUSES and self.staging.next_seq(execution_id) is None else None
         got = ({e.seq: (e.type, e.payload) for e in rec.events}, rec.events[-1].seq if rec.events else 0, closed)
         cache[execution_id] = got
         cache.move_to_end(execution_id)
@@ -281,7 +283,7 @@ class StoreBackend:
             if got[0] == type and self.store.redactor is not None and redacted_paths(got[1]):
                 # The recorded payload is the redacted one: compare what the resend would record.
                 intent = (await self._recorded(execution_id)).intent
-                if same_json(got[1], self.store.redact_for(intent, payload)):
+                if same_json(got[1], self.staging.redact_for(intent, payload)):
                     return Staged({"seq": seq, "duplicate": True})
             raise seq_conflict(execution_id, f"seq {seq} holds another event ({got[0]})")
         raise seq_conflict(execution_id, f"seq {seq} is taken but not recorded; next is {last + 1}")
@@ -298,10 +300,10 @@ class StoreBackend:
                 return await self._resent(execution_id, seq, type, payload)
             if closed is not None:
                 raise ExecutionClosedError(execution_id, closed)
-        nxt = self.store.next_seq(execution_id)
+        nxt = self.staging.next_seq(execution_id)
         if nxt is None:
-            status = await self._run(self.store.status_of, execution_id)
-            nxt = self.store.next_seq(execution_id)
+            status = await self._run(self.staging.status_of, execution_id)
+            nxt = self.staging.next_seq(execution_id)
             if nxt is None:
                 if status is None:
                     raise ExecutionNotFoundError(execution_id)
@@ -309,10 +311,10 @@ class StoreBackend:
         if seq is not None and seq != nxt:
             raise seq_conflict(execution_id, f"expected seq {nxt}, got {seq}")
         try:
-            return Staged({"seq": self.store.stage_event(self.batch, execution_id, type, payload)}, IN_BATCH)
+            return Staged({"seq": self.staging.stage_event(self.batch, execution_id, type, payload)}, IN_BATCH)
         except StageMiss:
             # Closed and forgotten by the compactor meanwhile.
-            status = await self._run(self.store.status_of, execution_id)
+            status = await self._run(self.staging.status_of, execution_id)
             raise ExecutionClosedError(execution_id, status or "closed") from None
 
 
@@ -321,9 +323,9 @@ class StoreBackend:
         return Staged({})
 
     async def _start(self, intent, envelope, execution_id, parent_execution_id, forked_at_seq) -> Staged:
-        store = self.store
+        staging = self.staging
         try:
-            start = store.reserve_start(intent, envelope, execution_id, parent_execution_id, forked_at_seq)
+            start = staging.reserve_start(intent, envelope, execution_id, parent_execution_id, forked_at_seq)
         except ExecutionExistsError:
             return await self._existing(
                 execution_id, intent, envelope,
@@ -332,12 +334,12 @@ class StoreBackend:
         settled = self._starting[start.execution_id] = self.loop.create_future()
         exists = False
         try:
-            await self._run(store.check_new_in_db, start)
+            await self._run(staging.check_new_in_db, start)
         except ExecutionExistsError:
-            store.cancel_start(start)
+            staging.cancel_start(start)
             exists = True
         except BaseException:
-            store.cancel_start(start)
+            staging.cancel_start(start)
             raise
         finally:
             del self._starting[start.execution_id]
@@ -354,12 +356,12 @@ class StoreBackend:
         try:
             rec = await self._recorded(execution_id)
         except ExecutionNotFoundError:
-            if waited and again is not None and self.store.next_seq(execution_id) is None:
+            if waited and again is not None and self.staging.next_seq(execution_id) is None:
                 return await again()  # the copy waited for gave up (its parent is missing, say)
             raise ExecutionExistsError(execution_id) from None  # another start still in flight
         if rec.header.envelopeHash != envelope_hash or rec.intent != intent:
             raise ExecutionExistsError(execution_id)
-        nxt = self.store.next_seq(execution_id)
+        nxt = self.staging.next_seq(execution_id)
         last_seq = nxt - 1 if nxt is not None else (rec.events[-1].seq if rec.events else 0)
         return Staged(
             {
@@ -402,7 +404,7 @@ class StoreBackend:
         failed = w.failed
         bg = getattr(store, "background_error", None)
         return BackendStats(
-            open_executions=store.open_executions,
+            open_executions=self.staging.open_executions,
             durable_lsn=durable,
             applied_lsn=applied,
             wal_bytes=wal_bytes,
