@@ -917,6 +917,7 @@ class _AsyncSidecar:
         self._connecting: Optional[asyncio.Task] = None
         self._closed = False
         self._watchdog: Optional[asyncio.TimerHandle] = None
+        self._outbox: list[_Pending] = []  # submitted, written by the next `_flush`
 
     async def connect(self) -> None:
         """Connect (retrying until `connect_timeout_s`: a recorder that was never reachable fails
@@ -1111,13 +1112,33 @@ class _AsyncSidecar:
         fut = asyncio.get_running_loop().create_future()
         p = self.pending[rid] = _Pending(rid, req, frame, fut, execution_id)
         if self._writer is not None:
-            self._writer.write(frame)
-            p.sent = True
+            # Frames sent in one turn of the loop leave in one write: one system call for all
+            # of them, and the server reads them as one batch.
+            out = self._outbox
+            out.append(p)
+            if len(out) == 1:
+                asyncio.get_running_loop().call_soon(self._flush)
         else:
             self._start_reconnect()  # sent with the rest once connected
         if self._watchdog is None:
             self._arm_watchdog()
         return fut
+
+    def _flush(self) -> None:
+        """Write the frames submitted since the last flush, in order; those a reconnect has
+        sent meanwhile (or answered, or failed) are not written again."""
+        out, self._outbox = self._outbox, []
+        writer = self._writer
+        if writer is None:
+            return  # the reconnect sends what is still pending
+        pending = self.pending
+        frames = []
+        for p in out:
+            if not p.sent and pending.get(p.rid) is p:
+                p.sent = True
+                frames.append(p.frame)
+        if frames:
+            writer.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
     async def request(self, req: dict, execution_id: Optional[str] = None) -> dict:
         """Send one request and await its success fields (or the mapped error)."""
@@ -1132,6 +1153,7 @@ class _AsyncSidecar:
         if self._connecting is not None:
             self._connecting.cancel()
         if self._writer is not None:
+            self._flush()  # what was submitted is sent, as it was before this call
             w, self._writer = self._writer, None
             w.close()
             try:
