@@ -165,7 +165,6 @@ def _has_key(value: Any, secret: dict, keys: frozenset) -> bool:
     return False
 
 
-_UNSET = object()
 # Beyond this many keys the text search costs more than the walk it saves.
 _NEEDLES_MAX = 64
 _SQUEEZE = bytes.maketrans(b"", b"")
@@ -205,10 +204,8 @@ class Rules:
     patterns: tuple
     # key name -> whether it is one of `keys` (filled as payloads are seen)
     seen: dict = field(default_factory=dict, compare=False, repr=False)
+    # `needles`, once worked out (None: not yet; False: the keys cannot be searched as text)
     _needles: Any = field(default=None, compare=False, repr=False, init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_needles", _UNSET)
 
     @property
     def empty(self) -> bool:
@@ -230,11 +227,12 @@ class Rules:
         """The keys as bytes for `_names_absent`, or None when a key could be written other than
         as its own characters in JSON text (then every value is walked)."""
         got = self._needles
-        if got is _UNSET:
+        if got is None:
             ok = len(self.keys) <= _NEEDLES_MAX and all(_plain_name(k) for k in self.keys)
-            got = tuple(k.encode() for k in self.keys) if ok else None
+            # A key that holds another is found through it ("xapikey" through "apikey").
+            got = tuple(k.encode() for k in self.keys if not any(o != k and o in k for o in self.keys)) if ok else False
             object.__setattr__(self, "_needles", got)
-        return got
+        return got or None
 
 
 def _rules(keys, patterns) -> Rules:
