@@ -82,6 +82,8 @@ RETRYABLE = frozenset({P.UNAVAILABLE, P.OVERLOADED})
 # was never started learns it in about a second, not after the reconnect timeout.
 DEFAULT_CONNECT_TIMEOUT_S = 1.0
 _OPT = orjson.OPT_APPEND_NEWLINE
+# A response (a `get` of a big record) may be a long line, up to this.
+_MAX_RESPONSE_BYTES = 1 << 30
 _FRAME_OPTS = _OPT | DUMP_OPTS
 
 
@@ -996,34 +998,23 @@ class _AsyncSidecar:
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            rest = b""
             while True:
-                line = await reader.readline()
-                if not line:
+                # Whatever has arrived, cut into lines here: a batch's answers come in one read.
+                chunk = await reader.read(1 << 18)
+                if not chunk:
                     break
-                resp = orjson.loads(line)
-                p = self.pending.get(resp.get("id"))
-                if p is None:
-                    if resp.get("id") is None and not resp.get("ok"):
-                        # A frame the server could not read an id from: none this client sends.
-                        log.warning("tracedb: the recorder at %s answered an unreadable request: %s",
-                                    self.address, resp.get("error"))
-                    continue  # an answer to a request answered before (resent twice)
-                if resp.get("ok"):
-                    del self.pending[p.rid]
-                    if not p.future.done():
-                        p.future.set_result(resp)
+                if rest:
+                    chunk = rest + chunk
+                end = chunk.rfind(b"\n")
+                if end < 0:
+                    if len(chunk) > _MAX_RESPONSE_BYTES:
+                        raise ValueError("a response line longer than 1 GiB")
+                    rest = chunk
                     continue
-                err = resp.get("error") or {}
-                if err.get("code") in RETRYABLE:
-                    now = time.monotonic()
-                    p.deadline = p.deadline or now + self.reconnect_timeout_s
-                    if now < p.deadline:
-                        # Left pending: resent after a pause, or with the rest after a reconnect.
-                        asyncio.get_running_loop().call_later(0.05, self._resend, p)
-                        continue
-                del self.pending[p.rid]
-                if not p.future.done():
-                    p.future.set_exception(error_from_wire(err, p.execution_id))
+                rest = chunk[end + 1:]
+                for line in chunk[:end].split(b"\n"):
+                    self._answer(line)
         except (OSError, ValueError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -1032,6 +1023,33 @@ class _AsyncSidecar:
                 self._writer = None
                 if not self._closed and self.pending:
                     self._start_reconnect()
+
+    def _answer(self, line: bytes) -> None:
+        """One response line: resolve (or fail, or schedule the resend of) its request."""
+        resp = orjson.loads(line)
+        p = self.pending.get(resp.get("id"))
+        if p is None:
+            if resp.get("id") is None and not resp.get("ok"):
+                # A frame the server could not read an id from: none this client sends.
+                log.warning("tracedb: the recorder at %s answered an unreadable request: %s",
+                            self.address, resp.get("error"))
+            return  # an answer to a request answered before (resent twice)
+        if resp.get("ok"):
+            del self.pending[p.rid]
+            if not p.future.done():
+                p.future.set_result(resp)
+            return
+        err = resp.get("error") or {}
+        if err.get("code") in RETRYABLE:
+            now = time.monotonic()
+            p.deadline = p.deadline or now + self.reconnect_timeout_s
+            if now < p.deadline:
+                # Left pending: resent after a pause, or with the rest after a reconnect.
+                asyncio.get_running_loop().call_later(0.05, self._resend, p)
+                return
+        del self.pending[p.rid]
+        if not p.future.done():
+            p.future.set_exception(error_from_wire(err, p.execution_id))
 
     def _resend(self, p: _Pending) -> None:
         if self.pending.get(p.rid) is p and self._writer is not None:
