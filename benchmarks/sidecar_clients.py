@@ -29,12 +29,12 @@ from typing import Optional
 import orjson
 
 from .common import LLM_RESPONSE, pct
-from .sidecar import _cpu_s, _Loader, _Plan, start_server, stop_server
+from .sidecar import Loader, Plan, cpu_s, start_server, stop_server
 
 ENVELOPE = {"intent": "ProcessIntent", "payload": {"q": "capital of France"}, "metadata": {"requestId": "r-1"}}
 
 
-def _children_cpu_s(pid: int) -> float:
+def _childrencpu_s(pid: int) -> float:
     """CPU seconds of the direct children of `pid` (the compactor process), from /proc."""
     total = 0.0
     kids: list[int] = []
@@ -45,7 +45,7 @@ def _children_cpu_s(pid: int) -> float:
     except OSError:
         return float("nan")
     for k in kids:
-        total += _cpu_s(k)
+        total += cpu_s(k)
     return total
 
 
@@ -58,12 +58,12 @@ class _Meter:
         self.server_s = self.compactor_s = self.client_s = float("nan")
 
     def start(self) -> None:
-        self.at = (_cpu_s(self.pid), _children_cpu_s(self.pid), time.process_time())
+        self.at = (cpu_s(self.pid), _childrencpu_s(self.pid), time.process_time())
 
     def stop(self) -> None:
         s0, c0, p0 = self.at
-        self.server_s = _cpu_s(self.pid) - s0
-        self.compactor_s = _children_cpu_s(self.pid) - c0
+        self.server_s = cpu_s(self.pid) - s0
+        self.compactor_s = _childrencpu_s(self.pid) - c0
         self.client_s = time.process_time() - p0
 
 
@@ -72,25 +72,18 @@ class _Meter:
 
 async def _drive_loader(sock: str, clients: int, window: int, seconds: float, warmup: float,
                         meter: _Meter, per_exec: int) -> tuple[int, float, list]:
-    import benchmarks.sidecar as sb
-
     loop = asyncio.get_running_loop()
     lat: list[float] = []
     measure_from = time.perf_counter() + warmup
-    plan = _Plan(window, per_exec, measure_from, measure_from + seconds, lat)
+    plan = Plan(window, per_exec, measure_from, measure_from + seconds, lat, orjson.dumps(LLM_RESPONSE))
     loop.call_later(warmup, meter.start)
-    saved = sb._PAYLOAD
-    sb._PAYLOAD = orjson.dumps(LLM_RESPONSE)
-    try:
-        waits, loaders = [], []
-        for i in range(clients):
-            done = loop.create_future()
-            waits.append(done)
-            _t, proto = await loop.create_unix_connection(lambda i=i, done=done: _Loader(i, plan, done), sock)
-            loaders.append(proto)
-        await asyncio.gather(*waits)
-    finally:
-        sb._PAYLOAD = saved
+    waits, loaders = [], []
+    for i in range(clients):
+        done = loop.create_future()
+        waits.append(done)
+        _t, proto = await loop.create_unix_connection(lambda i=i, done=done: Loader(i, plan, done), sock)
+        loaders.append(proto)
+    await asyncio.gather(*waits)
     meter.stop()
     elapsed = time.perf_counter() - measure_from
     for p in loaders:
