@@ -165,3 +165,30 @@ class CpuWindow:
         c0 = time.process_time()
         time.sleep(max(0.0, self.stop - time.perf_counter()))
         self.seconds = time.process_time() - c0
+
+
+# An LLM call's response as an agent records it: ~600 bytes of nested dicts and lists.
+LLM_RESPONSE = {
+    "model": "gpt-4o-mini-2024-07-18",
+    "id": "chatcmpl-9xYzAbCd",
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "tool_calls",
+            "message": {
+                "role": "assistant",
+                "content": "I'll look that up and compare the two sources before answering.",
+                "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "web_search", "arguments": "{\"q\": \"capital of France\"}"}},
+                    {"id": "call_2", "type": "function",
+                     "function": {"name": "fetch_page", "arguments": "{\"url\": \"https://example.org/fr\"}"}},
+                ],
+            },
+        }
+    ],
+    "usage": {"prompt_tokens": 412, "completion_tokens": 57, "total_tokens": 469,
+              "prompt_tokens_details": {"cached_tokens": 128}},
+    "params": {"temperature": 0.2, "top_p": 1.0, "max_tokens": 512, "stop": ["\n\n", "END"]},
+    "latency_ms": 843.5,
+}

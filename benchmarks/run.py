@@ -694,6 +694,7 @@ def section_sidecar(args, workdir: str) -> None:
         ingest["events_per_s"],
         extra=f"p50 {ingest['p50_ms']:.2f} ms  p99 {ingest['p99_ms']:.2f} ms  RSS {ingest['rss_peak_mb']:.0f} MB",
     )
+    clients = _sidecar_real_clients(args, workdir)
     print("  the fsync baselines, 32 threads: IntentusNet's own layout; one shared WALWriter; SQLite")
     base = bench_intentusnet_per_execution(workdir, 32, args.seconds, args.warmup)
     shared = bench_intentusnet(workdir, 32, args.seconds, args.warmup)
@@ -704,7 +705,35 @@ def section_sidecar(args, workdir: str) -> None:
     met = [k for k, r in (("32 x 32", got[32]), *((f"32 x {w}", rows_w[w]) for w in rows_w)) if meets(r)]
     print(f"  32-client runs meeting {target} in this run: {', '.join(met) if met else 'none'}")
     RESULTS["sidecar"] = {"tracedb": rows, "ingest_only": ingest, "intentusnet_per_execution": base,
-                          "shared_walwriter": shared, "sqlite": sqlite_row}
+                          "shared_walwriter": shared, "sqlite": sqlite_row, "real_clients": clients}
+
+
+def _sidecar_real_clients(args, workdir: str) -> dict:
+    """The production route: `connect_async()` (32 connections x 16 in flight) and `connect()`
+    (32 threads, one request each), an LLM response of ~700 bytes as every event's payload, next
+    to the loader sending the same events pre-encoded (the ceiling); serve's CPU per event next
+    to the WAL's own append of the same record, all from this one run."""
+    from benchmarks import sidecar_clients as sc
+
+    print("  real clients, a nested ~700-byte LLM response per event (a fresh `tracedb serve` each):")
+    got = sc.run(clients=32, window=16, seconds=args.seconds, warmup=args.warmup, workdir=workdir, quiet=True)
+    loader, wal_cpu = got["loader"], got["wal_append"]["cpu_us_per_event"]
+    for kind in sc.KINDS:
+        r = got[kind]
+        r["row"] = row(
+            f"sidecar via {kind}, {r['clients']} x {r['window']} in flight",
+            r["events_per_s"],
+            extra=f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  CPU/event: serve {r['serve_cpu_us']:.1f} µs"
+            f" (compactor {r['compactor_cpu_us']:.1f}), client {r['client_cpu_us']:.1f} µs",
+        )
+    print(f"  WAL append of the same record, in process: CPU {wal_cpu:.1f} µs/event")
+    ratio("connect_async / loader, 32 x 16", got["connect_async"]["events_per_s"], loader["events_per_s"])
+    ratio("connect (32 threads) / loader 32 x 16", got["connect"]["events_per_s"], loader["events_per_s"])
+    ratio("serve CPU per event (connect_async) / WAL append's", got["connect_async"]["serve_cpu_us"], wal_cpu)
+    a = got["connect_async"]
+    check(a["row"], ">= 0.8x the loader, p99 <= 10 ms at 32 x 16, serve CPU <= 2x the WAL's",
+          a["events_per_s"] >= 0.8 * loader["events_per_s"] and a["p99_ms"] <= 10.0 and a["serve_cpu_us"] <= 2 * wal_cpu)
+    return {k: {kk: vv for kk, vv in v.items() if kk != "row"} for k, v in got.items()}
 
 
 # -- fleet: PostgreSQL ---------------------------------------------------------------------

@@ -42,7 +42,7 @@ _PAYLOAD = orjson.dumps(TOOL_RESULT)
 _ENVELOPE = orjson.dumps({"intent": "ProcessIntent", "payload": {"q": "capital of France"}, "metadata": {"requestId": "r-1"}})
 
 
-class _Plan(NamedTuple):
+class Plan(NamedTuple):
     """What every connection of one run shares."""
 
     window: int  # requests each keeps in flight
@@ -50,15 +50,16 @@ class _Plan(NamedTuple):
     measure_from: float  # perf_counter() at which the measured part begins
     stop_at: float  # and at which it ends
     lat: list  # the latencies of the measured part, appended to by every connection
+    payload: bytes = _PAYLOAD  # every event's payload, as JSON
 
 
-class _Loader(asyncio.Protocol):
+class Loader(asyncio.Protocol):
     """One benchmark connection: pipelined requests with pre-formatted frames, FIFO acks."""
 
-    def __init__(self, idx: int, plan: _Plan, done: asyncio.Future):
+    def __init__(self, idx: int, plan: Plan, done: asyncio.Future):
         self.idx = idx
         self.done = done
-        self.window, self.per_exec, self.measure_from, self.stop_at, self.lat = plan
+        self.window, self.per_exec, self.measure_from, self.stop_at, self.lat, self.payload = plan
         self.sent_at: collections.deque = collections.deque()
         self.next_id = 0
         self.exec_no = 0
@@ -91,7 +92,7 @@ class _Loader(asyncio.Protocol):
                 rid, eid, seq)
         self.seq = seq + 1
         return b'{"id":%d,"op":"event","execution_id":"%s","seq":%d,"type":"tool.responded","payload":%s}\n' % (
-            rid, eid, seq, _PAYLOAD)
+            rid, eid, seq, self.payload)
 
     def _fill(self) -> None:
         if self.stopping:
@@ -153,14 +154,14 @@ async def drive(socket_path: str, clients: int, seconds: float, *, window: int =
         loop.call_later(warmup, on_measure)
     lat: list[float] = []
     measure_from = time.perf_counter() + warmup
-    plan = _Plan(window, events_per_execution, measure_from, measure_from + seconds, lat)
+    plan = Plan(window, events_per_execution, measure_from, measure_from + seconds, lat)
     loaders = []
     waits = []
     for i in range(clients):
         done = loop.create_future()
         waits.append(done)
         _t, proto = await loop.create_unix_connection(
-            lambda i=i, done=done: _Loader(i, plan, done),
+            lambda i=i, done=done: Loader(i, plan, done),
             socket_path,
         )
         loaders.append(proto)
@@ -269,7 +270,7 @@ def _health(port: int, data_dir: str) -> dict:
         return {}
 
 
-def _cpu_s(pid: int) -> float:
+def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process so far, from /proc (Linux); NaN elsewhere."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -305,14 +306,14 @@ def run(clients: Sequence[int] = DEFAULT_CLIENTS, seconds: float = 3.0, *, windo
             port = free_port()
             proc, sock = start_server(data_dir, extra_args=[*server_args, "--metrics-port", str(port)], env=env)
             try:
-                cpu0 = [_cpu_s(proc.pid)]
+                cpu0 = [cpu_s(proc.pid)]
 
                 def mark(pid=proc.pid, cpu0=cpu0) -> None:
-                    cpu0[0] = _cpu_s(pid)
+                    cpu0[0] = cpu_s(pid)
 
                 r = asyncio.run(drive(sock, n, seconds, window=window, warmup=warmup,
                                       events_per_execution=events_per_execution, on_measure=mark))
-                r["server_cpu_s"] = _cpu_s(proc.pid) - cpu0[0]
+                r["server_cpu_s"] = cpu_s(proc.pid) - cpu0[0]
                 r["rss_mb"], r["rss_peak_mb"] = _rss_mb(proc.pid)
                 health = _health(port, data_dir)
                 r["compaction_lag_records"] = health.get("compaction_lag_records")

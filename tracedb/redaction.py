@@ -165,6 +165,37 @@ def _has_key(value: Any, secret: dict, keys: frozenset) -> bool:
     return False
 
 
+# Beyond this many keys the text search costs more than the walk it saves.
+_NEEDLES_MAX = 64
+_SQUEEZE = bytes.maketrans(b"", b"")
+
+
+def _plain_name(key: str) -> bool:
+    """A normalised key that JSON text holds as its own bytes: printable ASCII, none of the
+    characters JSON may write as an escape (a quote, a backslash, a slash)."""
+    return key.isascii() and key.isprintable() and not any(c in key for c in '"\\/')
+
+
+def _names_absent(value: Any, needles: tuple) -> bool:
+    """True when no key can name a secret anywhere in `value`: its JSON text, lowered and with
+    "-" and "_" taken out (the normalisation of `_norm`), holds none of the keys. A key that
+    matches, as a whole, by its last dotted part or after a header prefix, inside a [name,
+    value] pair or inside a string holding a document, has its normalised name in that text.
+    Only ASCII text without escapes is read so (a \\u escape, or a non-ASCII letter whose lower
+    case is ASCII, could spell a key otherwise); anything else is left to the walk (False)."""
+    try:
+        text = orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):
+        return False
+    if not text.isascii() or b"\\u" in text:
+        return False
+    text = text.lower().translate(_SQUEEZE, b"-_")
+    for k in needles:
+        if k in text:
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class Rules:
     """The rules for one intent: normalised key names and compiled patterns."""
@@ -173,6 +204,8 @@ class Rules:
     patterns: tuple
     # key name -> whether it is one of `keys` (filled as payloads are seen)
     seen: dict = field(default_factory=dict, compare=False, repr=False)
+    # `needles`, once worked out (None: not yet; False: the keys cannot be searched as text)
+    _needles: Any = field(default=None, compare=False, repr=False, init=False)
 
     @property
     def empty(self) -> bool:
@@ -183,7 +216,23 @@ class Rules:
         without being copied); with patterns, every string has to be tried."""
         if self.patterns:
             return True
-        return bool(self.keys) and _has_key(value, self.seen, self.keys)
+        if not self.keys:
+            return False
+        if self.needles is not None and _names_absent(value, self.needles):
+            return False
+        return _has_key(value, self.seen, self.keys)
+
+    @property
+    def needles(self) -> Optional[tuple]:
+        """The keys as bytes for `_names_absent`, or None when a key could be written other than
+        as its own characters in JSON text (then every value is walked)."""
+        got = self._needles
+        if got is None:
+            ok = len(self.keys) <= _NEEDLES_MAX and all(_plain_name(k) for k in self.keys)
+            # A key that holds another is found through it ("xapikey" through "apikey").
+            got = tuple(k.encode() for k in self.keys if not any(o != k and o in k for o in self.keys)) if ok else False
+            object.__setattr__(self, "_needles", got)
+        return got or None
 
 
 def _rules(keys, patterns) -> Rules:

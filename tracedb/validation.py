@@ -293,8 +293,21 @@ def payload_json(payload: Any, type_: str) -> bytes:
     return payload_parsed(payload, type_)[0]
 
 
+# The one value known to be a plain JSON tree already (dicts, lists, str, int, float, bool, None:
+# just decoded from a request's JSON by orjson), which `payload_parsed` need not parse back.
+_decoded: list = [None]
+
+
+def set_decoded(value: Any) -> None:
+    """Tell `payload_parsed` that `value` was just decoded from JSON text (the sidecar, around
+    the staging of one request): its checks run on it as it is, without a second decoding.
+    `set_decoded(None)` when done. Any other value (another thread's) is parsed back as ever."""
+    _decoded[0] = value
+
+
 def payload_parsed(payload: Any, type_: str) -> tuple[bytes, Any]:
-    """`payload_json`, and the payload parsed back from that JSON (see `dumps_parsed`)."""
+    """`payload_json`, and the payload parsed back from that JSON (see `dumps_parsed`); a
+    payload given to `set_decoded` is its own parse."""
     t = type(payload)
     if t is int:
         check_bare_int(payload, type_)
@@ -303,7 +316,13 @@ def payload_parsed(payload: Any, type_: str) -> tuple[bytes, Any]:
     what = _PAYLOAD_WHAT.get(type_)
     if what is None:
         what = _payload_what(type_)
-    out = dumps_parsed(payload, what)
+    if payload is _decoded[0] and (t is dict or t is list):
+        pj = dumps(payload, what)
+        if b"null" in pj:
+            check_finite(payload, what)
+        out = (pj, payload)
+    else:
+        out = dumps_parsed(payload, what)
     check_depth(payload, out[0], what)
     return out
 

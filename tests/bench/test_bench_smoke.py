@@ -103,3 +103,15 @@ def test_the_retention_section_prunes_a_tenth_and_keeps_pins_and_fork_parents(tm
     lines = retention.report_lines(r)
     assert any("target >= 2x" in line for line in lines)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_sidecar_rows_run_the_real_clients_beside_the_loader():
+    from benchmarks import sidecar_clients
+
+    # The default temporary directory: a Unix socket's path must stay short.
+    got = sidecar_clients.run(clients=2, window=4, seconds=0.5, warmup=0.2, per_exec=5, quiet=True)
+    for kind in sidecar_clients.KINDS:
+        r = got[kind]
+        assert r["acked"] > 0 and r["p99_ms"] > 0, kind
+        assert r["serve_cpu_us"] > 0 and r["client_cpu_us"] > 0, kind
+    assert got["wal_append"]["cpu_us_per_event"] > 0

@@ -82,6 +82,8 @@ RETRYABLE = frozenset({P.UNAVAILABLE, P.OVERLOADED})
 # was never started learns it in about a second, not after the reconnect timeout.
 DEFAULT_CONNECT_TIMEOUT_S = 1.0
 _OPT = orjson.OPT_APPEND_NEWLINE
+# A response (a `get` of a big record) may be a long line, up to this.
+_MAX_RESPONSE_BYTES = 1 << 30
 _FRAME_OPTS = _OPT | DUMP_OPTS
 
 
@@ -917,6 +919,7 @@ class _AsyncSidecar:
         self._connecting: Optional[asyncio.Task] = None
         self._closed = False
         self._watchdog: Optional[asyncio.TimerHandle] = None
+        self._outbox: list[_Pending] = []  # submitted, written by the next `_flush`
 
     async def connect(self) -> None:
         """Connect (retrying until `connect_timeout_s`: a recorder that was never reachable fails
@@ -995,34 +998,23 @@ class _AsyncSidecar:
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            rest = b""
             while True:
-                line = await reader.readline()
-                if not line:
+                # Whatever has arrived, cut into lines here: a batch's answers come in one read.
+                chunk = await reader.read(1 << 18)
+                if not chunk:
                     break
-                resp = orjson.loads(line)
-                p = self.pending.get(resp.get("id"))
-                if p is None:
-                    if resp.get("id") is None and not resp.get("ok"):
-                        # A frame the server could not read an id from: none this client sends.
-                        log.warning("tracedb: the recorder at %s answered an unreadable request: %s",
-                                    self.address, resp.get("error"))
-                    continue  # an answer to a request answered before (resent twice)
-                if resp.get("ok"):
-                    del self.pending[p.rid]
-                    if not p.future.done():
-                        p.future.set_result(resp)
+                if rest:
+                    chunk = rest + chunk
+                end = chunk.rfind(b"\n")
+                if end < 0:
+                    if len(chunk) > _MAX_RESPONSE_BYTES:
+                        raise ValueError("a response line longer than 1 GiB")
+                    rest = chunk
                     continue
-                err = resp.get("error") or {}
-                if err.get("code") in RETRYABLE:
-                    now = time.monotonic()
-                    p.deadline = p.deadline or now + self.reconnect_timeout_s
-                    if now < p.deadline:
-                        # Left pending: resent after a pause, or with the rest after a reconnect.
-                        asyncio.get_running_loop().call_later(0.05, self._resend, p)
-                        continue
-                del self.pending[p.rid]
-                if not p.future.done():
-                    p.future.set_exception(error_from_wire(err, p.execution_id))
+                rest = chunk[end + 1:]
+                for line in chunk[:end].split(b"\n"):
+                    self._answer(line)
         except (OSError, ValueError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -1031,6 +1023,33 @@ class _AsyncSidecar:
                 self._writer = None
                 if not self._closed and self.pending:
                     self._start_reconnect()
+
+    def _answer(self, line: bytes) -> None:
+        """One response line: resolve (or fail, or schedule the resend of) its request."""
+        resp = orjson.loads(line)
+        p = self.pending.get(resp.get("id"))
+        if p is None:
+            if resp.get("id") is None and not resp.get("ok"):
+                # A frame the server could not read an id from: none this client sends.
+                log.warning("tracedb: the recorder at %s answered an unreadable request: %s",
+                            self.address, resp.get("error"))
+            return  # an answer to a request answered before (resent twice)
+        if resp.get("ok"):
+            del self.pending[p.rid]
+            if not p.future.done():
+                p.future.set_result(resp)
+            return
+        err = resp.get("error") or {}
+        if err.get("code") in RETRYABLE:
+            now = time.monotonic()
+            p.deadline = p.deadline or now + self.reconnect_timeout_s
+            if now < p.deadline:
+                # Left pending: resent after a pause, or with the rest after a reconnect.
+                asyncio.get_running_loop().call_later(0.05, self._resend, p)
+                return
+        del self.pending[p.rid]
+        if not p.future.done():
+            p.future.set_exception(error_from_wire(err, p.execution_id))
 
     def _resend(self, p: _Pending) -> None:
         if self.pending.get(p.rid) is p and self._writer is not None:
@@ -1111,13 +1130,33 @@ class _AsyncSidecar:
         fut = asyncio.get_running_loop().create_future()
         p = self.pending[rid] = _Pending(rid, req, frame, fut, execution_id)
         if self._writer is not None:
-            self._writer.write(frame)
-            p.sent = True
+            # Frames sent in one turn of the loop leave in one write: one system call for all
+            # of them, and the server reads them as one batch.
+            out = self._outbox
+            out.append(p)
+            if len(out) == 1:
+                asyncio.get_running_loop().call_soon(self._flush)
         else:
             self._start_reconnect()  # sent with the rest once connected
         if self._watchdog is None:
             self._arm_watchdog()
         return fut
+
+    def _flush(self) -> None:
+        """Write the frames submitted since the last flush, in order; those a reconnect has
+        sent meanwhile (or answered, or failed) are not written again."""
+        out, self._outbox = self._outbox, []
+        writer = self._writer
+        if writer is None:
+            return  # the reconnect sends what is still pending
+        pending = self.pending
+        frames = []
+        for p in out:
+            if not p.sent and pending.get(p.rid) is p:
+                p.sent = True
+                frames.append(p.frame)
+        if frames:
+            writer.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
     async def request(self, req: dict, execution_id: Optional[str] = None) -> dict:
         """Send one request and await its success fields (or the mapped error)."""
@@ -1132,6 +1171,7 @@ class _AsyncSidecar:
         if self._connecting is not None:
             self._connecting.cancel()
         if self._writer is not None:
+            self._flush()  # what was submitted is sent, as it was before this call
             w, self._writer = self._writer, None
             w.close()
             try:

@@ -7,7 +7,6 @@ so the server, the client and the tests share them.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Optional
 
 import orjson
@@ -94,8 +93,11 @@ def _bad(message: str) -> ProtocolError:
 
 
 # A run of 19 or more digits: the only place an integer outside 64 bits can be, which orjson
-# reads as a double without a word. Most frames have none, and skip the exact check below.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# reads as a double without a word. Most frames have none, and skip the exact check below. The
+# run is looked for as 19 zeros once every digit is written as a zero: two passes in C over the
+# frame, several times faster than the regular expression's scan.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19
 INT_MIN = -(1 << 63)
 INT_MAX = (1 << 64) - 1  # what orjson writes: the signed and the unsigned 64-bit ranges
 
@@ -112,7 +114,7 @@ def check_integers(frame: bytes) -> None:
     """Refuse a frame with an integer outside 64 bits (ProtocolError, bad_request): orjson has
     read it as a double, which would be stored changed. Reads the frame again, exactly, only
     when it holds a long run of digits (in a number or inside a string)."""
-    if _LONG_DIGITS.search(frame) is not None:
+    if _LONG_RUN in frame.translate(_DIGITS_AS_ZERO):
         import json
 
         json.loads(frame, parse_int=_int_in_range)

@@ -38,6 +38,7 @@ import wal
 
 from ..asgi import ADMISSIONS_PER_TURN, Listener, is_loopback, sweep_interval
 from ..errors import ServerConfigError, TraceDBError  # ServerConfigError: re-exported (its old home)
+from ..validation import set_decoded
 from . import protocol as P
 from .backend import IN_BATCH, Backend, Deferred, Staged
 
@@ -347,7 +348,12 @@ class Connection(asyncio.Protocol):
                         or (seq is not None and (type(seq) is not int or seq < 1))
                     ):
                         self._explain_event(req)
-                    staged = backend.stage_event(eid, typ, req["payload"], seq)
+                    payload = req["payload"]
+                    set_decoded(payload)  # checked and redacted as decoded, not decoded again
+                    try:
+                        staged = backend.stage_event(eid, typ, payload, seq)
+                    finally:
+                        set_decoded(None)
                 else:
                     staged = self._other(op, req)
                     if staged is None:  # answered by a task (get)
