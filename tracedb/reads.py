@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -185,12 +184,11 @@ def _checked_steps(conn, execution_id: str) -> list:
 
     sa, _, trace_steps = _core()
     s = trace_steps.c
-    q = (
-        sa.select(s.seq, s.type, db.undecoded(s.payload, conn.dialect.name), s.recorded_at_ns, s.payload_crc)
-        .where(s.execution_id == execution_id)
-        .order_by(s.seq)
-    )
-    return [sqlite_reads.checked_step(*r) for r in conn.execute(q)]
+    cols = [
+        db.undecoded(s[n], conn.dialect.name) if n == "payload" else s[n] for n in sqlite_reads.STEP_COLUMNS
+    ]
+    q = sa.select(*cols).where(s.execution_id == execution_id).order_by(s.seq)
+    return [sqlite_reads.checked_step(r._mapping) for r in conn.execute(q)]
 
 
 def _load(engine: Engine, execution_id: str):
@@ -217,13 +215,25 @@ def read_record(engine: Engine, execution_id: str) -> ExecutionRecord:
     return record_from_rows(*_load(engine, execution_id))
 
 
+# What `RecordReader` reads of `traces` and of `trace_steps` (tracedb.schema names them all).
+RECORD_COLUMNS = (
+    "execution_id", "created_at_ns", "envelope_hash", "replayable", "replayable_reason", "envelope",
+    "router_decision", "final_response", "status", "intent", "parent_execution_id", "forked_at_seq", "meta",
+    "router_decision_crc", "final_response_crc", "meta_crc",
+)
+RECORD_STEP_COLUMNS = ("seq", "type", "payload", "payload_crc")
+# Where each step column sits in a row: the loop over a record's steps reads them by index.
+_RS_SEQ, _RS_TYPE, _RS_PAYLOAD, _RS_CRC = (RECORD_STEP_COLUMNS.index(n) for n in ("seq", "type", "payload", "payload_crc"))
+
+
 def _checked_events(steps) -> tuple[list, bool]:
-    """The events of (seq, type, payload as stored, its checksum) rows, decoded, and whether
+    """The events of rows of RECORD_STEP_COLUMNS (the payload as stored), decoded, and whether
     every payload still matches its checksum: one pass, the hot part of `store.get`."""
     loads, crc, of_stored = orjson.loads, crc32c, checksums.of_stored
     events = []
     intact = True
-    for seq, type_, p, stored_crc in steps:
+    for r in steps:
+        seq, type_, p, stored_crc = r[_RS_SEQ], r[_RS_TYPE], r[_RS_PAYLOAD], r[_RS_CRC]
         if p.__class__ is str:  # JSON text: checked as stored, then decoded
             text = p.encode()
             if crc(text) != stored_crc:
@@ -244,12 +254,8 @@ class RecordReader:
     through the engine. Either way the header and the steps come from one snapshot.
     """
 
-    _TRACE_SQL = (
-        "SELECT execution_id, created_at_ns, envelope_hash, replayable, replayable_reason, envelope, "
-        "router_decision, final_response, status, intent, parent_execution_id, forked_at_seq, meta, "
-        "router_decision_crc, final_response_crc, meta_crc FROM traces WHERE execution_id = ?"
-    )
-    _STEPS_SQL = "SELECT seq, type, payload, payload_crc FROM trace_steps WHERE execution_id = ? ORDER BY seq"
+    _TRACE_SQL = f"SELECT {', '.join(RECORD_COLUMNS)} FROM traces WHERE execution_id = ?"
+    _STEPS_SQL = f"SELECT {', '.join(RECORD_STEP_COLUMNS)} FROM trace_steps WHERE execution_id = ? ORDER BY seq"
 
     def __init__(self, engine: Engine, *, busy_timeout_ms: int = 5000):
         self._engine = engine
@@ -275,30 +281,30 @@ class RecordReader:
             conn.execute("COMMIT")
         if row is None:
             raise ExecutionNotFoundError(execution_id)
-        (eid, created, ehash, replayable, reason, envelope, decision, final, status, intent, parent, fork_seq, meta,
-         decision_crc, final_crc, meta_crc) = row
+        r = dict(zip(RECORD_COLUMNS, row))
         value = sqlite_reads.json_value
         of_stored = checksums.of_stored
+        decision, final, meta = r["router_decision"], r["final_response"], r["meta"]
         events, intact = _checked_events(steps)
         corrupted = (
             not intact
-            or of_stored(decision) != decision_crc or of_stored(final) != final_crc or of_stored(meta) != meta_crc
+            or of_stored(decision) != r["router_decision_crc"] or of_stored(final) != r["final_response_crc"]
+            or of_stored(meta) != r["meta_crc"]
         )
-        if corrupted:
-            reason = REASON_RECORD_CORRUPTED
         return ExecutionRecord(
             header=ExecutionHeader(
-                executionId=eid, createdUtcIso=utc_iso(created), envelopeHash=ehash,
-                replayable=bool(replayable) and not corrupted, replayableReason=reason,
+                executionId=r["execution_id"], createdUtcIso=utc_iso(r["created_at_ns"]),
+                envelopeHash=r["envelope_hash"], replayable=bool(r["replayable"]) and not corrupted,
+                replayableReason=REASON_RECORD_CORRUPTED if corrupted else r["replayable_reason"],
             ),
-            envelope=value(envelope),
+            envelope=value(r["envelope"]),
             routerDecision=value(decision),
             events=events,
             finalResponse=value(final),
-            status=status,
-            intent=intent,
-            parentExecutionId=parent,
-            forkedAtSeq=fork_seq,
+            status=r["status"],
+            intent=r["intent"],
+            parentExecutionId=r["parent_execution_id"],
+            forkedAtSeq=r["forked_at_seq"],
             meta=value(meta),
         )
 
@@ -306,10 +312,7 @@ class RecordReader:
         with self._lock:
             if self._closed:
                 raise StoreClosedError()
-            conn = sqlite3.connect(
-                f"file:{os.path.abspath(self._path)}?mode=ro", uri=True, timeout=self._timeout_s,
-                isolation_level=None, check_same_thread=False, cached_statements=16,
-            )
+            conn = sqlite_reads.open_read(self._path, timeout_s=self._timeout_s, cached_statements=16)
             self._opened.append(conn)
         self._local.conn = conn
         return conn
