@@ -4,6 +4,7 @@ override one of these by name)."""
 
 from __future__ import annotations
 
+import os
 from typing import Union
 
 import pytest
@@ -12,6 +13,7 @@ import tracedb
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_openai import FakeOpenAI
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout the tests run from
 T0_NS = 1_705_314_600_000_000_000  # 2024-01-15T10:30:00Z
 # Seed 002's example events (type, payload), up to the router's decision; the FINAL_RESPONSE
 # ({"status": "success"}) is what finish() records.

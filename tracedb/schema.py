@@ -7,7 +7,7 @@ Every SELECT of `tracedb.sqlite_reads` and `tracedb.reads` names its columns fro
 builds its rows by name from them. The tables themselves are `tracedb.models` and the migrations;
 a test holds these tuples to both (SQLite and PostgreSQL)."""
 
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0006"
 
 # Every column of `traces`, in the order of tracedb.models.
 TRACES = (

@@ -15,7 +15,8 @@ draws (`tracedb.reads.Reader.stats`). Its answer:
 
 failure_rate is failed / (succeeded + failed), None when none finished. Durations are creation
 to last event of executions that are no longer running, nearest-rank percentiles: over all
-time read off the index ix_traces_duration (an index walk), else ranked with window functions.
+time read off an index in duration order (an index walk: ix_traces_duration, and
+ix_traces_intent_duration by intent), else ranked with window functions.
 cost_usd sums the known costs; cost_unknown counts the executions whose cost is unknown (a
 model the price table does not know). By model, an execution that called several models
 counts under each.
@@ -44,7 +45,10 @@ def _source(dialect: str, by: Optional[str]) -> tuple[str, str]:
     if by in _BUCKET_NS:
         size = _BUCKET_NS[by]
         return "traces", f"(traces.created_at_ns / {size}) * {size}"
-    return "traces", f"traces.{by}"
+    # On SQLite a unary + keeps the planner off the indexes that lead with the column
+    # (ix_traces_intent_duration, ix_traces_outcome_created_id): walking one to group would look
+    # up every row in key order instead of reading the window's rows off ix_traces_created_id.
+    return "traces", f"+traces.{by}" if dialect == "sqlite" else f"traces.{by}"
 
 
 def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None) -> dict:
@@ -60,9 +64,18 @@ def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None) -> d
         raise InvalidInputError(f"since_ns must be nanoseconds since the epoch, not {since_ns!r}")
     where = "WHERE traces.created_at_ns >= :since" if since_ns is not None else ""
     params = {} if since_ns is None else {"since": since_ns}
+    dialect = engine.dialect.name
     with engine.connect() as conn:
-        total = _groups(conn, sa, engine.dialect.name, None, where, params, walk=since_ns is None)
-        groups = _groups(conn, sa, engine.dialect.name, by, where, params) if by is not None else []
+        grouped = _counts(conn, sa, dialect, by, where, params) if by is not None else []
+        if by is not None and by != "model":
+            # These groups partition the executions: the total is their sum (one scan, not two).
+            # By model an execution counts under each model it called.
+            counted = [(None, *(sum(r[i] or 0 for r in grouped) for i in range(1, len(r0))))
+                       for r0 in grouped[:1]]
+        else:
+            counted = _counts(conn, sa, dialect, None, where, params)
+        total = _groups(conn, sa, dialect, None, where, params, counted, walk=since_ns is None)
+        groups = _groups(conn, sa, dialect, by, where, params, grouped) if by is not None else []
     total = total[0] if total else _group(None, (0,) * 8, {})
     if by in _BUCKET_NS:
         groups.sort(key=lambda g: g["key"])
@@ -94,26 +107,33 @@ _FINISHED = "traces.outcome <> 'running' AND traces.last_event_ns IS NOT NULL"
 _DURATION = "(traces.last_event_ns - traces.created_at_ns)"
 
 
-def _walked(conn, sa, n: int) -> dict:
-    """{None: (p50, p95, p99)} of every finished execution (`n` of them), each the k-th
-    duration read off ix_traces_duration (an index walk, no sort): nearest rank
-    k = ceil(p * n / 100)."""
-    if not n:
-        return {}
-    cuts = []
-    for p in _PERCENTILES:
-        rank = (p * n + 99) // 100
-        # The high percentiles are walked from the top: fewer index entries to step over.
-        order, offset = ("ASC", rank - 1) if rank * 2 <= n else ("DESC", n - rank)
-        cuts.append(conn.execute(sa.text(
-            f"SELECT {_DURATION} FROM traces WHERE {_FINISHED} ORDER BY {_DURATION} {order} LIMIT 1 OFFSET :k"
-        ), {"k": offset}).scalar_one())
-    return {None: tuple(cuts)}
+def _walked(conn, sa, finished: dict, by: Optional[str]) -> dict:
+    """{key: (p50, p95, p99)} for each key of `finished` ({key: how many finished executions}),
+    each the k-th duration read off an index in duration order (an index walk, no sort):
+    ix_traces_duration for every execution (`by` None), ix_traces_intent_duration within an
+    intent. Nearest rank k = ceil(p * n / 100)."""
+    out = {}
+    for key, n in finished.items():
+        if not n:
+            continue
+        where, bound = (_FINISHED, {}) if by is None else (f"traces.intent = :key AND {_FINISHED}", {"key": key})
+        cuts = []
+        for p in _PERCENTILES:
+            rank = (p * n + 99) // 100
+            # The high percentiles are walked from the top: fewer index entries to step over.
+            order, offset = ("ASC", rank - 1) if rank * 2 <= n else ("DESC", n - rank)
+            cuts.append(conn.execute(sa.text(
+                f"SELECT {_DURATION} FROM traces WHERE {where} ORDER BY {_DURATION} {order} LIMIT 1 OFFSET :k"
+            ), {"k": offset, **bound}).scalar_one())
+        out[key] = tuple(cuts)
+    return out
 
 
-def _groups(conn, sa, dialect: str, by: Optional[str], where: str, params: dict, walk: bool = False) -> list[dict]:
+def _counts(conn, sa, dialect: str, by: Optional[str], where: str, params: dict) -> list:
+    """One row per group: key, executions, succeeded, failed, incomplete, running, input and
+    output tokens, known cost, executions of unknown cost, finished executions (one scan)."""
     source, key = _source(dialect, by)
-    counts = conn.execute(sa.text(
+    return conn.execute(sa.text(
         f"SELECT {key} AS k, COUNT(*), "
         "SUM(CASE WHEN outcome = 'succeeded' THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN outcome = 'failed' THEN 1 ELSE 0 END), "
@@ -124,22 +144,36 @@ def _groups(conn, sa, dialect: str, by: Optional[str], where: str, params: dict,
         f"SUM(CASE WHEN {_FINISHED} THEN 1 ELSE 0 END) "
         f"FROM {source} {where}" + (f" GROUP BY {key}" if by is not None else "")
     ), params).all()
-    if walk and by is None and not where:
-        durations = _walked(conn, sa, counts[0][-1] if counts else 0)
+
+
+def _groups(conn, sa, dialect: str, by: Optional[str], where: str, params: dict, counts: list,
+            walk: bool = False) -> list[dict]:
+    """`counts` (rows of `_counts`) as GROUPs, with their duration percentiles."""
+    source, key = _source(dialect, by)
+    if not where and (walk if by is None else by == "intent"):
+        # Over all time, an index holds the durations in order (module doc): no sort. A NULL
+        # intent is not equal to itself; its executions are ranked below.
+        durations = _walked(conn, sa, {r[0]: r[-1] for r in counts if by is None or r[0] is not None}, by)
+        if by is not None and any(r[0] is None for r in counts):
+            durations.update(_ranked(conn, sa, source, key, "WHERE traces.intent IS NULL", params))
     else:
-        # Nearest-rank percentiles with window functions (both databases have them; SQLite has
-        # no percentile aggregate): the smallest duration whose rank r has r * 100 >= p * n.
-        # A window or a grouping sorts the durations it holds.
-        cuts = ", ".join(f"MIN(CASE WHEN rn * 100 >= {p} * n THEN dur END)" for p in _PERCENTILES)
-        finished = ("AND " if where else "WHERE ") + _FINISHED
-        ranked = conn.execute(sa.text(
-            f"SELECT k, {cuts} FROM ("
-            f"SELECT k, dur, ROW_NUMBER() OVER (PARTITION BY k ORDER BY dur) AS rn, COUNT(*) OVER (PARTITION BY k) AS n "
-            f"FROM (SELECT {key} AS k, {_DURATION} AS dur "
-            f"FROM {source} {where} {finished}) AS d) AS r GROUP BY k"
-        ), params).all()
-        durations = {r[0]: r[1:] for r in ranked}
+        durations = _ranked(conn, sa, source, key, where, params)
     return [_group(r[0], r[1:-1], durations) for r in counts if r[1]]
+
+
+def _ranked(conn, sa, source: str, key: str, where: str, params: dict) -> dict:
+    """{key: (p50, p95, p99)}, nearest rank with window functions (both databases have them;
+    SQLite has no percentile aggregate): the smallest duration whose rank r has r * 100 >= p * n.
+    A window or a grouping sorts the durations it holds."""
+    cuts = ", ".join(f"MIN(CASE WHEN rn * 100 >= {p} * n THEN dur END)" for p in _PERCENTILES)
+    finished = ("AND " if where else "WHERE ") + _FINISHED
+    ranked = conn.execute(sa.text(
+        f"SELECT k, {cuts} FROM ("
+        f"SELECT k, dur, ROW_NUMBER() OVER (PARTITION BY k ORDER BY dur) AS rn, COUNT(*) OVER (PARTITION BY k) AS n "
+        f"FROM (SELECT {key} AS k, {_DURATION} AS dur "
+        f"FROM {source} {where} {finished}) AS d) AS r GROUP BY k"
+    ), params).all()
+    return {r[0]: r[1:] for r in ranked}
 
 
 def _group(key, c, durations: dict) -> dict:

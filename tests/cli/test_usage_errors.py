@@ -119,7 +119,7 @@ def test_migrate_on_a_new_directory_creates_the_store(tmp_path):
     target = tmp_path / "new" / "data"
     r = _invoke("--data-dir", str(target), "migrate")
     assert r.exit_code == 0, r.output
-    assert r.stdout.startswith("schema at 0005 (was empty)")
+    assert r.stdout.startswith("schema at 0006 (was empty)")
     conn = sqlite3.connect(str(target / "traces.db"))
     try:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -128,5 +128,5 @@ def test_migrate_on_a_new_directory_creates_the_store(tmp_path):
     assert {"traces", "trace_steps", "compaction_checkpoint", "alembic_version"} <= tables
     assert _invoke("--data-dir", str(target), "inspect", "--list", "--json").stdout.strip() == "[]"
     again = _invoke("--data-dir", str(target), "migrate", "--create")  # the older flag is still taken
-    assert again.exit_code == 0 and again.stdout.strip() == "schema at 0005"
+    assert again.exit_code == 0 and again.stdout.strip() == "schema at 0006"
     assert os.listdir(target)  # and nothing else was asked for

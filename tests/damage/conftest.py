@@ -3,44 +3,30 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 
 import orjson
 import pytest
 from click.testing import CliRunner
 
 import wal
-from tests import pause_launcher
+from tests.children import Child
 from tests.other_user import nobody  # noqa: F401 - the fixture, for the tests of this folder
 from tracedb.cli import main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-class Recorder:
+class Recorder(Child):
     """A real recorder process (recorder.py), killed with SIGKILL once it said READY."""
 
-    def __init__(self, data_dir: str, *args: str, env: dict | None = None, pause: str | None = None):
+    def __init__(self, data_dir: str, *args, env: dict | None = None, pause: str | None = None):
         """`pause`, "<point>:<batch>": the compactor stops there and says PAUSED (pause_launcher)."""
-        argv = [os.path.join(HERE, "recorder.py"), data_dir, *map(str, args)]
-        self.proc = subprocess.Popen(
-            pause_launcher.command(pause, *argv) if pause else [sys.executable, *argv],
-            stdout=subprocess.PIPE, cwd=REPO, text=True, env={**os.environ, **(env or {})},
-        )
+        super().__init__(os.path.join(HERE, "recorder.py"), data_dir, *args, env=env, pause=pause, stderr=False)
 
     def ready(self, word: str = "READY") -> int:
         """Wait for the line starting with `word` (READY: the durable LSN it reports)."""
-        line = self.proc.stdout.readline()
-        assert line.startswith(word), f"the recorder said {line!r} (exit {self.proc.poll()})"
+        line = self.wait_for(word)
         return int(line.split()[1]) if word == "READY" else 0
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-        self.proc.stdout.close()
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ import pytest
 
 import tracedb
 import wal
-from tests.damage.conftest import REPO, flip_bit
+from tests.conftest import REPO
+from tests.damage.conftest import flip_bit
 from wal import format as fmt
 
 pytestmark = pytest.mark.timeout(300)

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 import wal
-from tests.sidecar.conftest import ServeProcess
+from tests.serving import Serve
 from tests.sidecar.helpers import rmtree, short_tempdir, sock_path
 from tests.waiting import wait_until
 from tracedb.client import connect
@@ -54,7 +54,7 @@ def data_dir():
 @pytest.mark.parametrize("batch", [20000, 1, 3])
 def test_rebuild_keeps_only_the_execution_that_reused_a_pruned_id(data_dir, batch):
     os.makedirs(data_dir)
-    serve = ServeProcess(data_dir)
+    serve = Serve(data_dir)
     try:
         run_job(data_dir, "first", 3)
         wait_until(lambda: compacted(data_dir), 60, "the first job-1 in the database")
@@ -83,7 +83,7 @@ def test_rebuild_keeps_only_the_execution_that_reused_a_pruned_id(data_dir, batc
     assert tracedb_cli(damaged, "verify").returncode == 0
     # The rebuilt directory opens again: recover, and a recorder that starts and stops.
     assert tracedb_cli(damaged, "recover").returncode == 0
-    again = ServeProcess(damaged)
+    again = Serve(damaged)
     code, err = again.terminate()
     assert code == 0, err
 

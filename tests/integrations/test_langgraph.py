@@ -24,7 +24,7 @@ from langgraph.types import Command, interrupt
 
 import tracedb
 from tests.integrations.langgraph_graph import build, ran
-from tests.sidecar.conftest import ServeProcess
+from tests.serving import Serve
 from tests.waiting import wait_until
 from tracedb.client import connect, connect_async
 from tracedb.config import load_config
@@ -87,7 +87,7 @@ def test_the_conformance_suite_passes_on_the_asyncio_store(tmp_path):
 
 def test_the_conformance_suite_passes_through_tracedb_serve(tmp_path):
     data_dir = str(tmp_path / ".tracedb")
-    serve = ServeProcess(data_dir)
+    serve = Serve(data_dir)
     cfg = load_config(overrides={"data_dir": data_dir})
     try:
         @checkpointer_test(name="TraceDBSaver(connect_async)")
@@ -166,7 +166,7 @@ def test_a_thread_reads_back_the_same_after_a_restart(tmp_path):
 def test_what_the_recorder_has_not_compacted_is_read_back_by_another_process(tmp_path):
     data_dir, log = str(tmp_path / ".tracedb"), str(tmp_path / "log")
     config = {"configurable": {"thread_id": "t"}}
-    serve = ServeProcess(data_dir, env={"TRACEDB_COMPACT_INTERVAL_MS": "3600000"})
+    serve = Serve(data_dir, env={"TRACEDB_COMPACT_INTERVAL_MS": "3600000"})
     cfg = load_config(overrides={"data_dir": data_dir})
     try:
         with connect(serve.socket) as client, TraceDBSaver(client, config=cfg) as saver:
@@ -215,7 +215,7 @@ def test_runs_of_many_threads_at_once_on_the_asyncio_store(tmp_path):
 def test_a_graph_killed_inside_a_node_resumes_from_its_last_durable_checkpoint(tmp_path, through):
     data_dir, log = str(tmp_path / ".tracedb"), str(tmp_path / "log")
     open(log + ".block", "w").close()
-    serve = ServeProcess(data_dir) if through == "serve" else None
+    serve = Serve(data_dir) if through == "serve" else None
     try:
         args = [data_dir, log, "job-7"] + ([serve.socket] if serve else [])
         child = subprocess.Popen([sys.executable, "-m", "tests.integrations.langgraph_graph", *args],

@@ -10,7 +10,7 @@ from agents import Runner, set_trace_processors
 
 from tests.integrations import weather_agent as wa
 from tests.integrations.weather_agent import replay_run
-from tests.sidecar.conftest import ServeProcess
+from tests.serving import Serve
 from tests.waiting import wait_until
 from tracedb.client import connect, connect_async
 from tracedb.config import load_config
@@ -31,7 +31,7 @@ def compacted(data_dir, eid):
 
 def test_an_agents_run_recorded_through_the_sidecar_replays_offline(tmp_path, fake):
     data_dir = str(tmp_path / ".tracedb")
-    serve = ServeProcess(data_dir)
+    serve = Serve(data_dir)
     try:
         with connect(serve.socket) as client:
             assert not client.embedded
@@ -66,7 +66,7 @@ def test_an_agents_run_recorded_through_the_sidecar_replays_offline(tmp_path, fa
 
 def test_the_openai_wrapper_records_through_the_sidecar_sync_and_async(tmp_path, fake):
     data_dir = str(tmp_path / ".tracedb")
-    serve = ServeProcess(data_dir)
+    serve = Serve(data_dir)
     try:
         fake.push_chat("through the socket")
         with connect(serve.socket) as client:
@@ -103,7 +103,7 @@ def test_the_openai_wrapper_records_through_the_sidecar_sync_and_async(tmp_path,
 
 def test_a_recorder_lost_mid_run_stops_the_recording_not_the_run(tmp_path, fake):
     data_dir = str(tmp_path / ".tracedb")
-    serve = ServeProcess(data_dir)
+    serve = Serve(data_dir)
     wa.BEFORE_WEATHER[:] = [serve.kill]  # the recorder dies while the agent calls its first tool
     try:
         with connect(serve.socket, reconnect_timeout_s=0.5) as client:
@@ -120,7 +120,7 @@ def test_a_recorder_lost_mid_run_stops_the_recording_not_the_run(tmp_path, fake)
         wa.BEFORE_WEATHER.clear()
         serve.kill()
 
-    serve = ServeProcess(data_dir)  # starting again recovers: the run is incomplete
+    serve = Serve(data_dir)  # starting again recovers: the run is incomplete
     try:
         with Reader.open(load_config(overrides={"data_dir": data_dir})) as reader:
             [row] = reader.page().items

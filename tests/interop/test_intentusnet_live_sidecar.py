@@ -12,7 +12,7 @@ import os
 import pytest
 
 import tracedb
-from tests.sidecar.conftest import ServeProcess
+from tests.serving import Serve
 from tracedb.client import connect
 from tracedb.interop.intentusnet import to_plain
 
@@ -29,7 +29,7 @@ def served(tmp_path):
     """(data directory, `tracedb serve` on it)."""
     data = str(tmp_path / "data")
     os.makedirs(data)
-    serve = ServeProcess(data)
+    serve = Serve(data)
     yield data, serve
     if serve.proc.poll() is None:
         serve.kill()

@@ -3,99 +3,40 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
-import threading
 from typing import Optional
 
 import orjson
 import pytest
 
-from tests.waiting import wait_until
+from tests.serving import TRACEDB, Serve, serve_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TRACEDB = [sys.executable, "-m", "tracedb"]
 
 
 def env_for(data_dir: str, **extra: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=ROOT, TRACEDB_DATA_DIR=data_dir, **extra)
-    for key in ("TRACEDB_SIDECAR", "TRACEDB_TOKEN", "OTEL_EXPORTER_OTLP_ENDPOINT",
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_HEADERS"):
-        if key not in extra:
-            env.pop(key, None)
-    return env
+    return serve_env(extra, data_dir)
 
 
-class OtlpServe:
+class OtlpServe(Serve):
     """`tracedb serve --otlp-port 0` on a data directory; `.port` is the OTLP port it bound."""
 
     def __init__(self, data_dir: str, *args: str, env: Optional[dict] = None,
                  otlp_args: tuple = ("--otlp-port", "0")):
-        self.data_dir = data_dir
-        self.env = env or {}
-        self.port: Optional[int] = None
-        self.log: list[dict] = []
-        self.proc = subprocess.Popen(
-            [*TRACEDB, "--data-dir", data_dir, "serve", "--log-format", "json", *otlp_args, *args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env=env_for(data_dir, **{"TRACEDB_IDLE_TIMEOUT_S": "0", **(env or {})}),
-        )
-        self._reader = threading.Thread(target=self._read_log, daemon=True)
-        self._reader.start()
-        wait_until(self._listening, 60, "tracedb serve to listen for OTLP")
+        super().__init__(data_dir, *otlp_args, *args, env=env, ready=("otlp",))
 
-    def _read_log(self) -> None:
-        for line in self.proc.stderr:
-            try:
-                doc = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                doc = {"msg": line.decode(errors="replace")}
-            self.log.append(doc)
-            if doc.get("msg") == "otlp listening":
-                self.port = int(doc["otlp"].rsplit(":", 1)[1].split("/")[0])
-
-    def _listening(self) -> bool:
-        if self.port is not None:
-            return True
-        if self.proc.poll() is not None:
-            self._reader.join(5)
-            raise RuntimeError(f"tracedb serve exited {self.proc.returncode}: {self.log[-5:]}")
-        return False
+    @property
+    def port(self) -> Optional[int]:
+        return self.otlp
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1/traces"
 
     @property
-    def token(self) -> str:
-        """The receiver's bearer token: TRACEDB_TOKEN when it was started with one, else the
-        data directory's token file, which it made."""
-        if self.env.get("TRACEDB_TOKEN"):
-            return self.env["TRACEDB_TOKEN"]
-        with open(os.path.join(self.data_dir, "token")) as f:
-            return f.read().strip()
-
-    @property
-    def auth(self) -> dict:
-        """The header an exporter sends the token in."""
-        return {"Authorization": f"Bearer {self.token}"}
-
-    @property
     def exporter_headers(self) -> str:
         """OTEL_EXPORTER_OTLP_HEADERS for an exporter of this receiver, as docs/otel.md writes
         it (the recorder's own log line writes the space as %20, which the SDK takes too)."""
         return f"Authorization=Bearer {self.token}"
-
-    def terminate(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(60)
 
 
 @pytest.fixture

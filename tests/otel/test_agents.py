@@ -12,9 +12,10 @@ import sys
 import pytest
 
 from tests.fake_openai import FakeOpenAI
+from tests.serving import ROOT
 from tests.waiting import wait_until
 
-from .conftest import ROOT, env_for, record_of, tracedb_cli
+from .conftest import env_for, record_of, tracedb_cli
 
 pytest.importorskip("opentelemetry.instrumentation.openai_v2")
 pytestmark = pytest.mark.timeout(180)

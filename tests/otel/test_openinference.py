@@ -15,10 +15,11 @@ import pytest
 
 import tracedb
 from tests.fake_openai import FakeOpenAI
+from tests.serving import ROOT
 from tracedb.spans import span_tree
 
 from . import oi_agent
-from .conftest import ROOT, env_for, record_of, tracedb_cli
+from .conftest import env_for, record_of, tracedb_cli
 
 pytest.importorskip("openinference.instrumentation.openai")
 pytest.importorskip("openinference.instrumentation.langchain")

@@ -255,7 +255,9 @@ def test_without_the_otel_extra_otlp_port_says_what_to_install(tmp_path):
     import subprocess
     import sys
 
-    from .conftest import ROOT, env_for
+    from tests.serving import ROOT
+
+    from .conftest import env_for
 
     code = (
         "import sys; sys.modules['opentelemetry.proto'] = None; "  # as if the package were absent

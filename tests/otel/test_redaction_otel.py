@@ -15,10 +15,11 @@ import pytest
 
 import tracedb
 from tests.fake_openai import FakeOpenAI
+from tests.serving import ROOT
 from tests.store.redaction_config import files_holding
 
 from . import secret_agent as A
-from .conftest import ROOT, env_for, tracedb_cli
+from .conftest import env_for, tracedb_cli
 
 pytest.importorskip("opentelemetry.instrumentation.openai_v2")
 pytestmark = pytest.mark.timeout(240)
@@ -79,7 +80,7 @@ def test_an_instrumented_agent_through_otlp_leaves_no_secret_on_disk_or_in_any_e
     eid = f"otel-{agent.stdout.split()[0]}"
     backup = str(tmp_path / "backup")
     assert tracedb_cli(data_dir, "backup", backup).returncode == 0  # next to the running recorder
-    assert srv.terminate() == 0  # compacts what is left
+    assert srv.stop() == 0  # compacts what is left
     out = tracedb_cli(data_dir, "trace", "get", eid, "--json")
     assert out.returncode == 0, out.stderr
     rec = json.loads(out.stdout)

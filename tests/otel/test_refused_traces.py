@@ -42,4 +42,4 @@ def test_a_trace_that_cannot_start_is_rejected_and_the_others_are_recorded(otlp_
     with connect(f"unix:{srv.data_dir}/tracedb.sock") as client:
         with pytest.raises(Exception, match="no execution"):
             client.get(f"otel-{bad_tid}")
-    assert srv.terminate() == 0
+    assert srv.stop() == 0

@@ -127,61 +127,11 @@ def counts(engine) -> tuple[int, int]:
 
 # -- seed 002's execution and a recorder process, as in tests/store ---------------------------
 
+from tests.children import Child  # noqa: E402
 from tests.store.conftest import ENVELOPE, SEED_002_EVENTS, FakeClock, record_seed_002  # noqa: E402,F401
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pg_child.py")
-
-
-class Child:
-    """A recorder process (tests/pg/pg_child.py) compacting into `db_url`; the test reads its
-    stdout line by line (blocking reads, no sleeps) and can SIGKILL it."""
-
-    def __init__(self, data_dir: str, db_url: str, *args: str):
-        import subprocess
-        import sys
-
-        env = dict(os.environ)
-        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-        env["TRACEDB_DB_URL"] = db_url
-        self.proc = subprocess.Popen(
-            [sys.executable, CHILD, data_dir, *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-        )
-
-    def wait_for(self, word: str) -> str:
-        """The first stdout line starting with `word` (earlier lines are skipped)."""
-        seen = []
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise AssertionError(f"child exited before {word!r}: {seen} {self.proc.stderr.read()}")
-            seen.append(line.strip())
-            if line.startswith(word):
-                return line.strip()
-
-    def send(self, line: str) -> None:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def finish(self) -> None:
-        """Wait for a clean exit; AssertionError with its stderr otherwise."""
-        code = self.proc.wait()
-        err = self.proc.stderr.read()
-        self._close_pipes()
-        assert code == 0, err
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()  # SIGKILL
-        self.proc.wait()
-        self._close_pipes()
-
-    def _close_pipes(self) -> None:
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if f and not f.closed:
-                f.close()
 
 
 @pytest.fixture
@@ -189,8 +139,8 @@ def children():
     """children(data_dir, db_url, *args) -> Child; any left running are killed at teardown."""
     started = []
 
-    def _start(*args):
-        c = Child(*args)
+    def _start(data_dir: str, db_url: str, *args: str):
+        c = Child(CHILD, data_dir, *args, env={"TRACEDB_DB_URL": db_url})
         started.append(c)
         return c
 

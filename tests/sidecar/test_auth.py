@@ -19,18 +19,16 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import httpx
-import orjson
 import pytest
 
 import tracedb
 from tests.waiting import wait_until
 from tracedb.sidecar.client import Client, SidecarError, connect, connect_async
 
-from .conftest import ROOT
+from tests.serving import Serve, serve_env
 
 pytest.importorskip("opentelemetry.proto", reason="the OTLP listener needs the otel extra")
 pytestmark = pytest.mark.timeout(180)
@@ -41,77 +39,14 @@ ENV = {"intent": "ProcessIntent", "payload": {"prompt": "the secret prompt"}}
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def _env(extra: dict | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=ROOT, TRACEDB_IDLE_TIMEOUT_S="0")
-    for key in ("TRACEDB_SIDECAR", "TRACEDB_TOKEN", "TRACEDB_DATA_DIR", "TRACEDB_CONFIG"):
-        env.pop(key, None)
-    env.update(extra or {})
-    return env
-
-
-class Recorder:
+class Recorder(Serve):
     """`tracedb serve` with loopback TCP, --http-port and --otlp-port (ports the system picks),
     its JSON log read as it comes."""
 
     def __init__(self, data_dir: str, *args: str, env: dict | None = None, umask: int | None = None,
                  stderr=None):
-        self.data_dir = data_dir
-        self.log: list[dict] = []
-        self.tcp = self.http = self.otlp = None
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tracedb", "--data-dir", data_dir, "serve", "--log-format", "json",
-             "--tcp", "127.0.0.1:0", "--http-port", "0", "--otlp-port", "0", *args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr or subprocess.PIPE,
-            env=_env(env), preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
-        )
-        if stderr is not None:
-            return  # the caller reads it
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        wait_until(self._ready, 60, "tracedb serve to listen on TCP, HTTP and OTLP")
-
-    def _read(self) -> None:
-        for line in self.proc.stderr:
-            self.seen(line)
-
-    def seen(self, line: bytes) -> None:
-        try:
-            doc = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            doc = {"msg": line.decode(errors="replace")}
-        self.log.append(doc)
-        port = lambda url: int(url.rsplit(":", 1)[1].split("/")[0])  # noqa: E731
-        if doc.get("msg") == "listening":
-            self.tcp = port(doc["tcp"])
-        elif doc.get("msg") == "http listening":
-            self.http = port(doc["ui"])
-        elif doc.get("msg") == "otlp listening":
-            self.otlp = port(doc["otlp"])
-
-    def _ready(self) -> bool:
-        if None not in (self.tcp, self.http, self.otlp):
-            return True
-        if self.proc.poll() is not None:
-            self._reader.join(5)
-            raise RuntimeError(f"tracedb serve exited {self.proc.returncode}: {self.log[-5:]}")
-        return False
-
-    @property
-    def socket(self) -> str:
-        return os.path.join(self.data_dir, "tracedb.sock")
-
-    @property
-    def token(self) -> str:
-        with open(os.path.join(self.data_dir, "token")) as f:
-            return f.read().strip()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(60)
-        if getattr(self, "_reader", None) is not None:
-            self._reader.join(10)
-        return code
+        super().__init__(data_dir, "--tcp", "127.0.0.1:0", "--http-port", "0", "--otlp-port", "0", *args,
+                         env=env, umask=umask, stderr=stderr, ready=("tcp", "http", "otlp"))
 
 
 @pytest.fixture
@@ -255,7 +190,7 @@ def test_the_owners_client_and_commands_find_the_token_themselves(recorders, tdi
         connect(address, token="not-the-token", data_dir=tdir)
     assert refused.value.code == "unauthorized" and "token" in refused.value.hint
     # The commands that talk to the recorder, pointed at its TCP listener, no token typed.
-    cli_env = _env({"TRACEDB_SIDECAR": address})
+    cli_env = serve_env({"TRACEDB_SIDECAR": address})
 
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", tdir, *args], capture_output=True,
@@ -353,7 +288,7 @@ def test_a_token_file_other_users_can_read_is_refused(tdir):
         f.write("leaked-token\n")
     os.chmod(path, 0o644)
     r = subprocess.run([sys.executable, "-m", "tracedb", "--data-dir", tdir, "serve", "--tcp", "127.0.0.1:0"],
-                       capture_output=True, text=True, timeout=60, env=_env())
+                       capture_output=True, text=True, timeout=60, env=serve_env())
     assert r.returncode == 1, r.stderr
     assert "error: the token file" in r.stderr and "can be read by other users (mode 0644)" in r.stderr
     assert f"hint: chmod 600 {path}" in r.stderr and "Traceback" not in r.stderr

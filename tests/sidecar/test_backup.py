@@ -22,7 +22,7 @@ from tracedb.sidecar.client import Client
 
 from tests.waiting import wait_until
 
-from .conftest import ServeProcess
+from tests.serving import Serve
 from .helpers import sock_path
 
 
@@ -41,7 +41,7 @@ LOADS = {
 @pytest.mark.parametrize("load_kind", sorted(LOADS))
 def test_a_backup_under_load_restores_every_event_acknowledged_before_it_began(tmp_path, load_kind):
     data_dir = str(tmp_path / "live")
-    recorder = ServeProcess(data_dir, env={"TRACEDB_WAL_SEGMENT_SIZE_BYTES": str(256 << 10), **LOADS[load_kind]})
+    recorder = Serve(data_dir, env={"TRACEDB_WAL_SEGMENT_SIZE_BYTES": str(256 << 10), **LOADS[load_kind]})
     acked: list[tuple[float, str, int]] = []  # (ack time, execution id, seq)
     stop = threading.Event()
 

@@ -21,7 +21,7 @@ import pytest
 
 from tracedb.sidecar.client import Client
 
-from .conftest import ROOT
+from tests.serving import ROOT
 from .helpers import wait_for
 
 pytestmark = pytest.mark.timeout(300)

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from .conftest import ROOT
+from tests.serving import ROOT
 
 HARNESS = os.path.join(ROOT, "scripts", "crash_harness")
 

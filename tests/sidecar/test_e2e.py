@@ -15,7 +15,7 @@ import pytest
 import tracedb
 from tracedb.sidecar.client import Client
 
-from .conftest import ROOT
+from tests.serving import ROOT
 from .helpers import LineClient, wait_for
 
 ENV = {"intent": "ProcessIntent", "payload": {"n": 1}}

@@ -18,7 +18,7 @@ from tests.waiting import wait_until
 from tracedb.errors import ConfigError
 from tracedb.sidecar.client import Client, RecorderUnavailableError, connect_async
 
-from .conftest import ROOT
+from tests.serving import ROOT
 from .helpers import sock_path
 
 

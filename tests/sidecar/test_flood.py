@@ -22,7 +22,7 @@ import pytest
 from tests.waiting import wait_until
 from tracedb.sidecar.client import connect
 
-from .conftest import ROOT
+from tests.serving import ROOT
 from .helpers import sock_path
 
 pytestmark = pytest.mark.timeout(180)

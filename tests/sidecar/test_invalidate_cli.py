@@ -14,7 +14,7 @@ import pytest
 from tracedb.errors import ExecutionClosedError
 from tracedb.sidecar.client import Client
 
-from .conftest import ROOT
+from tests.serving import ROOT
 
 
 def _tracedb(data_dir: str, *args: str) -> subprocess.CompletedProcess:

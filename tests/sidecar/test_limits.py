@@ -318,7 +318,7 @@ def test_out_of_descriptors_waiting_connections_are_shed_counted_and_logged_once
     import subprocess
     import sys
 
-    from .conftest import ROOT
+    from tests.serving import ROOT
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     log_path = os.path.join(tdir, "server.log")
@@ -386,7 +386,7 @@ def test_serve_refuses_to_start_when_the_limit_of_open_files_cannot_hold_the_res
     import subprocess
     import sys
 
-    from .conftest import ROOT
+    from tests.serving import ROOT
 
     out = subprocess.run(
         [sys.executable, "-m", "tracedb", "--data-dir", tdir, "serve"], cwd=ROOT, capture_output=True, text=True,
@@ -407,7 +407,7 @@ def test_the_documented_sidecar_keys_are_read_with_their_defaults():
     from tracedb.cli.serve import sidecar_file_settings
     from tracedb.sidecar import protocol as P
 
-    from .conftest import ROOT
+    from tests.serving import ROOT
 
     with open(os.path.join(ROOT, "config", "tracedb.toml"), "rb") as f:
         table = tomllib.load(f)["sidecar"]

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from .conftest import ROOT, ServeProcess
+from tests.serving import ROOT, Serve
 
 
 def _python_snippets() -> list[str]:
@@ -19,7 +19,7 @@ def _python_snippets() -> list[str]:
 def test_the_readme_snippets_run_in_order_next_to_a_running_recorder(tmp_path):
     snippets = _python_snippets()
     assert len(snippets) >= 3
-    recorder = ServeProcess(str(tmp_path / ".tracedb"))
+    recorder = Serve(str(tmp_path / ".tracedb"))
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("TRACEDB_SIDECAR", None)
     env.pop("TRACEDB_DATA_DIR", None)

@@ -21,7 +21,7 @@ import pytest
 
 from tests.waiting import wait_until
 
-from .conftest import ROOT
+from tests.serving import ROOT
 
 UNIT = os.path.join(ROOT, "config", "tracedb.service")
 INSTALLED = "/opt/tracedb/.venv/bin/tracedb"

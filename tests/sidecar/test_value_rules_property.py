@@ -31,7 +31,7 @@ from tracedb.errors import IntegrityError, InvalidInputError
 from tracedb.interop.intentusnet import write_record
 from tracedb.sidecar.client import SidecarError
 
-from .conftest import ServeProcess
+from tests.serving import Serve
 from .helpers import rmtree, short_tempdir
 
 pytestmark = pytest.mark.timeout(900)
@@ -301,7 +301,7 @@ class Recorders:
         self.loop = asyncio.new_event_loop()
         self.astore = self.loop.run_until_complete(tracedb.open_async(asyncio_dir, config=SETTINGS))
         self.sync_serve = OtlpServe(sync_dir)  # tracedb serve, with its OTLP receiver
-        self.async_serve = ServeProcess(async_dir)
+        self.async_serve = Serve(async_dir)
         self.client = tracedb.client.connect(f"unix:{os.path.join(sync_dir, 'tracedb.sock')}")
         self.aclient = self.loop.run_until_complete(
             tracedb.client.connect_async(f"unix:{os.path.join(async_dir, 'tracedb.sock')}"))
@@ -314,7 +314,7 @@ class Recorders:
         self.loop.close()
         for s in (self.embedded, self.importing, self.reference):
             s.close()
-        assert self.sync_serve.terminate() == 0
+        assert self.sync_serve.stop() == 0
         assert self.async_serve.terminate()[0] == 0
         for d in self.dirs:
             rmtree(d)

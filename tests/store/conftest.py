@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 import tracedb
-from tests import pause_launcher
+from tests.children import Child
 from tests.conftest import SEED_002, FakeClock  # noqa: F401 - re-exported: tests/pg imports it from here
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 
 # Seed 002's example event sequence; FINAL_RESPONSE is recorded by finish().
@@ -56,49 +53,12 @@ def record_seed_002(store, execution_id="exec-a1b2c3d4", envelope=None):
     return ex
 
 
-class Child:
-    """A real recorder process (tests/store/child.py) that a test can SIGKILL at a known point."""
-
-    def __init__(self, data_dir: str, *args: str, pause: str | None = None):
-        """`pause`, "<point>:<batch>": the compactor stops there and says PAUSED (pause_launcher)."""
-        full_env = dict(os.environ)
-        full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
-        argv = [CHILD, data_dir, *args]
-        self.proc = subprocess.Popen(
-            pause_launcher.command(pause, *argv) if pause else [sys.executable, *argv],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=full_env,
-            text=True,
-        )
-
-    def wait_for(self, word: str) -> list[str]:
-        """Read the child's stdout until a line starting with `word` (blocking read, no sleep)."""
-        lines = []
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                err = self.proc.stderr.read()
-                raise AssertionError(f"child exited before {word!r}: {lines} {err}")
-            lines.append(line.strip())
-            if line.startswith(word):
-                return lines
-
-    def kill(self) -> None:
-        self.proc.kill()  # SIGKILL
-        self.proc.wait()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        self.proc.stdin.close()
-
-
 @pytest.fixture
 def child(data_dir):
     started = []
 
     def _start(*args, pause=None):
-        c = Child(data_dir, *args, pause=pause)
+        c = Child(CHILD, data_dir, *args, pause=pause)
         started.append(c)
         return c
 

@@ -6,10 +6,9 @@ import os
 
 import pytest
 
+from tests.conftest import REPO
 from tracedb.config import Config, load_config, parse_duration_s
 from tracedb.errors import ConfigError
-
-from .conftest import REPO
 
 DOC = os.path.join(REPO, "config", "tracedb.toml")
 

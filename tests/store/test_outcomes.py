@@ -190,14 +190,15 @@ def check_percentiles(engine) -> None:
         outcome = ("running", "succeeded", "failed", "incomplete")[n % 7 % 4]
         dur = rng.choice((rng.randint(1, 10**10), 5 * 10**6, 7 * 10**6))  # ties on purpose
         last = None if n % 50 == 0 else created + dur
-        rows_.append({"id": f"p-{n:05d}", "created": created, "outcome": outcome, "last": last})
+        intent = ("book", "search", "book", None)[n % 4]  # NULL too: an intent is optional
+        rows_.append({"id": f"p-{n:05d}", "created": created, "outcome": outcome, "last": last, "intent": intent})
         if outcome != "running" and last is not None:
-            finished.append((created, outcome, dur))
+            finished.append((created, outcome, dur, intent))
     with engine.begin() as conn:
         conn.execute(sa.text(
             "INSERT INTO traces (execution_id, recorder_id, intent, status, replayable, envelope, envelope_hash, "
             "last_seq, created_at_ns, updated_at_ns, pinned, outcome, models, input_tokens, output_tokens, "
-            "cost_usd, last_event_ns) VALUES (:id, 'p', 'x', 'completed', false, '{}', 'sha256:x', 1, :created, "
+            "cost_usd, last_event_ns) VALUES (:id, 'p', :intent, 'completed', false, '{}', 'sha256:x', 1, :created, "
             ":created, false, :outcome, '[]', 0, 0, 0.0, :last)"), rows_)
 
     def nearest_rank(durs) -> list:
@@ -207,12 +208,20 @@ def check_percentiles(engine) -> None:
     def got(g) -> list:
         return [g["p50_ms"], g["p95_ms"], g["p99_ms"]]
 
-    assert got(stats(engine)["total"]) == nearest_rank(d for _, _, d in finished)
+    assert got(stats(engine)["total"]) == nearest_rank(d for _, _, d, _ in finished)
     since = T0 + 400 * 10**9
-    assert got(stats(engine, since)["total"]) == nearest_rank(d for c, _, d in finished if c >= since)
+    assert got(stats(engine, since)["total"]) == nearest_rank(d for c, _, d, _ in finished if c >= since)
     for g in stats(engine, by="outcome")["groups"]:
-        expected = [d for _, o, d in finished if o == g["key"]]
+        expected = [d for _, o, d, _ in finished if o == g["key"]]
         assert got(g) == (nearest_rank(expected) if expected else [None] * 3), g["key"]
+    # By intent over all time (the walk of ix_traces_intent_duration; NULL ranked apart) and in
+    # a window (window functions): the same nearest ranks.
+    for window in (None, since):
+        groups = stats(engine, window, by="intent")["groups"]
+        assert {g["key"] for g in groups} == {"book", "search", None}
+        for g in groups:
+            expected = [d for c, _, d, i in finished if i == g["key"] and (window is None or c >= window)]
+            assert got(g) == nearest_rank(expected), (window, g["key"])
 
 
 def test_stats_percentiles_are_exact_on_sqlite(tmp_path):
@@ -228,5 +237,10 @@ def test_stats_percentiles_are_exact_on_sqlite(tmp_path):
                 f"EXPLAIN QUERY PLAN SELECT {stats._DURATION} FROM traces WHERE {stats._FINISHED} "
                 f"ORDER BY {stats._DURATION} LIMIT 1 OFFSET 3").all()
         assert "ix_traces_duration" in str(plan)
+        with engine.connect() as conn:
+            plan = conn.exec_driver_sql(
+                f"EXPLAIN QUERY PLAN SELECT {stats._DURATION} FROM traces WHERE traces.intent = 'book' AND "
+                f"{stats._FINISHED} ORDER BY {stats._DURATION} DESC LIMIT 1 OFFSET 3").all()
+        assert "ix_traces_intent_duration" in str(plan) and "TEMP B-TREE" not in str(plan)
     finally:
         engine.dispose()

@@ -10,9 +10,10 @@ import sys
 import pytest
 import sqlalchemy as sa
 
+from tests.conftest import REPO
 from tracedb.models import trace_steps, traces
 
-from .conftest import REPO, record_seed_002
+from .conftest import record_seed_002
 from .streaming_scenarios import forks_without_parent, record, record_retention_store, stored_ids
 
 DAY = 86400

@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 import tracedb
+from tests.conftest import REPO
 from tracedb.replay import fork, live_session
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = 1_764_000_000_000_000_000  # 2025-11-24T16:00:00Z
 ENVELOPE = {"intent": "AnswerQuestion", "payload": {"question": "What is 17 * 23?"}}
 XSS_INTENT = "<img src=x onerror=window.__pwned=1>"
