@@ -327,7 +327,7 @@ class Judged(NamedTuple):
     steps_intact: bool
 
 
-_JUDGED_COLUMNS = (
+JUDGED_COLUMNS = (
     "execution_id", "replayable_reason", "envelope", "envelope_hash", "meta", "final_response", "router_decision",
     "router_decision_crc", "final_response_crc", "meta_crc",
 )
@@ -357,12 +357,12 @@ def judged_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, Judge
     conn.execute("BEGIN")
     try:
         for marks, chunk in _in_lists(ids):
-            sql = f"SELECT {', '.join(_JUDGED_COLUMNS)} FROM traces WHERE execution_id IN ({marks})"
+            sql = f"SELECT {', '.join(JUDGED_COLUMNS)} FROM traces WHERE execution_id IN ({marks})"
             for r in conn.execute(sql, chunk):
-                d = dict(zip(_JUDGED_COLUMNS, r))
+                d = dict(zip(JUDGED_COLUMNS, r))
                 found[d["execution_id"]] = d
         for marks, chunk in _in_lists(list(found)):
-            sql = (f"SELECT {', '.join(_JUDGED_STEP_COLUMNS)} FROM trace_steps "
+            sql = (f"SELECT {', '.join(JUDGED_STEP_COLUMNS)} FROM trace_steps "
                    f"WHERE execution_id IN ({marks}) ORDER BY execution_id, seq")
             _checked_steps_into(steps, conn.execute(sql, chunk))
     finally:
@@ -370,15 +370,15 @@ def judged_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, Judge
     return {eid: _judged(d, *steps.get(eid, ([], True))) for eid, d in found.items()}
 
 
-_JUDGED_STEP_COLUMNS = ("execution_id", "seq", "payload", "payload_crc")
+JUDGED_STEP_COLUMNS = ("execution_id", "seq", "payload", "payload_crc")
 # Where each of them sits in a row (the loop reads many rows: an index, not a dict per row).
 _JS_ID, _JS_SEQ, _JS_PAYLOAD, _JS_CRC = (
-    _JUDGED_STEP_COLUMNS.index(n) for n in ("execution_id", "seq", "payload", "payload_crc")
+    JUDGED_STEP_COLUMNS.index(n) for n in ("execution_id", "seq", "payload", "payload_crc")
 )
 
 
 def _checked_steps_into(steps: dict, rows: Iterable[tuple]) -> None:
-    """Rows of _JUDGED_STEP_COLUMNS in execution id and seq order into `steps`: execution id ->
+    """Rows of JUDGED_STEP_COLUMNS in execution id and seq order into `steps`: execution id ->
     (its seqs, whether every payload matches its checksum)."""
     current, seqs, intact = None, [], True
     for r in rows:
