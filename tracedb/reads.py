@@ -758,19 +758,6 @@ def _checked_limit(limit: int) -> int:
     return limit
 
 
-def _filter_args(where: Filter) -> dict:
-    """`where` as the arguments of `sqlite_reads.page_rows`, checked as `Filter.apply` checks it."""
-    if where.replayable is not None and not isinstance(where.replayable, bool):
-        raise InvalidInputError(f"replayable must be True or False, not {where.replayable!r}")
-    if where.status is not None and where.status not in STATUSES:
-        raise InvalidInputError(f"unknown status {where.status!r}", hint="one of " + ", ".join(STATUSES))
-    return {
-        "status": where.status, "since_ns": to_ns(where.since, "since"), "until_ns": to_ns(where.until, "until"),
-        "intent": where.intent, "search": _checked_search(where.search), "replayable": where.replayable,
-        **where.outcome_args(),
-    }
-
-
 class Reader:
     """Reads of one store's database, without the WAL lock: a recorder may run meanwhile.
 
@@ -926,7 +913,7 @@ class Reader:
         as the WAL shows them)."""
         pending = self.pending
         if self._lite is not None:
-            args = _filter_args(where)
+            args = where.checked()
             cut = None if before is None else position(before)
             with self._reading_lite():
                 rows = sqlite_reads.page_rows(self._lite, **args, before=cut, limit=n, leave_out=tuple(pending.rows))
