@@ -78,9 +78,10 @@ class _OnFirstUse:
 # The statements of every read through an engine (SQLAlchemy and the tables), imported at the
 # first such read: a read of a current SQLite file goes through `tracedb.sqlite_reads` and never
 # loads them (their import is most of a read command's start-up). The one seam to SQLAlchemy.
-read_sql = _OnFirstUse(f"{__package__}.read_sql")
 if TYPE_CHECKING:
-    from . import read_sql  # noqa: F811
+    from . import read_sql
+else:
+    read_sql = _OnFirstUse(f"{__package__}.read_sql")
 
 
 NS_MIN = -(1 << 63)
