@@ -203,6 +203,7 @@ def queries(reader, now_ns: int) -> dict:
         "stats --since 7d --by day": lambda: reader.stats(now_ns - 7 * 86_400 * 10**9, "day"),
         "stats --all": lambda: reader.stats(),
         "stats --all --by intent": lambda: reader.stats(None, "intent"),
+        "stats --all --by outcome": lambda: reader.stats(None, "outcome"),
     }
     for label, where in (
         ("--outcome failed", Filter(outcome="failed")),
@@ -261,7 +262,7 @@ def report_lines(result: dict) -> list[str]:
     for label, t_small in result["scale"][small]["queries"].items():
         t_big = result["scale"][big]["queries"][label]
         lines.append(f"  {label:44} {t_small * 1e3:10.1f}ms {t_big * 1e3:10.1f}ms   {t_big / t_small:5.2f}")
-    for label in ("stats --since 24h", "stats --all"):
+    for label in ("stats --since 24h", "stats --all", "stats --all --by intent", "stats --all --by outcome"):
         t = result["scale"][big]["queries"][label]
         lines.append(f"  {label} at {big:,}: {t:.3f} s   target <= 1 s: {'met' if t <= 1 else 'NOT met'}")
     lines.append("  (stores built with direct inserts: " + ", ".join(

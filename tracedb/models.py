@@ -41,10 +41,11 @@ class Trace(SQLModel, table=True):
         sa.Index("ix_traces_outcome_created_id", "outcome", "created_at_ns", "execution_id"),
         sa.Index("ix_traces_error_code", "error_code"),
         sa.Index("ix_traces_cost", "cost_usd"),
-        # Durations of finished executions in order: percentiles over all time walk it
-        # (tracedb.stats).
+        # Durations of finished executions in order: percentiles over all time walk it, the
+        # total's and each outcome's (tracedb.stats; migrations 0005 and 0006).
         sa.Index(
             "ix_traces_duration", sa.text("(last_event_ns - created_at_ns)"), "created_at_ns", "last_event_ns",
+            "outcome",
             sqlite_where=sa.text("outcome <> 'running' AND last_event_ns IS NOT NULL"),
             postgresql_where=sa.text("outcome <> 'running' AND last_event_ns IS NOT NULL"),
         ),

@@ -15,8 +15,8 @@ draws (`tracedb.reads.Reader.stats`). Its answer:
 
 failure_rate is failed / (succeeded + failed), None when none finished. Durations are creation
 to last event of executions that are no longer running, nearest-rank percentiles: over all
-time read off an index in duration order (an index walk: ix_traces_duration, and
-ix_traces_intent_duration by intent), else ranked with window functions.
+time read off an index in duration order (an index walk: ix_traces_duration, which holds the
+outcome too, and ix_traces_intent_duration by intent), else ranked with window functions.
 cost_usd sums the known costs; cost_unknown counts the executions whose cost is unknown (a
 model the price table does not know). By model, an execution that called several models
 counts under each.
@@ -107,16 +107,20 @@ _FINISHED = "traces.outcome <> 'running' AND traces.last_event_ns IS NOT NULL"
 _DURATION = "(traces.last_event_ns - traces.created_at_ns)"
 
 
-def _walked(conn, sa, finished: dict, by: Optional[str]) -> dict:
+def _walked(conn, sa, dialect: str, finished: dict, by: Optional[str]) -> dict:
     """{key: (p50, p95, p99)} for each key of `finished` ({key: how many finished executions}),
     each the k-th duration read off an index in duration order (an index walk, no sort):
-    ix_traces_duration for every execution (`by` None), ix_traces_intent_duration within an
-    intent. Nearest rank k = ceil(p * n / 100)."""
+    ix_traces_duration for every execution (`by` None) and within an outcome (it holds the
+    outcome: the walk skips the others' entries without reading a row),
+    ix_traces_intent_duration within an intent. Nearest rank k = ceil(p * n / 100)."""
     out = {}
     for key, n in finished.items():
         if not n:
             continue
-        where, bound = (_FINISHED, {}) if by is None else (f"traces.intent = :key AND {_FINISHED}", {"key": key})
+        # By outcome on SQLite, a unary + keeps the planner off ix_traces_outcome_created_id
+        # (which would find the outcome's rows, then sort them all).
+        column = f"+traces.{by}" if by == "outcome" and dialect == "sqlite" else f"traces.{by}"
+        where, bound = (_FINISHED, {}) if by is None else (f"{column} = :key AND {_FINISHED}", {"key": key})
         cuts = []
         for p in _PERCENTILES:
             rank = (p * n + 99) // 100
@@ -150,12 +154,12 @@ def _groups(conn, sa, dialect: str, by: Optional[str], where: str, params: dict,
             walk: bool = False) -> list[dict]:
     """`counts` (rows of `_counts`) as GROUPs, with their duration percentiles."""
     source, key = _source(dialect, by)
-    if not where and (walk if by is None else by == "intent"):
+    if not where and (walk if by is None else by in ("intent", "outcome")):
         # Over all time, an index holds the durations in order (module doc): no sort. A NULL
-        # intent is not equal to itself; its executions are ranked below.
-        durations = _walked(conn, sa, {r[0]: r[-1] for r in counts if by is None or r[0] is not None}, by)
+        # key is not equal to itself; its executions are ranked below.
+        durations = _walked(conn, sa, dialect, {r[0]: r[-1] for r in counts if by is None or r[0] is not None}, by)
         if by is not None and any(r[0] is None for r in counts):
-            durations.update(_ranked(conn, sa, source, key, "WHERE traces.intent IS NULL", params))
+            durations.update(_ranked(conn, sa, source, key, f"WHERE traces.{by} IS NULL", params))
     else:
         durations = _ranked(conn, sa, source, key, where, params)
     return [_group(r[0], r[1:-1], durations) for r in counts if r[1]]

@@ -242,5 +242,10 @@ def test_stats_percentiles_are_exact_on_sqlite(tmp_path):
                 f"EXPLAIN QUERY PLAN SELECT {stats._DURATION} FROM traces WHERE traces.intent = 'book' AND "
                 f"{stats._FINISHED} ORDER BY {stats._DURATION} DESC LIMIT 1 OFFSET 3").all()
         assert "ix_traces_intent_duration" in str(plan) and "TEMP B-TREE" not in str(plan)
+        with engine.connect() as conn:
+            plan = conn.exec_driver_sql(
+                f"EXPLAIN QUERY PLAN SELECT {stats._DURATION} FROM traces WHERE +traces.outcome = 'failed' AND "
+                f"{stats._FINISHED} ORDER BY {stats._DURATION} LIMIT 1 OFFSET 3").all()
+        assert "COVERING INDEX ix_traces_duration" in str(plan) and "TEMP B-TREE" not in str(plan)
     finally:
         engine.dispose()

@@ -429,8 +429,8 @@ def stats(ctx, since, all_time, by, as_json):
     """Counts, failure rate, p50/p95/p99 duration, tokens and cost of executions, computed in SQL.
 
     FAILED% is failed / (succeeded + failed); durations run from creation to the last event of
-    executions no longer running; COST sums the known costs, and `+N?` says how many executions
-    have a cost unknown (a model the price table does not know). By model, an execution that
+    executions no longer running; COST sums the known costs, and UNPRICED counts the executions
+    whose cost is unknown (a model the price table does not know). By model, an execution that
     called several models counts under each. Without --since or --all: the last 24 hours.
 
     \b
@@ -449,7 +449,7 @@ def stats(ctx, since, all_time, by, as_json):
     if as_json:
         emit_json(out, True)
         return
-    header = ("KEY" if by else "", "EXECUTIONS", "FAILED", "FAILED%", "P50", "P95", "P99", "TOKENS", "COST")
+    header = ("KEY" if by else "", "EXECUTIONS", "FAILED", "FAILED%", "P50", "P95", "P99", "TOKENS", "COST", "UNPRICED")
     lines = [_stats_cells("total", out["total"])] + [_stats_cells(g["key"], g) for g in out["groups"]]
     widths = [max(len(h), *(len(line[c]) for line in lines)) for c, h in enumerate(header)]
 
@@ -466,8 +466,8 @@ def _stats_cells(key, g: dict) -> tuple[str, ...]:
         return format_duration(None if v is None else int(v * 1e6))
 
     rate = "-" if g["failure_rate"] is None else f"{g['failure_rate'] * 100:.1f}%"
-    cost = f"${g['cost_usd']:.4f}" + (f" +{g['cost_unknown']}?" if g["cost_unknown"] else "")
     return (
         "-" if key is None else str(key), str(g["executions"]), str(g["failed"]), rate,
-        ms(g["p50_ms"]), ms(g["p95_ms"]), ms(g["p99_ms"]), f"{g['input_tokens'] + g['output_tokens']:,}", cost,
+        ms(g["p50_ms"]), ms(g["p95_ms"]), ms(g["p99_ms"]), f"{g['input_tokens'] + g['output_tokens']:,}",
+        f"${g['cost_usd']:.4f}", f"{g['cost_unknown']:,}" if g["cost_unknown"] else "-",
     )
