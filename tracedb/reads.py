@@ -1008,7 +1008,7 @@ class Reader:
         return judged(record_from_rows(*self._load_now(execution_id, pending)))
 
     def _load_now(self, execution_id: str, pending: Optional[Pending] = None):
-        """`_load`, with what the WAL holds beyond the database folded in (`pending`, else
+        """`read_sql.load`, with what the WAL holds beyond the database folded in (`pending`, else
         `self.pending`)."""
         pending = self.pending if pending is None else pending
         row = pending.rows.get(execution_id)
