@@ -32,6 +32,7 @@ from wal import format as fmt
 from wal.fs import PRIVATE_FILE, OsFileSystem, copy_to_new_file, make_dirs, make_private, write_file_atomic
 from wal.reader import APPLIED_FILE, GAPS_FILE
 
+from . import sqlite_reads
 from .config import Config
 from .errors import (  # BackupError, BackupDestinationError: also re-exported (their old home)
     BackupDestinationError,
@@ -284,7 +285,7 @@ def _copy_database(src: str, dst: str) -> int:
         make_private(fd)
     finally:
         os.close(fd)
-    source = sqlite3.connect(f"file:{os.path.abspath(src)}?mode=ro", uri=True, timeout=30)
+    source = sqlite_reads.open_read(src, timeout_s=30)
     target = sqlite3.connect(dst)
     try:
         source.backup(target)
@@ -301,15 +302,16 @@ def _copy_database(src: str, dst: str) -> int:
 
 
 def _applied_lsn(db_path: str, recorder_id: str) -> int:
-    con = sqlite3.connect(db_path)
+    con = None
     try:
-        q = "SELECT max(applied_lsn) FROM compaction_checkpoint"
-        row = con.execute(q + (" WHERE recorder_id = ?" if recorder_id else ""), (recorder_id,) if recorder_id else ()).fetchone()
+        con = sqlite_reads.open_read(db_path, timeout_s=5.0, make_files=True)
+        applied = sqlite_reads.applied_lsn(con, recorder_id)
     except sqlite3.Error as e:
         raise IntegrityError(f"the database copy cannot be read: {e}", hint="run `tracedb verify`") from None
     finally:
-        con.close()
-    return int(row[0] or 0)
+        if con is not None:
+            con.close()
+    return int(applied or 0)
 
 
 def _kept_by_the_log(name: str) -> bool:

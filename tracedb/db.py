@@ -421,7 +421,7 @@ def create_async_read_engine(database: str, *, busy_timeout_ms: int = 5000):
 
     async def connect_read_only():
         # Opened read-only by SQLite itself, as the sidecar's quick reader is.
-        return await aiosqlite.connect(f"file:{path}?mode=ro", uri=True, timeout=busy_timeout_ms / 1000.0)
+        return await aiosqlite.connect(sqlite_reads.read_uri(path), uri=True, timeout=busy_timeout_ms / 1000.0)
 
     engine = create_async_engine(
         "sqlite+aiosqlite://",

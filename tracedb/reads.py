@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
+import importlib
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -65,28 +65,25 @@ REFILLS = 8
 
 
 
-def _core():
-    """SQLAlchemy and the tables, loaded on first use: a read of a SQLite file through
-    `tracedb.sqlite_reads` never loads them (their import is most of a read command's start-up)."""
-    import sqlalchemy as sa
+class _OnFirstUse:
+    """A module imported at its first attribute read, not before."""
 
-    from .models import trace_steps, traces
+    def __init__(self, name: str):
+        self._name = name
 
-    return sa, traces, trace_steps
-
-
-def _summary_cols():
-    _, traces, _ = _core()
-    return tuple(traces.c[name] for name in sqlite_reads.SUMMARY_COLUMNS)
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
 
 
-def _newest_first():
-    # Newest first; the execution id breaks ties between executions created in the same nanosecond.
-    _, traces, _ = _core()
-    return (traces.c.created_at_ns.desc(), traces.c.execution_id.desc())
+# The statements of every read through an engine (SQLAlchemy and the tables), imported at the
+# first such read: a read of a current SQLite file goes through `tracedb.sqlite_reads` and never
+# loads them (their import is most of a read command's start-up). The one seam to SQLAlchemy.
+if TYPE_CHECKING:
+    from . import read_sql
+else:
+    read_sql = _OnFirstUse(f"{__package__}.read_sql")
 
 
-# Times are nanoseconds since the epoch in a 64-bit column: a bound outside cannot be compared.
 NS_MIN = -(1 << 63)
 NS_MAX = (1 << 63) - 1
 # A search longer than any intent finds nothing, and SQLite refuses a LIKE pattern past 50,000
@@ -170,60 +167,30 @@ def record_from_rows(row, steps) -> ExecutionRecord:
     )
 
 
-def _steps_stmt(execution_id: str):
-    sa, _, trace_steps = _core()
-    return (
-        sa.select(trace_steps.c.seq, trace_steps.c.type, trace_steps.c.payload, trace_steps.c.recorded_at_ns)
-        .where(trace_steps.c.execution_id == execution_id)
-        .order_by(trace_steps.c.seq)
-    )
-
-
-def _checked_steps(conn, execution_id: str) -> list:
-    """The steps of an execution in seq order, each payload checked against its checksum."""
-    from . import db
-
-    sa, _, trace_steps = _core()
-    s = trace_steps.c
-    q = (
-        sa.select(s.seq, s.type, db.undecoded(s.payload, conn.dialect.name), s.recorded_at_ns, s.payload_crc)
-        .where(s.execution_id == execution_id)
-        .order_by(s.seq)
-    )
-    return [sqlite_reads.checked_step(*r) for r in conn.execute(q)]
-
-
-def _load(engine: Engine, execution_id: str):
-    """The traces row and its steps (with their recorded times), from one snapshot, checked
-    against their checksums (`sqlite_reads.checked_row`, `damage`)."""
-    from . import db
-
-    sa, traces, _ = _core()
-    json_columns = {"envelope", "models", *checksums.TRACE_VALUE_COLUMNS}
-    cols = [
-        db.undecoded(traces.c[n], engine.dialect.name) if n in json_columns else traces.c[n]
-        for n in sqlite_reads.TRACE_COLUMNS
-    ]
-    with engine.connect() as conn, conn.begin():
-        row = conn.execute(sa.select(*cols).where(traces.c.execution_id == execution_id)).first()
-        if row is None:
-            raise ExecutionNotFoundError(execution_id)
-        steps = _checked_steps(conn, execution_id)
-    return SimpleNamespace(**sqlite_reads.checked_row(dict(row._mapping))), steps
-
-
 def read_record(engine: Engine, execution_id: str) -> ExecutionRecord:
     """The whole record of one execution; ExecutionNotFoundError if there is none."""
-    return record_from_rows(*_load(engine, execution_id))
+    return record_from_rows(*read_sql.load(engine, execution_id))
+
+
+# What `RecordReader` reads of `traces` and of `trace_steps` (tracedb.schema names them all).
+RECORD_COLUMNS = (
+    "execution_id", "created_at_ns", "envelope_hash", "replayable", "replayable_reason", "envelope",
+    "router_decision", "final_response", "status", "intent", "parent_execution_id", "forked_at_seq", "meta",
+    "router_decision_crc", "final_response_crc", "meta_crc",
+)
+RECORD_STEP_COLUMNS = ("seq", "type", "payload", "payload_crc")
+# Where each step column sits in a row: the loop over a record's steps reads them by index.
+_RS_SEQ, _RS_TYPE, _RS_PAYLOAD, _RS_CRC = (RECORD_STEP_COLUMNS.index(n) for n in ("seq", "type", "payload", "payload_crc"))
 
 
 def _checked_events(steps) -> tuple[list, bool]:
-    """The events of (seq, type, payload as stored, its checksum) rows, decoded, and whether
+    """The events of rows of RECORD_STEP_COLUMNS (the payload as stored), decoded, and whether
     every payload still matches its checksum: one pass, the hot part of `store.get`."""
     loads, crc, of_stored = orjson.loads, crc32c, checksums.of_stored
     events = []
     intact = True
-    for seq, type_, p, stored_crc in steps:
+    for r in steps:
+        seq, type_, p, stored_crc = r[_RS_SEQ], r[_RS_TYPE], r[_RS_PAYLOAD], r[_RS_CRC]
         if p.__class__ is str:  # JSON text: checked as stored, then decoded
             text = p.encode()
             if crc(text) != stored_crc:
@@ -244,12 +211,8 @@ class RecordReader:
     through the engine. Either way the header and the steps come from one snapshot.
     """
 
-    _TRACE_SQL = (
-        "SELECT execution_id, created_at_ns, envelope_hash, replayable, replayable_reason, envelope, "
-        "router_decision, final_response, status, intent, parent_execution_id, forked_at_seq, meta, "
-        "router_decision_crc, final_response_crc, meta_crc FROM traces WHERE execution_id = ?"
-    )
-    _STEPS_SQL = "SELECT seq, type, payload, payload_crc FROM trace_steps WHERE execution_id = ? ORDER BY seq"
+    _TRACE_SQL = f"SELECT {', '.join(RECORD_COLUMNS)} FROM traces WHERE execution_id = ?"
+    _STEPS_SQL = f"SELECT {', '.join(RECORD_STEP_COLUMNS)} FROM trace_steps WHERE execution_id = ? ORDER BY seq"
 
     def __init__(self, engine: Engine, *, busy_timeout_ms: int = 5000):
         self._engine = engine
@@ -275,30 +238,30 @@ class RecordReader:
             conn.execute("COMMIT")
         if row is None:
             raise ExecutionNotFoundError(execution_id)
-        (eid, created, ehash, replayable, reason, envelope, decision, final, status, intent, parent, fork_seq, meta,
-         decision_crc, final_crc, meta_crc) = row
+        r = dict(zip(RECORD_COLUMNS, row))
         value = sqlite_reads.json_value
         of_stored = checksums.of_stored
+        decision, final, meta = r["router_decision"], r["final_response"], r["meta"]
         events, intact = _checked_events(steps)
         corrupted = (
             not intact
-            or of_stored(decision) != decision_crc or of_stored(final) != final_crc or of_stored(meta) != meta_crc
+            or of_stored(decision) != r["router_decision_crc"] or of_stored(final) != r["final_response_crc"]
+            or of_stored(meta) != r["meta_crc"]
         )
-        if corrupted:
-            reason = REASON_RECORD_CORRUPTED
         return ExecutionRecord(
             header=ExecutionHeader(
-                executionId=eid, createdUtcIso=utc_iso(created), envelopeHash=ehash,
-                replayable=bool(replayable) and not corrupted, replayableReason=reason,
+                executionId=r["execution_id"], createdUtcIso=utc_iso(r["created_at_ns"]),
+                envelopeHash=r["envelope_hash"], replayable=bool(r["replayable"]) and not corrupted,
+                replayableReason=REASON_RECORD_CORRUPTED if corrupted else r["replayable_reason"],
             ),
-            envelope=value(envelope),
+            envelope=value(r["envelope"]),
             routerDecision=value(decision),
             events=events,
             finalResponse=value(final),
-            status=status,
-            intent=intent,
-            parentExecutionId=parent,
-            forkedAtSeq=fork_seq,
+            status=r["status"],
+            intent=r["intent"],
+            parentExecutionId=r["parent_execution_id"],
+            forkedAtSeq=r["forked_at_seq"],
             meta=value(meta),
         )
 
@@ -306,10 +269,7 @@ class RecordReader:
         with self._lock:
             if self._closed:
                 raise StoreClosedError()
-            conn = sqlite3.connect(
-                f"file:{os.path.abspath(self._path)}?mode=ro", uri=True, timeout=self._timeout_s,
-                isolation_level=None, check_same_thread=False, cached_statements=16,
-            )
+            conn = sqlite_reads.open_read(self._path, timeout_s=self._timeout_s, cached_statements=16)
             self._opened.append(conn)
         self._local.conn = conn
         return conn
@@ -325,21 +285,12 @@ class RecordReader:
 
 def trace_status(engine: Engine, execution_id: str) -> Optional[str]:
     """The stored status of an execution, None if the database has no such execution."""
-    sa, traces, _ = _core()
-    with engine.connect() as conn:
-        return conn.execute(
-            sa.select(traces.c.status).where(traces.c.execution_id == execution_id)
-        ).scalar()
+    return read_sql.trace_status(engine, execution_id)
 
 
 def trace_status_and_last_seq(engine: Engine, execution_id: str) -> Optional[tuple[str, int]]:
     """The stored status and last seq of an execution, None if the database has no such execution."""
-    sa, traces, _ = _core()
-    with engine.connect() as conn:
-        row = conn.execute(
-            sa.select(traces.c.status, traces.c.last_seq).where(traces.c.execution_id == execution_id)
-        ).first()
-    return None if row is None else (row.status, row.last_seq)
+    return read_sql.trace_status_and_last_seq(engine, execution_id)
 
 
 @dataclass(frozen=True)
@@ -384,41 +335,23 @@ class Filter:
             "slower_than_ns": None if self.slower_than is None else int(self.slower_than * 1e9),
         }
 
+    def checked(self) -> dict:
+        """The filters, checked, as the arguments `read_sql.filtered` and
+        `sqlite_reads.page_rows` take: InvalidInputError for one no execution can match."""
+        o = self.outcome_args()
+        if self.replayable is not None and not isinstance(self.replayable, bool):
+            raise InvalidInputError(f"replayable must be True or False, not {self.replayable!r}")
+        if self.status is not None and self.status not in STATUSES:
+            raise InvalidInputError(f"unknown status {self.status!r}", hint="one of " + ", ".join(STATUSES))
+        since_ns, until_ns = to_ns(self.since, "since"), to_ns(self.until, "until")
+        return {
+            "status": self.status, "since_ns": since_ns, "until_ns": until_ns, "intent": self.intent,
+            "search": _checked_search(self.search), "replayable": self.replayable, **o,
+        }
+
     def apply(self, q):
         """`q`, a select from traces, restricted to the executions that match."""
-        sa, traces, _ = _core()
-        o = self.outcome_args()
-        if o["outcome"] is not None:
-            q = q.where(traces.c.outcome == o["outcome"])
-        if o["model_json"] is not None:
-            q = q.where(sa.cast(traces.c.models, sa.Text).contains(o["model_json"], autoescape=True))
-        if o["error"] is not None:
-            q = q.where(traces.c.error_code == o["error"])
-        if o["min_cost"] is not None:
-            q = q.where(traces.c.cost_usd >= o["min_cost"])
-        if o["slower_than_ns"] is not None:
-            q = q.where(traces.c.outcome != "running").where(
-                traces.c.last_event_ns - traces.c.created_at_ns > o["slower_than_ns"])
-        if self.replayable is not None:
-            if not isinstance(self.replayable, bool):
-                raise InvalidInputError(f"replayable must be True or False, not {self.replayable!r}")
-            q = q.where(traces.c.replayable == self.replayable)
-        if self.status is not None:
-            if self.status not in STATUSES:
-                raise InvalidInputError(
-                    f"unknown status {self.status!r}", hint="one of " + ", ".join(STATUSES)
-                )
-            q = q.where(traces.c.status == self.status)
-        since_ns, until_ns = to_ns(self.since, "since"), to_ns(self.until, "until")
-        if since_ns is not None:
-            q = q.where(traces.c.created_at_ns >= since_ns)
-        if until_ns is not None:
-            q = q.where(traces.c.created_at_ns < until_ns)
-        if self.intent is not None:
-            q = q.where(traces.c.intent == self.intent)
-        if self.search:
-            q = q.where(traces.c.intent.icontains(_checked_search(self.search), autoescape=True))
-        return q
+        return read_sql.filtered(q, **self.checked())
 
 
 EVERYTHING = Filter()
@@ -433,19 +366,12 @@ def list_traces(
     limit: Optional[int] = None,
 ) -> list[TraceSummary]:
     """Executions by creation time (oldest first), filtered by status and a creation-time window."""
-    sa, traces, _ = _core()
-    q = Filter(status, since, until).apply(
-        sa.select(*_summary_cols()).order_by(traces.c.created_at_ns, traces.c.execution_id)
-    )
-    if limit is not None:
-        if limit < 0:
-            raise InvalidInputError("limit must not be negative")
-        q = q.limit(limit)
-    with engine.connect() as conn:
-        rows = conn.execute(q).all()
+    args = Filter(status, since, until).checked()
+    if limit is not None and limit < 0:
+        raise InvalidInputError("limit must not be negative")
     from .rows import TraceSummary
 
-    return [TraceSummary.from_row(r._mapping) for r in rows]
+    return [TraceSummary.from_row(r) for r in read_sql.oldest_first_rows(engine, args, limit)]
 
 
 def missing_from(seqs: list[int]) -> list[int]:
@@ -566,29 +492,6 @@ class Lineage:
         return {"execution_id": self.execution_id, "ancestors": side(self.ancestors), "forks": side(self.forks)}
 
 
-def _prefix_range(prefix: str):
-    """Ids that start with `prefix`, as a range of the primary key (exact under SQLite's BINARY
-    collation, which compares UTF-8 bytes: the order of code points)."""
-    sa, traces, _ = _core()
-    col = traces.c.execution_id
-    if not prefix:
-        return sa.false()
-    if ord(prefix[-1]) == 0x10FFFF:
-        return col.startswith(prefix)
-    return (col >= prefix) & (col < prefix[:-1] + chr(ord(prefix[-1]) + 1))
-
-
-def _resolve_stmts(dialect: str, prefix: str):
-    """(the exact id, up to AMBIGUOUS_SHOWN + 1 ids that start with `prefix`)."""
-    sa, traces, _ = _core()
-    col = traces.c.execution_id
-    # SQLite's LIKE ignores case and uses no index, hence the range; PostgreSQL's LIKE is
-    # exact, and served by the primary key under the C collation.
-    match = _prefix_range(prefix) if dialect == "sqlite" else col.startswith(prefix, autoescape=True)
-    exact = sa.select(col).where(col == prefix)
-    return exact, sa.select(col).where(match).order_by(col).limit(AMBIGUOUS_SHOWN + 1)
-
-
 def _resolved(prefix: str, found: list, pending: Optional[Pending] = None) -> str:
     """The one id of the database's `found` (ids that start with `prefix`, the exact one not
     among them) and `pending`'s executions."""
@@ -628,20 +531,16 @@ def _not_found(prefix: str, matches: list[str]) -> ExecutionNotFoundError:
     )
 
 
-def _page_stmt(where: Filter, before: Optional[str], n: int):
-    """Up to `n` listed rows of the database that match `where`, newest first, after `before`."""
-    sa, traces, trace_steps = _core()
-    last_at = (
-        sa.select(trace_steps.c.recorded_at_ns)
-        .where(trace_steps.c.execution_id == traces.c.execution_id)
-        .where(trace_steps.c.seq == traces.c.last_seq)
-        .scalar_subquery()
-    )
-    q = where.apply(sa.select(*_summary_cols(), last_at.label("last_event_at_ns")))
-    if before is not None:
-        ns, execution_id = position(before)
-        q = q.where(sa.tuple_(traces.c.created_at_ns, traces.c.execution_id) < sa.tuple_(ns, execution_id))
-    return q.order_by(*_newest_first()).limit(n)
+def _page_stmt(where: Filter, before: Optional[str], n: int, pending: Pending):
+    """Up to `n` listed rows of the database that match `where`, newest first, after `before`,
+    none of `pending`'s."""
+    args = where.checked()
+    return read_sql.page_stmt(args, None if before is None else position(before), n, _leave_out(pending))
+
+
+def _leave_out(pending: Pending) -> list:
+    """The executions `pending` shows as they are now: a read of the database leaves them out."""
+    return list(pending.rows) if pending else []
 
 
 def _mapping(row):
@@ -726,8 +625,7 @@ class Progress:
 
 def _count_stmt(where: Filter, pending: Pending):
     """How many executions of the database match `where`, leaving out `pending`'s."""
-    sa, traces, _ = _core()
-    return _without(where.apply(sa.select(sa.func.count()).select_from(traces)), pending)
+    return read_sql.count_stmt(where.checked(), _leave_out(pending))
 
 
 def _pending_count(pending: Pending, where: Filter) -> int:
@@ -737,8 +635,7 @@ def _pending_count(pending: Pending, where: Filter) -> int:
 def _status_counts_stmt(where: Filter, pending: Pending):
     # Counts for every status under the other filters: a listing shows them side by side.
     others = dataclasses.replace(where, status=None)
-    sa, traces, _ = _core()
-    return _without(others.apply(sa.select(traces.c.status, sa.func.count()).group_by(traces.c.status)), pending)
+    return read_sql.status_counts_stmt(others.checked(), _leave_out(pending))
 
 
 def _plus_pending(counts: dict, pending: Pending, where: Filter, at_most: Optional[int]) -> dict:
@@ -757,12 +654,10 @@ def _bounded_count_stmts(where: Filter, at_most: int, pending: Pending):
     with the store."""
     if at_most < 0:
         raise InvalidInputError("at_most must not be negative")
-    sa, traces, _ = _core()
     out = []
     for status in STATUSES:
         one = Filter(status, where.since, where.until, where.intent, where.search, where.replayable)
-        inner = _without(one.apply(sa.select(sa.literal(1)).select_from(traces)), pending).limit(at_most + 1).subquery()
-        out.append((status, sa.select(sa.func.count()).select_from(inner)))
+        out.append((status, read_sql.bounded_count_stmt(one.checked(), at_most, _leave_out(pending))))
     return out
 
 
@@ -776,11 +671,7 @@ def _status_counts(rows) -> dict[str, int]:
 def _progress_stmts(execution_id: str, after_seq: int, limit: int):
     if after_seq < 0 or limit < 1:
         raise InvalidInputError("after_seq must not be negative and limit must be positive")
-    sa, traces, trace_steps = _core()
-    t = traces.c
-    head = sa.select(t.status, t.replayable, t.replayable_reason, t.last_seq).where(t.execution_id == execution_id)
-    steps = _steps_stmt(execution_id).where(trace_steps.c.seq > after_seq).limit(limit)
-    return head, steps
+    return read_sql.progress_stmts(execution_id, after_seq, limit)
 
 
 def _progress(execution_id: str, head, steps, pending: Pending, after_seq: int, limit: int) -> Progress:
@@ -803,36 +694,6 @@ def _event(execution_id: str, seq: int, stored, pending: Pending) -> TimedEvent:
     if s is None:
         raise ExecutionNotFoundError(f"{execution_id} seq {seq}")
     return TimedEvent(s.seq, s.type, s.payload, s.recorded_at_ns)
-
-
-def _event_stmt(execution_id: str, seq: int):
-    _, _, trace_steps = _core()
-    return _steps_stmt(execution_id).where(trace_steps.c.seq == seq)
-
-
-def _parent_stmt(execution_id: str):
-    sa, traces, _ = _core()
-    t = traces.c
-    return sa.select(t.parent_execution_id, t.forked_at_seq).where(t.execution_id == execution_id)
-
-
-def _forks_stmt(execution_id: str):
-    sa, traces, _ = _core()
-    t = traces.c
-    return (
-        sa.select(t.execution_id, t.forked_at_seq)
-        .where(t.parent_execution_id == execution_id)
-        .order_by(t.created_at_ns, t.execution_id)
-    )
-
-
-def _without(q, pending: Pending):
-    """`q`, a select from traces, without the executions `pending` shows as they are now."""
-    if not pending:
-        return q
-    _, traces, _ = _core()
-    ids = list(pending.rows)
-    return q.where(*(traces.c.execution_id.not_in(ids[i : i + 500]) for i in range(0, len(ids), 500)))
 
 
 def _pending_matches(row: dict, where: Filter) -> bool:
@@ -896,19 +757,6 @@ def _checked_limit(limit: int) -> int:
     if limit < 0:
         raise InvalidInputError("limit must not be negative")
     return limit
-
-
-def _filter_args(where: Filter) -> dict:
-    """`where` as the arguments of `sqlite_reads.page_rows`, checked as `Filter.apply` checks it."""
-    if where.replayable is not None and not isinstance(where.replayable, bool):
-        raise InvalidInputError(f"replayable must be True or False, not {where.replayable!r}")
-    if where.status is not None and where.status not in STATUSES:
-        raise InvalidInputError(f"unknown status {where.status!r}", hint="one of " + ", ".join(STATUSES))
-    return {
-        "status": where.status, "since_ns": to_ns(where.since, "since"), "until_ns": to_ns(where.until, "until"),
-        "intent": where.intent, "search": _checked_search(where.search), "replayable": where.replayable,
-        **where.outcome_args(),
-    }
 
 
 class Reader:
@@ -1011,7 +859,7 @@ class Reader:
                     return prefix
                 found = sqlite_reads.ids_with_prefix(self._lite, prefix, AMBIGUOUS_SHOWN + 1)
         else:
-            exact, candidates = _resolve_stmts(self.engine.dialect.name, prefix)
+            exact, candidates = read_sql.resolve_stmts(self.engine.dialect.name, prefix, AMBIGUOUS_SHOWN + 1)
             with self.engine.connect() as conn:
                 if conn.execute(exact).first() is not None:
                     return prefix
@@ -1066,13 +914,13 @@ class Reader:
         as the WAL shows them)."""
         pending = self.pending
         if self._lite is not None:
-            args = _filter_args(where)
+            args = where.checked()
             cut = None if before is None else position(before)
             with self._reading_lite():
                 rows = sqlite_reads.page_rows(self._lite, **args, before=cut, limit=n, leave_out=tuple(pending.rows))
         else:
             with self.engine.connect() as conn:
-                rows = conn.execute(_without(_page_stmt(where, before, n), pending)).all()
+                rows = conn.execute(_page_stmt(where, before, n, pending)).all()
         return _merged(rows, pending, where, before, n)
 
     def _judged_rows(self, items: list, pending: Optional[Pending] = None) -> list:
@@ -1130,7 +978,7 @@ class Reader:
     def event(self, execution_id: str, seq: int) -> TimedEvent:
         """One event of an execution (an exact id); ExecutionNotFoundError if there is none."""
         with self.engine.connect() as conn:
-            s = conn.execute(_event_stmt(execution_id, seq)).first()
+            s = conn.execute(read_sql.event_stmt(execution_id, seq)).first()
         return _event(execution_id, seq, s, self.pending)
 
     def each(
@@ -1160,7 +1008,7 @@ class Reader:
         return judged(record_from_rows(*self._load_now(execution_id, pending)))
 
     def _load_now(self, execution_id: str, pending: Optional[Pending] = None):
-        """`_load`, with what the WAL holds beyond the database folded in (`pending`, else
+        """`read_sql.load`, with what the WAL holds beyond the database folded in (`pending`, else
         `self.pending`)."""
         pending = self.pending if pending is None else pending
         row = pending.rows.get(execution_id)
@@ -1172,10 +1020,10 @@ class Reader:
                     raise ExecutionNotFoundError(execution_id)
                 return SimpleNamespace(**stored), steps
         elif row is None:
-            return _load(self.engine, execution_id)
+            return read_sql.load(self.engine, execution_id)
         else:
             with self.engine.connect() as conn:
-                steps = _checked_steps(conn, execution_id)
+                steps = read_sql.checked_steps(conn, execution_id)
         return SimpleNamespace(**row), [*steps, *pending.steps.get(execution_id, ())]
 
     def timeline(self, execution_id: str) -> Timeline:
@@ -1233,13 +1081,7 @@ class Reader:
             with self._reading_lite():
                 notes.update(sqlite_reads.status_notes(self._lite, rest))
         elif rest:
-            sa, traces, _ = _core()
-            with self.engine.connect() as conn:
-                for i in range(0, len(rest), 500):
-                    q = sa.select(traces.c.execution_id, traces.c.status_note).where(
-                        traces.c.execution_id.in_(rest[i : i + 500])
-                    )
-                    notes.update(conn.execute(q).all())
+            notes.update(read_sql.status_notes(self.engine, rest))
         found = {eid: lost_records(note) for eid, note in notes.items()}
         return {eid: lost for eid, lost in found.items() if lost is not None}
 
@@ -1258,13 +1100,13 @@ class Reader:
         with self.engine.connect() as conn, conn.begin():
             current, seen = eid, {eid}
             while True:
-                row = conn.execute(_parent_stmt(current)).first()
+                row = conn.execute(read_sql.parent_stmt(current)).first()
                 if row is None or row.parent_execution_id is None or row.parent_execution_id in seen:
                     break
                 ancestors.append((row.parent_execution_id, row.forked_at_seq))
                 current = row.parent_execution_id
                 seen.add(current)
-            forks = conn.execute(_forks_stmt(eid)).all()
+            forks = conn.execute(read_sql.forks_stmt(eid)).all()
         return Lineage(eid, tuple(ancestors), tuple((r.execution_id, r.forked_at_seq) for r in forks))
 
     def verify(self, execution_id: Optional[str] = None) -> VerifyResult:
@@ -1340,7 +1182,7 @@ class AsyncReader:
 
     async def resolve(self, prefix: str, pending: Optional[Pending] = None) -> str:
         """The execution id that is `prefix` or starts with it (see `Reader.resolve`)."""
-        exact, candidates = _resolve_stmts(self._engine.dialect.name, prefix)
+        exact, candidates = read_sql.resolve_stmts(self._engine.dialect.name, prefix, AMBIGUOUS_SHOWN + 1)
         async with self._engine.connect() as conn:
             if (await conn.execute(exact)).first() is not None:
                 return prefix
@@ -1371,7 +1213,7 @@ class AsyncReader:
         for _ in range(REFILLS):
             n = limit + 1 - len(kept)
             async with self._engine.connect() as conn:
-                rows = (await conn.execute(_without(_page_stmt(where, cut, n), pending))).all()
+                rows = (await conn.execute(_page_stmt(where, cut, n, pending))).all()
             rows = _merged(rows, pending, where, cut, n)
             if judge:
                 kept += _kept(await self._in_thread(lambda r: r._judged_rows(rows, pending)), where)
@@ -1424,7 +1266,7 @@ class AsyncReader:
     async def event(self, execution_id: str, seq: int) -> TimedEvent:
         """One event of an execution (an exact id); ExecutionNotFoundError if there is none."""
         async with self._engine.connect() as conn:
-            s = (await conn.execute(_event_stmt(execution_id, seq))).first()
+            s = (await conn.execute(read_sql.event_stmt(execution_id, seq))).first()
         return _event(execution_id, seq, s, await self.pending() if s is None else Pending())
 
     async def diff(self, a: str, b: str) -> TraceDiff:
@@ -1442,11 +1284,11 @@ class AsyncReader:
         async with self._engine.connect() as conn, conn.begin():
             current, seen = eid, {eid}
             while True:
-                row = (await conn.execute(_parent_stmt(current))).first()
+                row = (await conn.execute(read_sql.parent_stmt(current))).first()
                 if row is None or row.parent_execution_id is None or row.parent_execution_id in seen:
                     break
                 ancestors.append((row.parent_execution_id, row.forked_at_seq))
                 current = row.parent_execution_id
                 seen.add(current)
-            forks = (await conn.execute(_forks_stmt(eid))).all()
+            forks = (await conn.execute(read_sql.forks_stmt(eid))).all()
         return Lineage(eid, tuple(ancestors), tuple((r.execution_id, r.forked_at_seq) for r in forks))

@@ -16,12 +16,12 @@ import errno
 import os
 import sqlite3
 import urllib.parse
-from typing import Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import orjson
 
 from .checksums import damaged_columns, of_stored
-from .schema import HEAD_REVISION
+from .schema import BOOL_COLUMNS, HEAD_REVISION, JSON_COLUMNS, TRACES
 
 # The columns a listing shows, and the time of each execution's last event.
 SUMMARY_COLUMNS = (
@@ -34,21 +34,12 @@ _LAST_EVENT_AT = (
     "traces.execution_id AND trace_steps.seq = traces.last_seq)"
 )
 _SUMMARY_SQL = ", ".join(f"traces.{c}" for c in SUMMARY_COLUMNS) + f", {_LAST_EVENT_AT} AS last_event_at_ns"
-# Every column of `traces`, in the order of tracedb.models.
-TRACE_COLUMNS = (
-    "execution_id", "recorder_id", "intent", "status", "replayable", "replayable_reason", "status_note",
-    "envelope", "envelope_hash", "router_decision", "final_response", "last_seq", "created_at_ns",
-    "updated_at_ns", "parent_execution_id", "forked_at_seq", "pinned", "meta",
-    "router_decision_crc", "final_response_crc", "meta_crc", "outcome", "error_seq", "error_type",
-    "error_code", "error_message", "models", "input_tokens", "output_tokens", "cost_usd",
-    "prices_version", "last_event_ns",
-)
-_JSON_COLUMNS = frozenset({"envelope", "router_decision", "final_response", "meta", "models"})
-_BOOL_COLUMNS = frozenset({"replayable", "pinned"})
+# Every column of `traces` (tracedb.schema).
+TRACE_COLUMNS = TRACES
 _TRACE_SQL = "SELECT " + ", ".join(TRACE_COLUMNS) + " FROM traces WHERE execution_id = ?"
-_STEPS_SQL = (
-    "SELECT seq, type, payload, recorded_at_ns, payload_crc FROM trace_steps WHERE execution_id = ? ORDER BY seq"
-)
+# What a loaded step reads of `trace_steps`: `checked_step` builds a Step from them by name.
+STEP_COLUMNS = ("seq", "type", "payload", "recorded_at_ns", "payload_crc")
+_STEPS_SQL = f"SELECT {', '.join(STEP_COLUMNS)} FROM trace_steps WHERE execution_id = ? ORDER BY seq"
 _IN_CHUNK = 500  # ids per IN (...) list
 
 
@@ -150,12 +141,34 @@ def connect(path: str, *, busy_timeout_ms: int = 5000) -> Optional[sqlite3.Conne
         raise err from None
 
 
+def read_uri(path: str, *, make_files: bool = False) -> str:
+    """The URI a read connection opens the SQLite file `path` with. SQLite itself refuses writes
+    (`mode=ro`), unless `make_files`: then it may make the -wal and -shm files a recorder's clean
+    stop removed (`mode=rw`), and `open_read` refuses writes with `PRAGMA query_only`."""
+    return "file:" + urllib.parse.quote(os.path.abspath(path)) + ("?mode=rw" if make_files else "?mode=ro")
+
+
+def open_read(path: str, *, timeout_s: float, make_files: bool = False, cached_statements: int = 128) -> sqlite3.Connection:
+    """A connection that reads the existing SQLite file `path` and refuses writes: every read of
+    tracedb through the sqlite3 module opens its connection here (this module's `connect`, the
+    store's `RecordReader`, the sidecar's point lookups; the web view's aiosqlite engine opens
+    `read_uri`). Autocommit (a read takes its snapshot with an explicit BEGIN), usable from any
+    thread, `timeout_s` to wait on a lock. `make_files`: see `read_uri`. SQLite's errors are
+    raised as they are (`access_error` names the file that refuses)."""
+    conn = sqlite3.connect(read_uri(path, make_files=make_files), uri=True, timeout=timeout_s, isolation_level=None,
+                           check_same_thread=False, cached_statements=cached_statements)
+    if make_files:
+        try:
+            conn.execute("PRAGMA query_only = ON")
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
 def _connect(path: str, busy_timeout_ms: int) -> Optional[sqlite3.Connection]:
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=rw"
-    conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_ms / 1000.0, isolation_level=None,
-                           check_same_thread=False)
+    conn = open_read(path, timeout_s=busy_timeout_ms / 1000.0, make_files=True)
     try:
-        conn.execute("PRAGMA query_only = ON")
         try:
             revisions = [r[0] for r in conn.execute("SELECT version_num FROM alembic_version")]
         except sqlite3.OperationalError as e:
@@ -268,15 +281,17 @@ def checked_row(d: dict) -> dict:
     return d
 
 
-def checked_step(seq: int, type_: str, stored, recorded_at_ns: int, crc: Optional[int]) -> Step:
-    """A step from its stored (undecoded) payload and the payload's checksum."""
-    return Step(seq, type_, json_value(stored), recorded_at_ns, of_stored(stored) == crc)
+def checked_step(r: Mapping) -> Step:
+    """A step from a row of its STEP_COLUMNS by name: its stored (undecoded) payload decoded and
+    checked against the payload's checksum."""
+    stored = r["payload"]
+    return Step(r["seq"], r["type"], json_value(stored), r["recorded_at_ns"], of_stored(stored) == r["payload_crc"])
 
 
 def _decoded_row(d: dict) -> dict:
-    for c in _JSON_COLUMNS:
+    for c in JSON_COLUMNS:
         d[c] = json_value(d[c])
-    for c in _BOOL_COLUMNS:
+    for c in BOOL_COLUMNS:
         d[c] = bool(d[c])
     return d
 
@@ -291,7 +306,10 @@ def load(conn: sqlite3.Connection, execution_id: str, *, trace: bool = True) -> 
         steps = conn.execute(_STEPS_SQL, (execution_id,)).fetchall() if row is not None or not trace else ()
     finally:
         conn.execute("COMMIT")
-    return (None if row is None else checked_row(dict(zip(TRACE_COLUMNS, row)))), [checked_step(*s) for s in steps]
+    return (
+        None if row is None else checked_row(dict(zip(TRACE_COLUMNS, row))),
+        [checked_step(dict(zip(STEP_COLUMNS, s))) for s in steps],
+    )
 
 
 class Judged(NamedTuple):
@@ -309,7 +327,7 @@ class Judged(NamedTuple):
     steps_intact: bool
 
 
-_JUDGED_COLUMNS = (
+JUDGED_COLUMNS = (
     "execution_id", "replayable_reason", "envelope", "envelope_hash", "meta", "final_response", "router_decision",
     "router_decision_crc", "final_response_crc", "meta_crc",
 )
@@ -339,11 +357,12 @@ def judged_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, Judge
     conn.execute("BEGIN")
     try:
         for marks, chunk in _in_lists(ids):
-            sql = f"SELECT {', '.join(_JUDGED_COLUMNS)} FROM traces WHERE execution_id IN ({marks})"
+            sql = f"SELECT {', '.join(JUDGED_COLUMNS)} FROM traces WHERE execution_id IN ({marks})"
             for r in conn.execute(sql, chunk):
-                found[r[0]] = dict(zip(_JUDGED_COLUMNS, r))
+                d = dict(zip(JUDGED_COLUMNS, r))
+                found[d["execution_id"]] = d
         for marks, chunk in _in_lists(list(found)):
-            sql = ("SELECT execution_id, seq, payload, payload_crc FROM trace_steps "
+            sql = (f"SELECT {', '.join(JUDGED_STEP_COLUMNS)} FROM trace_steps "
                    f"WHERE execution_id IN ({marks}) ORDER BY execution_id, seq")
             _checked_steps_into(steps, conn.execute(sql, chunk))
     finally:
@@ -351,11 +370,19 @@ def judged_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, Judge
     return {eid: _judged(d, *steps.get(eid, ([], True))) for eid, d in found.items()}
 
 
+JUDGED_STEP_COLUMNS = ("execution_id", "seq", "payload", "payload_crc")
+# Where each of them sits in a row (the loop reads many rows: an index, not a dict per row).
+_JS_ID, _JS_SEQ, _JS_PAYLOAD, _JS_CRC = (
+    JUDGED_STEP_COLUMNS.index(n) for n in ("execution_id", "seq", "payload", "payload_crc")
+)
+
+
 def _checked_steps_into(steps: dict, rows: Iterable[tuple]) -> None:
-    """(execution id, seq, stored payload, checksum) rows in execution id and seq order into
-    `steps`: execution id -> (its seqs, whether every payload matches its checksum)."""
+    """Rows of JUDGED_STEP_COLUMNS in execution id and seq order into `steps`: execution id ->
+    (its seqs, whether every payload matches its checksum)."""
     current, seqs, intact = None, [], True
-    for eid, seq, stored, crc in rows:
+    for r in rows:
+        eid, seq, stored, crc = r[_JS_ID], r[_JS_SEQ], r[_JS_PAYLOAD], r[_JS_CRC]
         if eid != current:
             current, seqs, intact = eid, [], True
             steps[eid] = (seqs, intact)
@@ -401,7 +428,8 @@ def running_with_rows(conn: sqlite3.Connection, recorder_id: str, ids: Iterable[
             chunk = wanted[i : i + _IN_CHUNK]
             sql = f"{head} WHERE traces.execution_id IN ({', '.join('?' * len(chunk))})"
             for r in conn.execute(sql, chunk):
-                rows[r[0]] = _decoded_row(dict(zip(names, r)))
+                d = _decoded_row(dict(zip(names, r)))
+                rows[d["execution_id"]] = d
     finally:
         conn.execute("COMMIT")
     return running, rows

@@ -37,6 +37,13 @@ def test_the_same_migrations_build_the_models_schema_on_postgresql(pg_engine, pg
     assert db.integrity_check(pg_engine) == []
 
 
+def test_the_read_paths_column_declaration_matches_the_migrated_schema_on_postgresql(pg_engine, pg_schema):
+    from tests.store.test_schema_columns import declared_columns_match
+
+    db.migrate(pg_engine)
+    declared_columns_match(pg_engine)
+
+
 def test_recorders_starting_together_create_the_schema_exactly_once(pg_url):
     engines = [db.create_engine(pg_url) for _ in range(6)]
     barrier = threading.Barrier(len(engines))

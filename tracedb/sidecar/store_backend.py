@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import wal
 
+from .. import sqlite_reads
 from ..codec import OP_RECORDING_FAILURE
 from ..errors import ExecutionClosedError, ExecutionExistsError, ExecutionNotFoundError
 from ..models import TERMINAL_STATUSES
@@ -29,7 +30,6 @@ from . import protocol as P
 from .backend import IN_BATCH, BackendStats, Deferred, Staged
 
 
-_STATUS_SQL = "SELECT status FROM traces WHERE execution_id = ?"
 # Resent events are compared with the recorded ones: the recorded steps of this many executions
 # are kept, so that a burst of resends (a client's whole window after a reconnect) reads each
 # execution's record once instead of once per request.
@@ -187,7 +187,7 @@ class StoreBackend:
         if con is None:
             return None
         try:
-            return con.execute(_STATUS_SQL, (execution_id,)).fetchone() is not None
+            return sqlite_reads.exists(con, execution_id)
         except sqlite3.Error:
             return None
 
@@ -234,10 +234,7 @@ class StoreBackend:
             return None
         try:
             # A short busy timeout: if a checkpoint holds the lock, fall back to the slow path.
-            return sqlite3.connect(
-                f"file:{os.path.abspath(path)}?mode=ro", uri=True, timeout=0.02,
-                isolation_level=None, check_same_thread=False,
-            )
+            return sqlite_reads.open_read(path, timeout_s=0.02)
         except sqlite3.Error:
             return None
 
