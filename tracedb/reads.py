@@ -679,7 +679,8 @@ def _progress(execution_id: str, head, steps, pending: Pending, after_seq: int, 
     row = pending.rows.get(execution_id)
     if row is not None:
         head = SimpleNamespace(**row)
-        steps = [*steps, *(s for s in pending.steps.get(execution_id, ()) if s.seq > after_seq)][:limit]
+        stored = () if execution_id in pending.replaced else steps  # an earlier execution's
+        steps = [*stored, *(s for s in pending.steps.get(execution_id, ()) if s.seq > after_seq)][:limit]
     if head is None:
         raise ExecutionNotFoundError(execution_id)
     return Progress(
@@ -689,7 +690,10 @@ def _progress(execution_id: str, head, steps, pending: Pending, after_seq: int, 
 
 
 def _event(execution_id: str, seq: int, stored, pending: Pending) -> TimedEvent:
-    """The database's `stored` step, or the one `pending` read from the WAL."""
+    """The database's `stored` step, or the one `pending` read from the WAL (the only one when the
+    database's belongs to an earlier execution of the id, `pending.replaced`)."""
+    if execution_id in pending.replaced:
+        stored = None
     s = stored or next((p for p in pending.steps.get(execution_id, ()) if p.seq == seq), None)
     if s is None:
         raise ExecutionNotFoundError(f"{execution_id} seq {seq}")
@@ -1012,6 +1016,9 @@ class Reader:
         `self.pending`)."""
         pending = self.pending if pending is None else pending
         row = pending.rows.get(execution_id)
+        if row is not None and execution_id in pending.replaced:
+            # The database holds an earlier execution of this id, which a start in the WAL replaced.
+            return SimpleNamespace(**row), list(pending.steps.get(execution_id, ()))
         if self._lite is not None:
             with self._reading_lite():
                 stored, steps = sqlite_reads.load(self._lite, execution_id, trace=row is None)
@@ -1267,7 +1274,7 @@ class AsyncReader:
         """One event of an execution (an exact id); ExecutionNotFoundError if there is none."""
         async with self._engine.connect() as conn:
             s = (await conn.execute(read_sql.event_stmt(execution_id, seq))).first()
-        return _event(execution_id, seq, s, await self.pending() if s is None else Pending())
+        return _event(execution_id, seq, s, await self.pending())
 
     async def diff(self, a: str, b: str) -> TraceDiff:
         """Two executions side by side up to their first divergent step (see `Reader.diff`)."""
