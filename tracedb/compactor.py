@@ -58,6 +58,7 @@ from .errors import IntegrityError
 from .fold import STEP_COLUMNS, STEP_WIDTH, Fold, steps_of
 from .models import compaction_checkpoint, trace_steps, traces
 from .record import REASON_RANK, STATUS_INCOMPLETE, STATUS_INVALIDATED
+from .schema import TRACES
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +71,7 @@ PauseHook = Callable[[str, int], None]
 pause_hook: Optional[PauseHook] = None
 
 _STEP_COLS = STEP_COLUMNS
-_TRACE_COLS = (
-    "execution_id", "recorder_id", "intent", "status", "replayable", "replayable_reason",
-    "status_note", "envelope", "envelope_hash", "router_decision", "final_response", "last_seq",
-    "created_at_ns", "updated_at_ns", "parent_execution_id", "forked_at_seq", "pinned", "meta",
-    "router_decision_crc", "final_response_crc", "meta_crc", *outcomes.COLUMNS, "last_event_ns",
-)
+_TRACE_COLS = TRACES
 
 
 
@@ -583,19 +579,16 @@ class Compactor:
         return skipped
 
     def _trace_tuple(self, r: dict) -> tuple:
-        text = self._text
-        decision, decision_crc = _checked_json(r["router_decision"])
-        final, final_crc = _checked_json(r["final_response"])
-        meta, meta_crc = _checked_json(r["meta"])
-        return (
-            r["execution_id"], r["recorder_id"], text(r["intent"]), r["status"], r["replayable"],
-            r["replayable_reason"], text(r["status_note"]), _dumps(r["envelope"]), r["envelope_hash"],
-            decision, final, r["last_seq"], r["created_at_ns"], r["updated_at_ns"],
-            r["parent_execution_id"], r["forked_at_seq"], r["pinned"], meta,
-            decision_crc, final_crc, meta_crc, r["outcome"], r["error_seq"], r["error_type"],
-            text(r["error_code"]), text(r["error_message"]), _dumps(r["models"]), r["input_tokens"],
-            r["output_tokens"], r["cost_usd"], r["prices_version"], r["last_event_ns"],
-        )
+        """A new row's values in the order of `schema.TRACES`, each stored value as written:
+        JSON serialised, a checked value with its checksum, text made storable."""
+        values = dict(r)
+        for k in _CHECKED_COLS:
+            values[k], values[crc_column(k)] = _checked_json(r[k])
+        for k in ("envelope", "models"):
+            values[k] = _dumps(r[k])
+        for k in _TEXT_COLS:
+            values[k] = self._text(r[k])
+        return tuple(values[c] for c in _TRACE_COLS)
 
     def _update_values(self, delta: dict) -> dict:
         """The columns an UPDATE sets for a pending change: JSON serialised, a checked value
@@ -606,7 +599,7 @@ class Compactor:
                 out[k], out[crc_column(k)] = _checked_json(v)
             elif k in _JSON_COLS:
                 out[k] = _dumps_or_none(v)
-            elif k in ("status_note", "error_code", "error_message"):
+            elif k in _TEXT_COLS:
                 out[k] = self._text(v)
             else:
                 out[k] = v
@@ -640,6 +633,7 @@ class Compactor:
 
 _JSON_COLS = frozenset({"router_decision", "final_response", "envelope", "models"})
 _CHECKED_COLS = frozenset(TRACE_VALUE_COLUMNS)
+_TEXT_COLS = ("intent", "status_note", "error_code", "error_message")  # free text, made storable (`_text`)
 
 
 def _log_restart(lsn: int, eid: str) -> None:

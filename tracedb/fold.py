@@ -48,9 +48,10 @@ from .codec import (
 from .errors import IntegrityError
 from .outcomes import fold_event, fold_facts, may_matter
 from .record import FINAL_RESPONSE, ROUTER_DECISION, STATUS_RUNNING
+from .schema import TRACE_STEPS
 
 # A step row's values, in this order, laid end to end in `Fold.steps`.
-STEP_COLUMNS = ("execution_id", "seq", "type", "payload", "recorded_at_ns", "lsn", "payload_crc")
+STEP_COLUMNS = TRACE_STEPS
 STEP_WIDTH = len(STEP_COLUMNS)
 # The ops whose records any recorder may apply to a row another recorder owns.
 ANY_RECORDER_OPS = frozenset({OP_INVALIDATE, OP_RECORDING_FAILURE})
