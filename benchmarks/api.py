@@ -142,7 +142,7 @@ def ingest_sync(
 def _generated_id() -> str:
     """An id of the kind the store generates."""
     try:
-        from tracedb.ids import new_execution_id
+        from tracedb.records.ids import new_execution_id
     except ImportError:  # before generated ids had a module of their own
         import uuid
 
@@ -155,7 +155,7 @@ def wal_records(size: int, count: int = 256) -> list[bytes]:
     WAL alone with the same bytes."""
     import orjson
 
-    from tracedb.codec import encode_event
+    from tracedb.records.codec import encode_event
 
     out = []
     for i in range(count):
@@ -306,7 +306,7 @@ def executemany_one_transaction(source_db: str, target_db: str) -> float:
     """Copy the trace and step rows of `source_db` into a new, migrated `target_db` with
     sqlite3's executemany in one transaction; returns the seconds the insert and commit took
     (reading the rows back is not timed). Steps go in LSN order, traces in creation order."""
-    from tracedb import db
+    from tracedb.projection import db
 
     src = sqlite3.connect(source_db)
     trace_cols = [r[1] for r in src.execute("PRAGMA table_info(traces)")]

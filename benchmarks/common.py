@@ -48,7 +48,7 @@ def fill_store_wal(wal_dir: str, executions: int, events_per: int, prefix: str =
     import wal
 
     from tracedb import compute_envelope_hash
-    from tracedb.codec import encode_event, encode_finish, encode_start
+    from tracedb.records.codec import encode_event, encode_finish, encode_start
 
     w = wal.open_wal(wal_dir)
     payload = orjson.dumps(TOOL_RESULT)

@@ -69,9 +69,10 @@ def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) 
     """Events/s of live compaction of agent-shaped executions, per second of wall time and per
     second of this process's CPU time; `derive=False`: the fold off."""
     import tracedb
-    from tracedb import fold, outcomes
-    from tracedb import store as store_module
-    from tracedb.state import StagedBatch
+    from tracedb.records import fold
+    from tracedb.records import outcomes
+    from tracedb.recorder import store as store_module
+    from tracedb.recorder.state import StagedBatch
 
     saved = (fold.may_matter, fold.fold_facts, store_module.event_facts, outcomes.fold_finish, outcomes.fold_closed)
     if not derive:
@@ -118,7 +119,7 @@ def derivation_cost(workdir: str, executions: int, rounds: int = 3, events_per: 
     price table is loaded first (once per process: its import and parse), and timed apart. The
     CPU-time ratio is the steadier one on a loaded machine (other processes' time slices do not
     count); the fold does no I/O, so it is what the fold costs."""
-    from tracedb import outcomes
+    from tracedb.records import outcomes
 
     t0 = time.perf_counter()
     outcomes.price_usd("gpt-4o-mini", 1, 1, 0, None)
@@ -138,7 +139,7 @@ def derivation_cost(workdir: str, executions: int, rounds: int = 3, events_per: 
 def build_store(path: str, executions: int, now_ns: int, seed: int = 7) -> None:
     """A migrated SQLite store of `executions` rows with their derived columns and one step
     each, newest `now_ns`, PER_DAY a day back from it (direct inserts, not the recorder)."""
-    from tracedb import db
+    from tracedb.projection import db
     from wal.format import crc32c
 
     engine = db.create_engine(path, write=True)
@@ -197,7 +198,7 @@ def _best_of(fn, n: int = 3) -> float:
 
 def queries(reader, now_ns: int) -> dict:
     """The timed reads: label -> seconds (best of 5)."""
-    from tracedb.reads import Filter
+    from tracedb.reads.reader import Filter
 
     day = now_ns - 86_400 * 10**9
     out = {
@@ -224,7 +225,7 @@ def queries(reader, now_ns: int) -> dict:
 def scale(workdir: str, sizes=(100_000, 1_000_000)) -> dict:
     """{size: {query: seconds}} over stores built by `build_store`."""
     from tracedb.config import load_config
-    from tracedb.reads import Reader
+    from tracedb.reads.reader import Reader
 
     now_ns = time.time_ns()
     out = {}

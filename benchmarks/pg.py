@@ -39,8 +39,8 @@ def _compact_worker(target: str, wal_dir: str, recorder_id: str, batch_records: 
     others, compact its whole WAL, report (start, end, steps) on the monotonic clock."""
     import wal
 
-    from tracedb import db
-    from tracedb.compactor import Compactor
+    from tracedb.projection import db
+    from tracedb.projection.compactor import Compactor
 
     engine = db.create_engine(target, write=True)
     try:
@@ -135,7 +135,7 @@ def run(
     {"postgresql": {"1": {...}, "4": {...}}, "sqlite": {"1": {...}}, "server": "...",
     "scaling": 4 vs 1, "pg_vs_sqlite": 1 recorder PostgreSQL vs SQLite}, each entry
     {"recorders", "events", "seconds", "events_per_s"}."""
-    from tracedb import db
+    from tracedb.projection import db
 
     work = tempfile.mkdtemp(prefix="tracedb-bench-pg-", dir=workdir)
     admin = db.create_engine(pg_url)

@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from tracedb import ExecutionEvent, ExecutionHeader, ExecutionRecord, compute_envelope_hash
-from tracedb.record import FINAL_RESPONSE
+from tracedb.records.record import FINAL_RESPONSE
 from tracedb.replay import ReplayEngine, batch_replay
 
 

@@ -43,7 +43,7 @@ TARGET = 2.0
 def _mark_pins_and_forks(engine) -> tuple[int, int]:
     """Pin one execution in a hundred; make one young execution in a hundred a fork of an old
     one. Returns (pinned, forks)."""
-    from tracedb.models import traces
+    from tracedb.projection.models import traces
 
     t = traces.c
     cutoff = T0_NS + (HISTORY_DAYS - RETENTION_DAYS) * DAY_NS
@@ -70,8 +70,8 @@ def _mark_pins_and_forks(engine) -> tuple[int, int]:
 def _prune(target: str, fleet: dict) -> dict:
     """Pins and forks, then one timed prune with the 30-day cutoff; its figures next to the
     fleet's."""
-    from tracedb import db
-    from tracedb.retention import prune
+    from tracedb.projection import db
+    from tracedb.maintenance.retention import prune
 
     engine = db.create_engine(target, write=True)
     try:
@@ -88,7 +88,7 @@ def _prune(target: str, fleet: dict) -> dict:
         res = prune(engine, RETENTION_DAYS * 86_400, now_ns=now_ns)
         seconds = time.perf_counter() - t0
         with engine.connect() as conn:
-            from tracedb.models import trace_steps
+            from tracedb.projection.models import trace_steps
 
             left = conn.execute(sa.select(sa.func.count()).select_from(trace_steps)).scalar()
     finally:
@@ -126,7 +126,7 @@ def run(workdir: str, pg_url: Optional[str], events: int = 1_000_000, *, recorde
         fleet = pg.run_fleet(path, work, 1, events, events_per_execution, batch_records, spacing(1), True)
         result["sqlite"] = _prune(path, fleet)
         if pg_url:
-            from tracedb import db
+            from tracedb.projection import db
 
             admin = db.create_engine(pg_url)
             result["schemas"] = []

@@ -421,7 +421,7 @@ def section_wal(args, workdir: str) -> None:
 
 
 def _fresh_db(path: str):
-    from tracedb import db
+    from tracedb.projection import db
 
     engine = db.create_engine(path, write=True)
     db.migrate(engine)
@@ -433,8 +433,8 @@ def bench_compaction(workdir: str, executions: int, events_per: int) -> tuple[di
     compactor process) over records written straight into the WAL, sequential ids, each
     execution's records contiguous; next to a raw executemany of the same rows into the same
     schema, in one transaction."""
-    from tracedb import db
-    from tracedb.compactor import Compactor
+    from tracedb.projection import db
+    from tracedb.projection.compactor import Compactor
 
     from .api import executemany_one_transaction
 
@@ -466,7 +466,7 @@ def bench_compaction_live(workdir: str, executions: int, events_per: int) -> dic
     does; only store.compact() is timed. In-process, it takes the records it was just handed
     from memory instead of reading them back from the WAL."""
     import tracedb
-    from tracedb.state import StagedBatch
+    from tracedb.recorder.state import StagedBatch
 
     d = tempfile.mkdtemp(dir=workdir)
     store = tracedb.open(os.path.join(d, "data"), config={"compact_interval_ms": 0, "idle_timeout_s": 0})
@@ -514,8 +514,8 @@ def bench_get_and_prune(workdir: str, executions: int, events_per: int) -> tuple
         lat.append(time.perf_counter() - t0)
     store.close()
     get_row = row(f"store.get, sequential ids ({events_per} events)", len(lat) / sum(lat), lat)
-    from tracedb import db
-    from tracedb.retention import prune
+    from tracedb.projection import db
+    from tracedb.maintenance.retention import prune
 
     engine = db.create_engine(os.path.join(data, "traces.db"), write=True)
     t0 = time.perf_counter()

@@ -43,7 +43,7 @@ _MODELS = (["gpt-4o-mini"], ["gpt-4o"], ["gpt-4o-mini", "gpt-4o"], ["local-model
 
 
 def _outcome_columns(n: int, status: str, created: int) -> dict:
-    """What the compactor would have derived (tracedb.outcomes): 1 in 25 completed executions
+    """What the compactor would have derived (tracedb.records.outcomes): 1 in 25 completed executions
     failed, four mixes of models (one the price table does not know), tokens and cost that vary."""
     failed = status == "completed" and n % 25 == 0
     models = _MODELS[n % len(_MODELS)]
@@ -69,8 +69,10 @@ def build_store(data_dir: str, executions: int) -> float:
     import sqlalchemy as sa
 
     import tracedb
-    from tracedb import checksums, compute_envelope_hash, db
-    from tracedb.models import trace_steps, traces
+    from tracedb import compute_envelope_hash
+    from tracedb.projection import checksums
+    from tracedb.projection import db
+    from tracedb.projection.models import trace_steps, traces
 
     t0 = time.perf_counter()
     tracedb.open(data_dir, config={"compact_interval_ms": 0}).close()  # the schema, by migrations
@@ -115,7 +117,7 @@ def build_long_execution(data_dir: str, events: int = 10_000, nested: bool = Fal
     spans: the page draws its span tree too."""
     import wal
     from tracedb import compute_envelope_hash
-    from tracedb.codec import encode_event, encode_finish, encode_start
+    from tracedb.records.codec import encode_event, encode_finish, encode_start
 
     import tracedb
 
@@ -151,7 +153,7 @@ async def _server_times(data_dir: str, paths: dict, repeats: int) -> dict:
     import httpx
 
     from tracedb.config import load_config
-    from tracedb.reads import AsyncReader
+    from tracedb.reads.reader import AsyncReader
     from tracedb.web import create_app
 
     reader = await AsyncReader.open(load_config(overrides={"data_dir": data_dir}))
@@ -178,7 +180,7 @@ async def _server_times(data_dir: str, paths: dict, repeats: int) -> dict:
 
 
 def _deep_cursor(data_dir: str, depth: int) -> str:
-    from tracedb.paging import encode_cursor
+    from tracedb.reads.paging import encode_cursor
 
     n = depth  # executions are one second apart, exec-{n} created at T0 + n s
     return encode_cursor(T0_NS + n * 1_000_000_000, f"exec-{n:010d}")

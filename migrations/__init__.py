@@ -1,1 +1,1 @@
-"""Alembic revisions of tracedb's schema; run them with `tracedb migrate` or `tracedb.db.migrate`."""
+"""Alembic revisions of tracedb's schema; run them with `tracedb migrate` or `tracedb.projection.db.migrate`."""

@@ -1,6 +1,6 @@
 """Alembic environment for tracedb.
 
-tracedb runs Alembic programmatically (`tracedb.db.migrate`): the caller hands over an open
+tracedb runs Alembic programmatically (`tracedb.projection.db.migrate`): the caller hands over an open
 connection in `config.attributes["connection"]`, already inside the transaction that serialises
 concurrent migrators, so the migration and its version row commit together. Run from the alembic
 command line, `sqlalchemy.url` (or TRACEDB_DB_URL, or TRACEDB_DATABASE_URL) names the database
@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 
 from alembic import context
-from tracedb.db import create_engine
-from tracedb.models import metadata
+from tracedb.projection.db import create_engine
+from tracedb.projection.models import metadata
 
 config = context.config
 

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tracedb.asgi import HttpEndpoint
+from tracedb.sidecar.asgi import HttpEndpoint
 
 
 class LocalServer:

@@ -30,8 +30,8 @@ def record_legacy(data_dir: str, execution_ids, *, intent: str = "Legacy", finis
     earlier versions accepted (any length, a NUL). No recorder may be running on `data_dir`."""
     import tracedb
     import wal
-    from tracedb.codec import encode_event, encode_finish, encode_start
-    from tracedb.record import compute_envelope_hash
+    from tracedb.records.codec import encode_event, encode_finish, encode_start
+    from tracedb.records.record import compute_envelope_hash
 
     settings = {"compact_interval_ms": 0, "idle_timeout_s": 0, **(config or {})}
     tracedb.open(data_dir, config=settings).close()  # the directory, its database, its WAL

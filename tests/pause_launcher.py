@@ -2,7 +2,7 @@
 
 usage: pause_launcher.py POINT:BATCH SCRIPT [ARGS...]
 
-Installs `tracedb.compactor.pause_hook` so that the compactor, on reaching POINT (before_commit
+Installs `tracedb.projection.compactor.pause_hook` so that the compactor, on reaching POINT (before_commit
 or after_commit) of batch BATCH (counted from 1), writes `PAUSED POINT` to stdout and blocks
 until the test kills the process; then runs SCRIPT as `__main__` with ARGS.
 """
@@ -36,7 +36,7 @@ def main() -> None:
     # tests/wal would shadow the wal package).
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     sys.argv = [script, *sys.argv[3:]]
-    from tracedb import compactor
+    from tracedb.projection import compactor
 
     compactor.pause_hook = pause
     runpy.run_path(script, run_name="__main__")

@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-from .config import Config, load_config
-from .errors import (
+from tracedb.config import Config, load_config
+from tracedb.errors import (
     ConfigError,
     ExecutionClosedError,
     ExecutionExistsError,
@@ -25,7 +25,7 @@ from .errors import (
     TraceDBError,
     UsageError,
 )
-from .record import (
+from tracedb.records.record import (
     ExecutionEvent,
     ExecutionHeader,
     ExecutionRecord,
@@ -48,14 +48,14 @@ def open(data_dir=None, *, config=None, clock=None):
     `config` is a `tracedb.Config`, a mapping of settings, or a TOML file path; `clock` (a
     function returning nanoseconds since the epoch) is for tests.
     """
-    from .store import open_store
+    from tracedb.recorder.store import open_store
 
     return open_store(data_dir, config=config, clock=clock)
 
 
 async def open_async(data_dir=None, *, config=None, clock=None):
     """The asyncio twin of `open`: `astore = await tracedb.open_async(data_dir)`."""
-    from .store_async import open_store_async
+    from tracedb.recorder.store_async import open_store_async
 
     return await open_store_async(data_dir, config=config, clock=clock)
 
@@ -65,31 +65,31 @@ def __getattr__(name):
         return _version()
     # The store pulls in SQLAlchemy and Alembic; load it only when asked for.
     if name in ("Store", "Execution"):
-        from . import store
+        from tracedb.recorder import store
 
         return getattr(store, name)
     if name in ("AsyncStore", "AsyncExecution"):
-        from . import store_async
+        from tracedb.recorder import store_async
 
         return getattr(store_async, name)
     if name == "TraceSummary":
-        from .rows import TraceSummary
+        from tracedb.reads.rows import TraceSummary
 
         return TraceSummary
     if name == "CompactResult":
-        from .compactor import CompactResult
+        from tracedb.projection.compactor import CompactResult
 
         return CompactResult
     if name == "RecoverResult":
-        from .recovery import RecoverResult
+        from tracedb.maintenance.recovery import RecoverResult
 
         return RecoverResult
     if name == "PruneResult":
-        from .retention import PruneResult
+        from tracedb.maintenance.retention import PruneResult
 
         return PruneResult
     if name == "VerifyResult":
-        from .verify import VerifyResult
+        from tracedb.maintenance.verify import VerifyResult
 
         return VerifyResult
     return _replay_name(name)
@@ -129,7 +129,7 @@ __all__ = [
 
 # Replay (tracedb/replay/): its names are tracedb's too, loaded when first asked for (the CLI's
 # start-up does without them).
-from .errors import (  # noqa: E402
+from tracedb.errors import (  # noqa: E402
     NotReplayableError,
     RecordCorruptedError,
     RecordedCallError,

@@ -1,5 +1,5 @@
 """`python -m tracedb` runs the command line."""
 
-from .cli import main
+from tracedb.cli import main
 
 main(prog_name="tracedb")

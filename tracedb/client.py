@@ -4,7 +4,7 @@ One API, sync and asyncio, whether it records through a sidecar (`tracedb serve`
 configured, in-process on the embedded store.
 """
 
-from .sidecar.client import (  # noqa: F401
+from tracedb.sidecar.client import (  # noqa: F401
     AsyncClient,
     AsyncExecution,
     Client,

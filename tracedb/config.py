@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from .errors import ConfigError
+from tracedb.errors import ConfigError
 
 DEFAULT_DATA_DIR = ".tracedb"
 # With `[compaction] worker_process = "auto"`: the recording rate (WAL records/s, over a
@@ -60,7 +60,7 @@ class Config:
     prune_batch_traces: int = 500
     busy_timeout_ms: int = 5000
     # Rewrite secrets before they are written ([redaction] in the file: keys, patterns, per-intent
-    # rules; see tracedb.redaction). False records every value as given.
+    # rules; see tracedb.records.redaction). False records every value as given.
     redact: bool = True
     # Tables of the file this module does not own (e.g. [sidecar]), kept for their owners.
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -83,7 +83,7 @@ class Config:
     def database(self) -> str:
         """Where the projection lives: `db_url` when set, else the SQLite file.
 
-        `tracedb.db.create_engine` takes either; `tracedb.db.describe` prints it without a password.
+        `tracedb.projection.db.create_engine` takes either; `tracedb.projection.db.describe` prints it without a password.
         """
         return self.db_url or self.db_path or os.path.join(self.data_dir, DB_FILE)
 
@@ -106,9 +106,9 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def redactor(self):
-        """The `tracedb.redaction.Redactor` of the `[redaction]` table, or None when redaction is
+        """The `tracedb.records.redaction.Redactor` of the `[redaction]` table, or None when redaction is
         off (`redact` false, or no rule left)."""
-        from .redaction import Redactor
+        from tracedb.records.redaction import Redactor
 
         if not self.redact:
             return None

@@ -217,7 +217,7 @@ class ExtraNotInstalledError(ConfigError, ModuleNotFoundError):
     code importing an optional integration catches; its hint says how to install the extra."""
 
     def __init__(self, module: str, extra: str, missing: Optional[str]):
-        from .program import extra_hint
+        from tracedb.program import extra_hint
 
         super().__init__(f"{module} needs the {extra} extra ({missing or 'a package'} is not installed)",
                          hint=extra_hint(extra))

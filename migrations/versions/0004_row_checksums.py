@@ -1,6 +1,6 @@
 """Per-row checksums: trace_steps.payload_crc; traces.router_decision_crc, final_response_crc, meta_crc
 
-A CRC32C of each stored value's exact JSON text (tracedb.checksums), so that `verify` and every
+A CRC32C of each stored value's exact JSON text (tracedb.projection.checksums), so that `verify` and every
 read of a record find a value changed in the database file. Rows already stored get theirs here,
 a batch at a time in primary-key order (memory does not grow with the store): after this
 revision every row has its checksums, and a NULL checksum is damage like a wrong one.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from tracedb import checksums
+from tracedb.projection import checksums
 
 revision = "0004"
 down_revision = "0003"

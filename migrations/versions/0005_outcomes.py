@@ -1,9 +1,9 @@
-"""traces: outcome, first error, models, tokens, cost, last event time (tracedb.outcomes)
+"""traces: outcome, first error, models, tokens, cost, last event time (tracedb.records.outcomes)
 
 What each execution came to and cost, folded from its events by the compactor as records are
 applied. Rows already stored get theirs here, from their steps, a batch of traces at a time in
 primary-key order (memory does not grow with the store), by the same fold
-(`tracedb.outcomes.derive`).
+(`tracedb.records.outcomes.derive`).
 
 Revision ID: 0005
 Revises: 0004
@@ -16,7 +16,7 @@ import orjson
 import sqlalchemy as sa
 from alembic import op
 
-from tracedb import outcomes
+from tracedb.records import outcomes
 
 revision = "0005"
 down_revision = "0004"
@@ -44,8 +44,8 @@ _INDEXES = (
     ("ix_traces_cost", ("cost_usd",)),
 )
 # Durations of finished executions in order, with the columns they come from (an index-only walk
-# on both databases): a percentile over all time is ORDER BY ... LIMIT 1 OFFSET k (tracedb.stats),
-# not a sort of every duration. tracedb.models declares the same index.
+# on both databases): a percentile over all time is ORDER BY ... LIMIT 1 OFFSET k (tracedb.reads.stats),
+# not a sort of every duration. tracedb.projection.models declares the same index.
 _DURATION_INDEX = (
     "CREATE INDEX ix_traces_duration ON traces ((last_event_ns - created_at_ns), created_at_ns, last_event_ns) "
     "WHERE outcome <> 'running' AND last_event_ns IS NOT NULL"

@@ -5,7 +5,7 @@ walk: ORDER BY ... LIMIT 1 OFFSET k) instead of ranking every duration with wind
 (a sort of the whole table): `ix_traces_intent_duration` (new) for each intent's, and
 `ix_traces_duration` for the total's and, now that it carries the outcome too, each outcome's.
 Both partial, with one predicate: a running execution is in neither, so recording costs them
-nothing until it finishes. tracedb.models declares the same indexes.
+nothing until it finishes. tracedb.projection.models declares the same indexes.
 
 Revision ID: 0006
 Revises: 0005

@@ -10,7 +10,7 @@ import tracedb
 from tests.conftest import SEED_002, T0_NS, FakeClock
 from tests.other_user import nobody  # noqa: F401 - the fixture, for the tests of this folder
 from tracedb.cli import main
-from tracedb.reads import Filter
+from tracedb.reads.reader import Filter
 
 ENVELOPE = {"intent": "ProcessIntent", "payload": {"document": "invoice-17"}}
 EVENTS = SEED_002

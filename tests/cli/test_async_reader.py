@@ -9,7 +9,7 @@ import pytest
 
 import tracedb
 from tracedb.config import load_config
-from tracedb.reads import AsyncReader, Filter, Reader
+from tracedb.reads.reader import AsyncReader, Filter, Reader
 
 from tests.conftest import FakeClock
 

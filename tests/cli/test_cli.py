@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 import tracedb
-from tracedb import db
+from tracedb.projection import db
 from tracedb.cli import main
-from tracedb.models import traces
+from tracedb.projection.models import traces
 
 from tests.fresh_python import run_fresh
 
@@ -76,7 +76,7 @@ def test_inspect_id_prints_seed_002s_json(seeded, run):
         "last_event": {"seq": 3, "type": "AGENT_ATTEMPT_START", "agent": "processor-a"},
         "replayable": False,
         "replayable_reason": "execution_incomplete",
-        # What it came to (tracedb.outcomes): seed 002's attempt ended in no error event.
+        # What it came to (tracedb.records.outcomes): seed 002's attempt ended in no error event.
         "outcome": "incomplete",
         "error": None,
         "models": [],

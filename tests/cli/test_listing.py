@@ -8,10 +8,10 @@ import json
 import pytest
 
 import tracedb
-from tracedb import db
+from tracedb.projection import db
 from tracedb.config import load_config
 from tracedb.humanize import format_duration
-from tracedb.reads import Filter, Reader
+from tracedb.reads.reader import Filter, Reader
 
 from tests.conftest import FakeClock
 
@@ -355,7 +355,7 @@ def test_a_long_export_shows_progress_on_a_terminal_and_nothing_in_a_pipe(many, 
     import sys
 
     from tracedb.config import load_config
-    from tracedb.reads import Filter, Reader
+    from tracedb.reads.reader import Filter, Reader
 
     with Reader.open(load_config(overrides={"data_dir": data_dir})) as reader:
         total = reader.count()

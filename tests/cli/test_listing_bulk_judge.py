@@ -11,10 +11,11 @@ import sqlite3
 import pytest
 
 import tracedb
-from tracedb import db, sqlite_reads
-from tracedb.checksums import of_stored
+from tracedb.projection import db
+from tracedb.reads import sqlite as sqlite_reads
+from tracedb.projection.checksums import of_stored
 from tracedb.config import load_config
-from tracedb.reads import Reader
+from tracedb.reads.reader import Reader
 
 from tests.conftest import FakeClock
 

@@ -15,7 +15,7 @@ import pytest
 
 import tracedb
 from tracedb.config import load_config
-from tracedb.reads import Filter, Reader
+from tracedb.reads.reader import Filter, Reader
 
 from tests.conftest import FakeClock
 

@@ -15,7 +15,7 @@ import pytest
 
 import tracedb
 from tracedb.config import load_config
-from tracedb.reads import Filter, Reader
+from tracedb.reads.reader import Filter, Reader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CURSOR_26_DIGITS = base64.urlsafe_b64encode(b"12345678901234567890123456:exec-a").decode().rstrip("=")

@@ -13,10 +13,10 @@ import sys
 import pytest
 
 import tracedb
-from tracedb import db
+from tracedb.projection import db
 from tracedb.config import load_config
 from tracedb.errors import TraceDBError
-from tracedb.reads import EVERYTHING, Filter, Reader
+from tracedb.reads.reader import EVERYTHING, Filter, Reader
 
 from tests.conftest import FakeClock
 

@@ -97,7 +97,7 @@ def test_a_prefix_without_its_kind_gets_a_hint_naming_the_id_it_may_mean(seeded)
 def test_the_readers_give_the_same_hint(seeded):
     from tracedb.config import load_config
     from tracedb.errors import ExecutionNotFoundError
-    from tracedb.reads import AsyncReader, Reader
+    from tracedb.reads.reader import AsyncReader, Reader
 
     config = load_config(None, overrides={"data_dir": seeded})
     with Reader.open(config) as reader, pytest.raises(ExecutionNotFoundError) as sync_err:

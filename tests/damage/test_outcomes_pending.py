@@ -1,5 +1,5 @@
 """What an execution came to, read from the WAL before compaction (no recorder running), is
-what compaction makes of it once `tracedb recover` ran (tracedb.pending folds as the compactor)."""
+what compaction makes of it once `tracedb recover` ran (tracedb.reads.wal_tail folds as the compactor)."""
 
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ def test_the_library_readers_raise_the_error_that_names_the_file(nobody, split_s
 import asyncio, sys
 from tracedb.config import load_config
 from tracedb.errors import FileAccessError
-from tracedb.reads import AsyncReader, Reader
+from tracedb.reads.reader import AsyncReader, Reader
 
 config = load_config(None, overrides={"data_dir": sys.argv[1]})
 try:

@@ -24,8 +24,8 @@ from tests.integrations.weather_agent import replay_run
 from tracedb.config import load_config
 from tracedb.errors import NotReplayableError, ReplayDivergenceError, UsageError
 from tracedb.integrations.agents import ReplayModelProvider, TraceDBProcessor
-from tracedb.reads import Reader
-from tracedb.spans import span_tree
+from tracedb.reads.reader import Reader
+from tracedb.records.spans import span_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -223,7 +223,7 @@ def test_each_callback_returns_once_its_events_are_in_the_wal_and_fdatasynced(st
     import wal
     from agents.tracing import custom_span, function_span, trace
 
-    from tracedb.codec import decode_record
+    from tracedb.records.codec import decode_record
 
     def on_disk():
         """Every event of the WAL's segment files as read back from them, with its LSN."""

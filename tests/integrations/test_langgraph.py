@@ -30,7 +30,7 @@ from tracedb.client import connect, connect_async
 from tracedb.config import load_config
 from tracedb.errors import ExecutionNotFoundError, IntegrityError, InvalidInputError, UsageError
 from tracedb.integrations.langgraph import CHECKPOINT, WRITES, TraceDBSaver, intent_of, thread_prefix
-from tracedb.reads import Filter, Reader
+from tracedb.reads.reader import Filter, Reader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ALL_CAPABILITIES = {"put", "put_writes", "get_tuple", "list", "delete_thread",

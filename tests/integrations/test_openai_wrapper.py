@@ -15,7 +15,7 @@ import tracedb
 from tracedb.config import load_config
 from tracedb.errors import NotReplayableError, ReplayDivergenceError
 from tracedb.integrations.openai import Replay, record, replay
-from tracedb.reads import Reader
+from tracedb.reads.reader import Reader
 
 ENVELOPE = {"intent": "AnswerQuestion"}
 
@@ -265,7 +265,7 @@ def test_bad_arguments_say_what_to_pass_and_record_nothing(store, fake):
             with pytest.raises(UsageError, match="sync execution handle"):
                 RecordingTransport(aex)
 
-            class AsyncSource:  # what tracedb.reads.AsyncReader looks like to a replay
+            class AsyncSource:  # what tracedb.reads.reader.AsyncReader looks like to a replay
                 async def get(self, execution_id):
                     return await astore.get(execution_id)
 

@@ -1,5 +1,5 @@
 """Outcome, first error, models, tokens and cost from each integration, as recorded by the real
-SDKs against the fake model servers on 127.0.0.1 (tracedb.outcomes)."""
+SDKs against the fake model servers on 127.0.0.1 (tracedb.records.outcomes)."""
 
 from __future__ import annotations
 

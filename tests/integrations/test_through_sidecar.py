@@ -16,7 +16,7 @@ from tracedb.client import connect, connect_async
 from tracedb.config import load_config
 from tracedb.integrations.agents import ReplayModelProvider, TraceDBProcessor
 from tracedb.integrations.openai import record, replay
-from tracedb.reads import Reader
+from tracedb.reads.reader import Reader
 
 
 def compacted(data_dir, eid):

@@ -22,12 +22,12 @@ from tracedb.interop.intentusnet import (
     to_plain,
     write_record,
 )
-from tracedb.models import traces
+from tracedb.projection.models import traces
 
 from .conftest import Broken, Upper, envelope, make_router
 
 from intentusnet import FileExecutionStore, ReplayEngine, RoutingStrategy  # noqa: E402  (skipped above without it)
-from tracedb.codec import decode_record  # noqa: E402
+from tracedb.records.codec import decode_record  # noqa: E402
 from intentusnet.recording.models import ExecutionRecord as IntentusNetRecord  # noqa: E402
 from intentusnet.recording.models import stable_hash  # noqa: E402
 from intentusnet.recording.replay import ReplayError  # noqa: E402

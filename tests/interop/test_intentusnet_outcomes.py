@@ -1,6 +1,6 @@
 """IntentusNet's error responses, routed live by the real package into tracedb: a route whose
 agents all fail is `failed` with the router's error code; a fallback that recovers is
-`succeeded`, its failed attempt kept as the first error (tracedb.outcomes)."""
+`succeeded`, its failed attempt kept as the first error (tracedb.records.outcomes)."""
 
 from __future__ import annotations
 

@@ -163,7 +163,7 @@ def test_a_failed_openinference_call_takes_its_error_from_the_exception_event_an
 
 def test_an_openinference_span_exports_back_with_its_attributes_as_sent():
     from tracedb.otel.export import to_otlp_json
-    from tracedb.record import ExecutionEvent, ExecutionHeader, ExecutionRecord
+    from tracedb.records.record import ExecutionEvent, ExecutionHeader, ExecutionRecord
 
     attrs = {"openinference.span.kind": "LLM", "llm.model_name": "m",
              "llm.input_messages.0.message.role": "user", "llm.input_messages.0.message.content": "hi",

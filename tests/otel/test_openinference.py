@@ -16,7 +16,7 @@ import pytest
 import tracedb
 from tests.fake_openai import FakeOpenAI
 from tests.serving import ROOT
-from tracedb.spans import span_tree
+from tracedb.records.spans import span_tree
 
 from . import oi_agent
 from .conftest import env_for, record_of, tracedb_cli

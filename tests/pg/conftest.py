@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 import tracedb
-from tracedb import db
+from tracedb.projection import db
 
 PG_ENV = "TRACEDB_TEST_PG_URL"
 
@@ -116,7 +116,7 @@ def open_pg_store(pg_url, tmp_path):
 
 
 def counts(engine) -> tuple[int, int]:
-    from tracedb.models import trace_steps, traces
+    from tracedb.projection.models import trace_steps, traces
 
     with engine.connect() as conn:
         return (

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import tracedb
 from tracedb.cli import main
 from tracedb.config import load_config
-from tracedb.reads import Reader
+from tracedb.reads.reader import Reader
 
 from tests.cli.conftest import page_queries
 
@@ -186,7 +186,7 @@ def test_pages_of_executions_and_id_prefixes_on_postgresql(pg_url, tmp_path):
 def test_the_async_reader_answers_like_the_sync_one_on_postgresql(open_pg_store, pg_url, tmp_path):
     import asyncio
 
-    from tracedb.reads import AsyncReader, Filter
+    from tracedb.reads.reader import AsyncReader, Filter
 
     store = open_pg_store()
     for i in range(5):

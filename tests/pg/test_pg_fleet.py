@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 import tracedb
-from tracedb.models import compaction_checkpoint, trace_steps, traces
+from tracedb.projection.models import compaction_checkpoint, trace_steps, traces
 
 from .conftest import counts
 
@@ -102,7 +102,7 @@ def test_a_connection_dropped_during_compaction_loses_and_duplicates_nothing(ope
         original(point)
 
     comp._pause = fault
-    with caplog.at_level("WARNING", logger="tracedb.compactor"):
+    with caplog.at_level("WARNING", logger="tracedb.projection.compactor"):
         result = store.compact()
     assert [d[0] for d in dropped] == ["during", "between", "commit answer lost"]
     assert result.reconnects == 3

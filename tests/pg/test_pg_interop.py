@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from tracedb import db
+from tracedb.projection import db
 from tracedb.interop.intentusnet import TraceDBExecutionStore, to_plain
 
 pytestmark = pytest.mark.postgres

@@ -6,7 +6,7 @@ from __future__ import annotations
 import tracedb
 from tests.store.test_outcomes import check_filters_and_stats, check_mix, check_percentiles, record_mix, rows
 from tests.store.test_row_checksums import downgrade
-from tracedb import db
+from tracedb.projection import db
 
 
 def test_the_fold_and_the_backfill_agree_on_postgresql(pg_url, pg_engine, tmp_path):
@@ -24,7 +24,7 @@ def test_the_fold_and_the_backfill_agree_on_postgresql(pg_url, pg_engine, tmp_pa
 
 def test_filters_and_stats_in_sql_on_postgresql(pg_url, tmp_path):
     from tracedb.config import load_config
-    from tracedb.reads import Reader
+    from tracedb.reads.reader import Reader
 
     config = {"compact_interval_ms": 0, "idle_timeout_s": 0, "db_url": pg_url}
     with tracedb.open(str(tmp_path / "data"), config=config) as store:

@@ -9,8 +9,9 @@ import pytest
 import sqlalchemy as sa
 
 import tracedb
-from tracedb import db, retention
-from tracedb.models import compaction_checkpoint, trace_steps, traces
+from tracedb.projection import db
+from tracedb.maintenance import retention
+from tracedb.projection.models import compaction_checkpoint, trace_steps, traces
 
 from .conftest import ENVELOPE, SEED_002_EVENTS, FakeClock, counts, record_seed_002
 
@@ -21,7 +22,7 @@ def test_the_same_migrations_build_the_models_schema_on_postgresql(pg_engine, pg
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from tracedb.models import metadata
+    from tracedb.projection.models import metadata
 
     assert db.migrate(pg_engine) is None  # was empty
     with pg_engine.connect() as conn:

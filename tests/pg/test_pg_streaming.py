@@ -16,7 +16,7 @@ from tests.store.streaming_scenarios import (
     stored_ids,
     walk_problems,
 )
-from tracedb.verify import verify
+from tracedb.maintenance.verify import verify
 
 from .conftest import FakeClock
 

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from tracedb.config import load_config
-from tracedb.reads import AsyncReader, Filter, Reader
+from tracedb.reads.reader import AsyncReader, Filter, Reader
 from tracedb.web import create_app
 
 pytestmark = pytest.mark.postgres

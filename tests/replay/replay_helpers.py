@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracedb.record import (
+from tracedb.records.record import (
     FINAL_RESPONSE,
     INTENT_RECEIVED,
     ExecutionEvent,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tracedb.errors import InvalidInputError, RecordedCallError, ReplayDivergenceError
-from tracedb.record import FINAL_RESPONSE, LLM_REQUESTED, TOOL_REQUESTED, ExecutionEvent
+from tracedb.records.record import FINAL_RESPONSE, LLM_REQUESTED, TOOL_REQUESTED, ExecutionEvent
 from tracedb.replay.eventlog import (
     ReplaySession,
     args_hash,

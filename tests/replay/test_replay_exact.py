@@ -16,7 +16,7 @@ from tracedb.errors import (
     RecordCorruptedError,
     ReplayHashMismatchError,
 )
-from tracedb.record import ExecutionEvent, compute_envelope_hash
+from tracedb.records.record import ExecutionEvent, compute_envelope_hash
 from tracedb.replay import exact
 from tracedb.replay.exact import (
     FORCED_REPLAY_WARNING,

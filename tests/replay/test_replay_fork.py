@@ -8,7 +8,7 @@ import pytest
 
 import tracedb
 from tracedb.errors import InvalidInputError, ReplayDivergenceError
-from tracedb.record import FINAL_RESPONSE, LLM_REQUESTED, TOOL_REQUESTED
+from tracedb.records.record import FINAL_RESPONSE, LLM_REQUESTED, TOOL_REQUESTED
 from tracedb.replay.eventlog import ReplaySession, live_session, replay_log
 from tracedb.replay.forking import fork
 

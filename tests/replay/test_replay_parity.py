@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tracedb.errors import InvalidInputError
-from tracedb.record import TOOL_REQUESTED, TOOL_RESPONDED
+from tracedb.records.record import TOOL_REQUESTED, TOOL_RESPONDED
 from tracedb.replay.parity import (
     PlanStep,
     Skill,

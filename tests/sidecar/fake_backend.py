@@ -13,7 +13,7 @@ import orjson
 
 import wal
 from tracedb.errors import ExecutionClosedError, ExecutionExistsError, ExecutionNotFoundError
-from tracedb.record import compute_envelope_hash
+from tracedb.records.record import compute_envelope_hash
 from tracedb.sidecar import protocol as P
 from tracedb.sidecar.backend import IN_BATCH, BackendStats, Staged
 

@@ -45,7 +45,7 @@ class ServerThread:
                     self.backend = await self.backend
                 self.server = SidecarServer(self.backend, self.config)
                 if self.metrics is not None:
-                    from tracedb.asgi import HttpEndpoint
+                    from tracedb.sidecar.asgi import HttpEndpoint
                     from tracedb.sidecar.metrics import metrics_app
 
                     self.metrics.attach(self.server)

@@ -176,7 +176,7 @@ def run(*, agents: int = 16, events: int = 5, think_s: float = 0.05, before_s: f
     `stopped_at` is when it was started, `back_at` when its store answered."""
     from tracedb.config import as_config
     from tracedb.errors import ExecutionNotFoundError
-    from tracedb.reads import Reader
+    from tracedb.reads.reader import Reader
 
     own_dir = data_dir is None
     data_dir = data_dir or tempfile.mkdtemp(prefix="tdbo")
@@ -249,8 +249,8 @@ def run(*, agents: int = 16, events: int = 5, think_s: float = 0.05, before_s: f
 _UNCOMPACTED = """
 import os, sys, time
 import tracedb
-from tracedb.codec import encode_event, encode_finish, encode_start
-from tracedb.record import compute_envelope_hash
+from tracedb.records.codec import encode_event, encode_finish, encode_start
+from tracedb.records.record import compute_envelope_hash
 store = tracedb.open(sys.argv[1], config={"compact_interval_ms": 0, "idle_timeout_s": 0, "compact_worker": False})
 records, t = [], time.time_ns()
 for i in range(int(sys.argv[2])):

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from tests.waiting import wait_until, wait_until_async
-from tracedb.asgi import LISTENER_OVERHEAD_FDS, RESERVED_FDS, descriptor_budget
+from tracedb.sidecar.asgi import LISTENER_OVERHEAD_FDS, RESERVED_FDS, descriptor_budget
 from tracedb.errors import ConfigError
 from tracedb.sidecar.client import connect, connect_async
 from tracedb.sidecar.metrics import SidecarMetrics
@@ -201,7 +201,7 @@ def test_at_the_cap_a_newcomer_is_served_by_closing_a_connection_that_sent_nothi
 
 
 def test_at_the_cap_a_newcomer_that_speaks_late_is_let_in_and_a_silent_one_refused_after_probation(tdir):
-    from tracedb.asgi import PROBATION_S
+    from tracedb.sidecar.asgi import PROBATION_S
 
     srv = make_server(tdir, ServerConfig(socket_path=sock_path(tdir), max_connections=2))
     try:

@@ -9,7 +9,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracedb.redaction import DEFAULT_KEYS, Redactor, redact
+from tracedb.records.redaction import DEFAULT_KEYS, Redactor, redact
 
 RULES = Redactor(keys=DEFAULT_KEYS + ("llm.token_x", "weird key!"), patterns=()).for_intent(None)
 

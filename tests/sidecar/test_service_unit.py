@@ -193,7 +193,7 @@ def test_the_sandbox_is_in_force(sandbox, tmp_path):
 def test_the_recorder_records_and_stops_cleanly_inside_the_units_sandbox(sandbox, tmp_path):
     from tracedb.client import connect
     from tracedb.config import load_config
-    from tracedb.reads import Reader
+    from tracedb.reads.reader import Reader
 
     data_dir = tmp_path / "state"
     env = dict(os.environ, TRACEDB_DATA_DIR=str(data_dir), PYTHONPATH=ROOT)

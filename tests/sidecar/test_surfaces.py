@@ -13,12 +13,12 @@ import re
 
 import pytest
 
-from tracedb import handles
+from tracedb.recorder import handles
 from tracedb.sidecar import client as C
-from tracedb.store import Execution as StoreExecution
-from tracedb.store import Store, open_store
-from tracedb.store_async import AsyncExecution as StoreAsyncExecution
-from tracedb.store_async import AsyncStore, open_store_async
+from tracedb.recorder.store import Execution as StoreExecution
+from tracedb.recorder.store import Store, open_store
+from tracedb.recorder.store_async import AsyncExecution as StoreAsyncExecution
+from tracedb.recorder.store_async import AsyncStore, open_store_async
 
 # What the sync store has that is not on the asyncio one: its engines, LSNs, WAL, redaction and
 # the background compaction's last error. (The staging interface the asyncio store, the sidecar and

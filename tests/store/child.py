@@ -18,7 +18,7 @@ import threading
 
 import tracedb
 from tests.conftest import SEED_002
-from tracedb.record import lost_records_note
+from tracedb.records.record import lost_records_note
 
 EVENTS = SEED_002
 # 3 records lost between 2024-01-15T10:30:01Z and 10:30:04Z.

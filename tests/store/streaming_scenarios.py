@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from tracedb import checksums, compute_envelope_hash
-from tracedb.models import trace_steps, traces
+from tracedb import compute_envelope_hash
+from tracedb.projection import checksums
+from tracedb.projection.models import trace_steps, traces
 
 DAY = 86400
 

@@ -9,8 +9,9 @@ import sqlalchemy as sa
 
 import tracedb
 import wal
-from tracedb import db, retention
-from tracedb.models import compaction_checkpoint, trace_steps, traces
+from tracedb.projection import db
+from tracedb.maintenance import retention
+from tracedb.projection.models import compaction_checkpoint, trace_steps, traces
 
 from .conftest import record_seed_002
 
@@ -157,7 +158,7 @@ def test_migrated_schema_equals_the_models(tmp_path):
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from tracedb.models import metadata
+    from tracedb.projection.models import metadata
 
     engine = db.create_engine(str(tmp_path / "t.db"), write=True)
     db.migrate(engine)
@@ -259,7 +260,7 @@ def test_closing_a_store_stops_its_compactor_process(open_store):
 def test_a_stalled_compactor_process_is_killed_and_compaction_goes_on_in_process(open_store, monkeypatch):
     import signal
 
-    from tracedb import compactor_worker
+    from tracedb.projection import compactor_worker
 
     store = open_store(compact_worker=True)
     worker = store.scheduler.worker
@@ -288,7 +289,7 @@ def test_the_compactor_processs_answers_are_all_read_when_they_arrive_together(m
     # "progress" and "ok" often arrive in one read; select() must not wait for bytes already read.
     import types
 
-    from tracedb import compactor_worker
+    from tracedb.projection import compactor_worker
 
     monkeypatch.setattr(compactor_worker, "STALL_S", 1.0)
     r, w = os.pipe()
@@ -308,7 +309,7 @@ def test_the_compactor_processs_answers_are_all_read_when_they_arrive_together(m
 def test_the_compactor_process_answers_many_batches_without_being_taken_for_stalled(open_store, monkeypatch):
     # The child reports each batch on its own line; lines that arrive together must all be
     # read (a buffered pipe would hide them from select and the child would look stalled).
-    from tracedb import compactor_worker
+    from tracedb.projection import compactor_worker
 
     store = open_store(compact_worker=True, compact_batch_records=5)
     assert store.scheduler.worker is not None
@@ -345,7 +346,7 @@ def _record_mixed(store, n=12):
         elif i % 3 == 1:
             ex.invalidate("operator said so")
 
-    from tracedb.state import StagedBatch
+    from tracedb.recorder.state import StagedBatch
 
     store.start("staged", {"via": "the sidecar's staging"}, "exec-staged")
 
@@ -367,7 +368,7 @@ def _record_mixed(store, n=12):
 def test_in_process_compaction_applies_from_memory_exactly_what_the_wal_holds(open_store, data_dir, tmp_path, monkeypatch):
     import shutil
 
-    from tracedb import compactor as compactor_mod
+    from tracedb.projection import compactor as compactor_mod
 
     store = open_store()
     _record_mixed(store)
@@ -459,7 +460,7 @@ def _worker_of(store, timeout_s: float = 30.0):
 
 
 def _auto_store(open_store, monkeypatch, rate: int, cores: int = 2):
-    from tracedb import scheduler as scheduler_mod
+    from tracedb.recorder import scheduler as scheduler_mod
 
     monkeypatch.setattr(scheduler_mod, "AUTO_WORKER_RATE", rate)
     monkeypatch.setattr(scheduler_mod, "_cores", lambda: cores)
@@ -490,7 +491,7 @@ def test_auto_keeps_compaction_in_process_below_the_rate_and_on_one_core(open_st
     _record_for(slow, 1.0)
     assert slow.scheduler.worker is None and slow.staging.hinting
     one_core = open_store(str(tmp_path / "one"), compact_worker="auto", compact_interval_ms=20)
-    from tracedb import scheduler as scheduler_mod
+    from tracedb.recorder import scheduler as scheduler_mod
 
     monkeypatch.setattr(scheduler_mod, "AUTO_WORKER_RATE", 50)
     monkeypatch.setattr(scheduler_mod, "_cores", lambda: 1)
@@ -509,7 +510,7 @@ def test_auto_keeps_compaction_in_process_when_sys_executable_is_not_a_python_in
     # would start the application or the server again, not a compactor.
     import sys
 
-    from tracedb import compactor_worker
+    from tracedb.projection import compactor_worker
 
     for frozen, executable in ((True, sys.executable), (False, str(tmp_path / "uwsgi")), (False, "")):
         monkeypatch.setattr(sys, "frozen", frozen, raising=False)
@@ -532,7 +533,7 @@ def test_a_starting_compactor_process_holds_up_no_read_and_takes_over_where_the_
     import threading
     import time
 
-    from tracedb import compactor_worker
+    from tracedb.projection import compactor_worker
 
     started, release = threading.Event(), threading.Event()
     ready_at, outcomes = [], []

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracedb.record import _canonical_fast, compute_envelope_hash
+from tracedb.records.record import _canonical_fast, compute_envelope_hash
 
 
 def intentusnet_hash(envelope: dict) -> str:

@@ -1,5 +1,5 @@
-"""One fold of WAL records into rows (tracedb.fold), two consumers: the compactor, which writes the
-rows, and the read of what only the WAL holds (tracedb.pending), which shows them. The same WAL
+"""One fold of WAL records into rows (tracedb.records.fold), two consumers: the compactor, which writes the
+rows, and the read of what only the WAL holds (tracedb.reads.wal_tail), which shows them. The same WAL
 through both gives the same rows and steps: a second start of an id, router decisions, finishes,
 status changes, error outcomes, usage and cost, a row another recorder owns; whether the database
 holds none of it yet or the first part of it, and whether the compactor splits the event frames
@@ -14,8 +14,9 @@ import pytest
 import sqlalchemy as sa
 
 import wal
-from tracedb import db, pending
-from tracedb.codec import (
+from tracedb.projection import db
+from tracedb.reads import wal_tail as pending
+from tracedb.records.codec import (
     OP_INCOMPLETE,
     OP_INVALIDATE,
     OP_RECORDING_FAILURE,
@@ -26,12 +27,12 @@ from tracedb.codec import (
     is_event,
     split_event,
 )
-from tracedb.compactor import Compactor
+from tracedb.projection.compactor import Compactor
 from tracedb.config import load_config
-from tracedb.fold import STEP_COLUMNS, close_left_running, fold, new_row, read_record
-from tracedb.models import trace_steps, traces
-from tracedb.outcomes import event_facts
-from tracedb.record import compute_envelope_hash
+from tracedb.records.fold import STEP_COLUMNS, close_left_running, fold, new_row, read_record
+from tracedb.projection.models import trace_steps, traces
+from tracedb.records.outcomes import event_facts
+from tracedb.records.record import compute_envelope_hash
 
 RECORDER = "rec-fold"
 OTHER = "rec-other"

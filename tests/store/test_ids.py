@@ -3,7 +3,7 @@
 import uuid
 
 import tracedb
-from tracedb.ids import new_execution_id, uuid7_hex
+from tracedb.records.ids import new_execution_id, uuid7_hex
 
 
 def test_ids_are_uuid_version_7_with_the_creation_time_first():

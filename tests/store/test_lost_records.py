@@ -10,11 +10,11 @@ import sqlalchemy as sa
 
 import tracedb
 from tests.pg.conftest import pg_admin, pg_schema, pg_server, pg_url  # noqa: F401 - fixtures
-from tracedb import damage
+from tracedb.maintenance import verify_store as damage
 from tracedb.config import as_config
-from tracedb.models import traces
-from tracedb.reads import Reader
-from tracedb.record import LostRecords, lost_records, lost_records_note
+from tracedb.projection.models import traces
+from tracedb.reads.reader import Reader
+from tracedb.records.record import LostRecords, lost_records, lost_records_note
 
 from .child import NOTE
 

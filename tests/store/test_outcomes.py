@@ -1,4 +1,4 @@
-"""What each execution came to and cost, folded by compaction (tracedb.outcomes): the embedded
+"""What each execution came to and cost, folded by compaction (tracedb.records.outcomes): the embedded
 API, across compaction batches, from the WAL before compaction, and by migration 0005's backfill."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from tests.store.test_row_checksums import downgrade
-from tracedb import db, outcomes
+from tracedb.projection import db
+from tracedb.records import outcomes
 
 DERIVED = (*outcomes.COLUMNS, "last_event_ns")
 T0 = 1_705_314_600_000_000_000
@@ -136,7 +137,7 @@ def test_the_cached_per_token_price_equals_genai_prices_own_calculation():
 
 def check_filters_and_stats(reader, ids: dict) -> None:
     """The listing's outcome filters and `stats` over `record_mix`'s executions (closed store)."""
-    from tracedb.reads import Filter
+    from tracedb.reads.reader import Filter
 
     def found(**kw):
         return {r.execution_id for r in reader.page(Filter(**kw)).items}
@@ -166,7 +167,7 @@ def check_filters_and_stats(reader, ids: dict) -> None:
 def test_filters_and_stats_in_sql_on_sqlite(data_dir):
     import tracedb
     from tracedb.config import load_config
-    from tracedb.reads import Reader
+    from tracedb.reads.reader import Reader
 
     with tracedb.open(data_dir, config={"compact_interval_ms": 0, "idle_timeout_s": 0}) as store:
         ids = record_mix(store)
@@ -180,7 +181,7 @@ def check_percentiles(engine) -> None:
     included; running executions and those without an event are left out."""
     import random
 
-    from tracedb.stats import stats
+    from tracedb.reads.stats import stats
 
     db.migrate(engine)
     rng = random.Random(3)
@@ -225,7 +226,7 @@ def check_percentiles(engine) -> None:
 
 
 def test_stats_percentiles_are_exact_on_sqlite(tmp_path):
-    from tracedb import stats
+    from tracedb.reads import stats
 
     engine = db.create_engine(str(tmp_path / "traces.db"), write=True)
     try:

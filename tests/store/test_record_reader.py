@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tracedb
-from tracedb import reads
+from tracedb.reads import reader as reads
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20)

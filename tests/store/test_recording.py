@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import pytest
 
 import tracedb
-from tracedb.record import compute_envelope_hash
+from tracedb.records.record import compute_envelope_hash
 
 from tests.waiting import wait_until_async
 
@@ -106,7 +106,7 @@ def test_seq_is_strictly_increasing_under_concurrent_callers(open_store):
     # Per execution, LSN order is seq order: the steps' LSNs increase with seq.
     import sqlalchemy as sa
 
-    from tracedb.models import trace_steps
+    from tracedb.projection.models import trace_steps
 
     with store.engine.connect() as conn:
         lsns = conn.execute(
@@ -371,7 +371,7 @@ def test_second_opener_gets_store_in_use(open_store, data_dir):
 
 
 def test_staged_batches_number_validate_and_append_together(data_dir, clock):
-    from tracedb.state import StagedBatch
+    from tracedb.recorder.state import StagedBatch
 
     async def scenario():
         astore = await tracedb.open_async(data_dir, config={"compact_interval_ms": 0}, clock=clock)

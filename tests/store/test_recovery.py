@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 import tracedb
 import wal
-from tracedb.models import trace_steps, traces
+from tracedb.projection.models import trace_steps, traces
 
 pytestmark = pytest.mark.timeout(120)
 

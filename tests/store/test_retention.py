@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.conftest import REPO
-from tracedb.models import trace_steps, traces
+from tracedb.projection.models import trace_steps, traces
 
 from .conftest import record_seed_002
 from .streaming_scenarios import forks_without_parent, record, record_retention_store, stored_ids

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tracedb import retention
+from tracedb.maintenance import retention
 
 
 def record_reused_id(store, clock) -> None:
@@ -56,7 +56,7 @@ def test_reads_of_a_restored_database_show_the_newer_execution_the_wal_holds(ope
     import shutil
 
     from tracedb.config import load_config
-    from tracedb.reads import AsyncReader, Reader
+    from tracedb.reads.reader import AsyncReader, Reader
 
     store = open_store()
     first = store.start("J", {"run": "first"}, "job-1")

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 import tracedb
-from tracedb import db
+from tracedb.projection import db
 from tracedb.cli import main
 
 ENVELOPE = {"intent": "Pay", "payload": {"invoice": "inv-17"}}
@@ -132,7 +132,7 @@ def _checksums(engine) -> tuple[list, list]:
 
 
 def downgrade(engine, revision: str) -> None:
-    """Alembic's downgrade of the store's database to `revision`, as `tracedb.db.migrate` runs
+    """Alembic's downgrade of the store's database to `revision`, as `tracedb.projection.db.migrate` runs
     the upgrades (tracedb itself never goes down)."""
     from alembic import command
     from alembic.config import Config

@@ -1,12 +1,15 @@
-"""tracedb.schema's column declarations, which every SELECT of the read path names its columns
+"""tracedb.projection.schema's column declarations, which every SELECT of the read path names its columns
 from, are the tables the models declare and the migrations build (PostgreSQL: tests/pg)."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 
-from tracedb import db, reads, schema, sqlite_reads
-from tracedb.models import metadata
+from tracedb.projection import db
+from tracedb.reads import reader as reads
+from tracedb.projection import schema
+from tracedb.reads import sqlite as sqlite_reads
+from tracedb.projection.models import metadata
 
 
 def declared_columns_match(engine) -> None:

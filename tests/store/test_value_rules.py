@@ -19,7 +19,7 @@ import tracedb
 from tests.legacy_ids import record_legacy
 from tracedb.errors import InvalidInputError
 from tracedb.sidecar import protocol as P
-from tracedb import validation
+from tracedb.records import validation
 
 # The documented limits (docs/values.md).
 ID_LENGTH = 128
@@ -66,7 +66,7 @@ def test_every_id_tracedb_and_the_frameworks_it_records_make_is_accepted(store):
     from intentusnet.utils.id_generator import generate_uuid_hex
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-    from tracedb.ids import new_execution_id
+    from tracedb.records.ids import new_execution_id
     from tracedb.otel.mapping import execution_id_of
     from tracedb.replay import fork
 

@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from tracedb import verify as verify_module
-from tracedb.verify import verify
+from tracedb.maintenance import verify as verify_module
+from tracedb.maintenance.verify import verify
 
 from .streaming_scenarios import (
     ORPHANS,

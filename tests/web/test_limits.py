@@ -1,4 +1,4 @@
-"""The HTTP listeners (tracedb.asgi.HttpEndpoint: `serve --http-port` and `--otlp-port`,
+"""The HTTP listeners (tracedb.sidecar.asgi.HttpEndpoint: `serve --http-port` and `--otlp-port`,
 `tracedb ui`) under abuse, on real sockets: the header deadline, a body that stops coming, room
 made at the connection cap, and uvicorn's warnings at most once a second."""
 
@@ -14,7 +14,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from tests.waiting import wait_until_async
-from tracedb.asgi import HttpEndpoint
+from tracedb.sidecar.asgi import HttpEndpoint
 
 pytestmark = pytest.mark.timeout(120)
 

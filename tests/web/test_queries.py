@@ -10,7 +10,7 @@ import pytest
 
 import tracedb
 from tracedb.config import load_config
-from tracedb.reads import AsyncReader, Filter, Reader
+from tracedb.reads.reader import AsyncReader, Filter, Reader
 from tracedb.web.timeline import layout
 
 
@@ -115,7 +115,7 @@ def test_the_layout_pairs_calls_and_marks_where_an_incomplete_execution_stopped(
 
 
 def test_calls_pair_as_event_log_replay_pairs_them():
-    from tracedb.record import ExecutionEvent
+    from tracedb.records.record import ExecutionEvent
     from tracedb.replay import EventLog, args_hash
     from tracedb.web.timeline import pair_calls
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tracedb.config import load_config
-from tracedb.reads import AsyncReader
+from tracedb.reads.reader import AsyncReader
 from tracedb.web import create_app
 
 from .conftest import TOKENS

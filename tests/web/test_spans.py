@@ -1,4 +1,4 @@
-"""`tracedb.spans.span_tree`: the nesting of an execution's spans, from what the OTel mapping and
+"""`tracedb.records.spans.span_tree`: the nesting of an execution's spans, from what the OTel mapping and
 the Agents SDK processor record (the real recorders' trees are checked in tests/otel and
 tests/integrations)."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from tracedb.otel import mapping as M
-from tracedb.spans import span_tree
+from tracedb.records.spans import span_tree
 
 
 def ev(seq, type_, **payload):

@@ -9,8 +9,8 @@ from typing import Optional
 import click
 from wal.fs import PRIVATE_FILE, OsFileSystem, make_dirs, make_private
 
-from ..errors import EXIT_ERROR
-from .main import config_of, emit_json, json_option, main, non_empty_ids, progress_bar, reading
+from tracedb.errors import EXIT_ERROR
+from tracedb.cli.main import config_of, emit_json, json_option, main, non_empty_ids, progress_bar, reading
 
 
 @main.group("import")
@@ -44,7 +44,7 @@ def import_intentusnet(ctx, directory, workers, as_json):
     Example:
       tracedb --db postgresql+psycopg://tracedb@db/traces import intentusnet ./records
     """
-    from .. import admin
+    from tracedb.maintenance import admin
 
     with progress_bar("importing") as progress:
         result = admin.import_intentusnet(config_of(ctx), directory, workers=workers, progress=progress)
@@ -96,7 +96,7 @@ def _write_atomic(path: str, text: str) -> None:
 
 def file_name_of(execution_id: str) -> Optional[str]:
     """`<id>.json`, or None when that would not be a visible file inside the directory. Every id
-    accepted now is a safe name (tracedb.validation.validate_id); ids recorded under the looser
+    accepted now is a safe name (tracedb.records.validation.validate_id); ids recorded under the looser
     rule of earlier versions may not be ("a/b", "../x", ".hidden")."""
     if "/" in execution_id or "\\" in execution_id or execution_id.startswith("."):
         return None
@@ -139,9 +139,9 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
     if not all_ and not execution_ids:
         raise click.UsageError("give one or more execution ids, or --all")
     if fmt == "intentusnet":
-        from ..interop.intentusnet import to_intentusnet_dict  # it loads IntentusNet's own package
+        from tracedb.interop.intentusnet import to_intentusnet_dict  # it loads IntentusNet's own package
     elif fmt == "otlp-json":
-        from ..otel.export import to_otlp_json
+        from tracedb.otel.export import to_otlp_json
 
     to_dir: Optional[str] = None
     if output is not None and (all_ or len(execution_ids) > 1 or os.path.isdir(output) or output.endswith(os.sep)):

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Iterator, Optional
 import click
 import orjson
 
-from ..config import DEFAULT_DATA_DIR, Config, find_data_dir, load_config, parse_duration_s
-from ..errors import TraceDBError
-from ..paging import decode_cursor
-from ..program import as_invoked
+from tracedb.config import DEFAULT_DATA_DIR, Config, find_data_dir, load_config, parse_duration_s
+from tracedb.errors import TraceDBError
+from tracedb.reads.paging import decode_cursor
+from tracedb.program import as_invoked
 
 if TYPE_CHECKING:
-    from ..reads import Reader
+    from tracedb.reads.reader import Reader
 
 # The commands import the library (SQLAlchemy, the models, the WAL) when they run, not when the
 # command line starts: `tracedb --help` and a usage error stay fast.
@@ -86,7 +86,7 @@ class TraceDBGroup(click.Group):
             os.dup2(devnull, sys.stdout.fileno())
             ctx.exit(0)
         except Exception as e:
-            from .. import admin
+            from tracedb.maintenance import admin
 
             failure = admin.failure_of(e, (ctx.obj or {}).get("config"))
             if failure is None:
@@ -143,7 +143,7 @@ def non_empty_ids(_ctx, _param, value):
 def reading(ctx: click.Context) -> Iterator[Reader]:
     """A Reader of the store; when it was read without error, the note that the store is not
     recovered yet (no recorder runs, WAL records not compacted) goes to stderr."""
-    from ..reads import Reader
+    from tracedb.reads.reader import Reader
 
     cfg = config_of(ctx)
     with Reader.open(cfg) as reader:
@@ -199,7 +199,7 @@ def read_token(token_file: Optional[str]) -> Optional[str]:
     """The bearer token from `token_file`, else TRACEDB_TOKEN, else None (serve, ui)."""
     if not token_file:
         return os.environ.get("TRACEDB_TOKEN") or None
-    from ..errors import ConfigError
+    from tracedb.errors import ConfigError
 
     try:
         with open(token_file, encoding="utf-8") as f:
@@ -215,7 +215,7 @@ def host_names(_ctx, _param, names: tuple) -> tuple:
     """The --allowed-host names as a Host header gives them; a usage error for one that is not."""
     if not names:
         return names
-    from ..asgi import normalize_host
+    from tracedb.sidecar.asgi import normalize_host
 
     try:
         return tuple(normalize_host(n) for n in names)

@@ -1,4 +1,4 @@
-"""Maintenance commands over `tracedb.admin`: compact, recover, prune, pin, unpin, invalidate,
+"""Maintenance commands over `tracedb.maintenance.admin`: compact, recover, prune, pin, unpin, invalidate,
 migrate, wal scan, wal repair (--dry-run, --salvage).
 
 prune, pin, unpin and invalidate write the database in short transactions without the WAL's
@@ -13,9 +13,9 @@ import shlex
 
 import click
 
-from ..errors import EXIT_INTEGRITY
-from ..program import as_invoked
-from .main import DurationParam, config_of, format_bytes, emit_json, execution_id_argument, json_option, main, progress_bar
+from tracedb.errors import EXIT_INTEGRITY
+from tracedb.program import as_invoked
+from tracedb.cli.main import DurationParam, config_of, format_bytes, emit_json, execution_id_argument, json_option, main, progress_bar
 
 
 @main.command()
@@ -28,7 +28,7 @@ def compact(ctx, as_json):
     Example:
       tracedb compact
     """
-    from .. import admin
+    from tracedb.maintenance import admin
 
     with progress_bar("compacting") as progress:
         r = admin.compact(config_of(ctx), progress)
@@ -62,7 +62,7 @@ def recover(ctx, rebuild, partial, as_json):
       tracedb recover && tracedb inspect --list --status incomplete
       tracedb recover --rebuild && tracedb verify
     """
-    from .. import admin
+    from tracedb.maintenance import admin
 
     if partial and not rebuild:
         raise click.UsageError("--partial goes with --rebuild")
@@ -116,7 +116,7 @@ def prune(ctx, older_than, dry_run, as_json):
     Example:
       tracedb prune --older-than 30d --dry-run
     """
-    from .. import admin
+    from tracedb.maintenance import admin
 
     with progress_bar("pruning") as progress:
         r = admin.prune(config_of(ctx), older_than, dry_run=dry_run, progress=progress)
@@ -142,7 +142,7 @@ def _pin_command(pinned: bool, help_text: str) -> click.Command:
     @json_option()
     @click.pass_context
     def command(ctx, execution_id, as_json):
-        from .. import admin
+        from tracedb.maintenance import admin
 
         full_id = admin.set_pinned(config_of(ctx), execution_id, pinned)
         if as_json:
@@ -189,8 +189,8 @@ def invalidate(ctx, execution_id, reason, as_json):
     Example:
       tracedb invalidate exec-a1b2c3d4 --reason "agent had a bug"
     """
-    from .. import admin
-    from ..sidecar.protocol import MAX_REASON_CHARS
+    from tracedb.maintenance import admin
+    from tracedb.sidecar.protocol import MAX_REASON_CHARS
 
     if not reason.strip() or len(reason) > MAX_REASON_CHARS:
         raise click.BadParameter(f"give a reason of 1 to {MAX_REASON_CHARS} characters", param_hint="--reason")
@@ -216,7 +216,7 @@ def migrate(ctx, create, as_json):
       tracedb migrate
       tracedb --data-dir /var/lib/tracedb migrate
     """
-    from .. import admin
+    from tracedb.maintenance import admin
 
     r = admin.migrate(config_of(ctx))
     if as_json:
@@ -245,7 +245,7 @@ def wal_scan(ctx, as_json):
     Example:
       tracedb wal scan --json
     """
-    from .. import admin
+    from tracedb.maintenance import admin
 
     r = admin.scan_wal(config_of(ctx))
     if as_json:
@@ -308,7 +308,7 @@ def wal_repair(ctx, dry_run, salvage, as_json):
       tracedb wal repair --salvage && tracedb verify
       tracedb wal repair && tracedb recover
     """
-    from .. import admin
+    from tracedb.maintenance import admin
 
     r = admin.repair_wal(config_of(ctx), dry_run=dry_run, salvage=salvage)
     if as_json:
@@ -371,7 +371,7 @@ def backup_command(ctx, dest, as_json):
     Example:
       tracedb --data-dir /var/lib/tracedb backup /backups/tracedb-$(date +%F)
     """
-    from .. import backup
+    from tracedb.maintenance import backup
 
     r = backup.backup(config_of(ctx), dest)
     if as_json:
@@ -401,7 +401,7 @@ def restore_command(ctx, backup_dir, as_json):
       tracedb --data-dir /var/lib/tracedb restore /backups/tracedb-2026-11-24
       tracedb --data-dir /var/lib/tracedb recover
     """
-    from .. import backup
+    from tracedb.maintenance import backup
 
     where = backup.restore(backup_dir, config_of(ctx).data_dir)
     if as_json:

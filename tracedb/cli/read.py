@@ -1,4 +1,4 @@
-"""Read commands: `inspect`, `trace get`, `trace lineage`, `verify`, over `tracedb.reads.Reader`.
+"""Read commands: `inspect`, `trace get`, `trace lineage`, `verify`, over `tracedb.reads.reader.Reader`.
 
 They read the database without the WAL's lock, so they work next to a running recorder.
 """
@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 import click
 import orjson
 
-from ..errors import EXIT_INTEGRITY
-from ..humanize import format_duration
-from ..paging import DEFAULT_PAGE_SIZE
-from ..rows import event_dicts
-from ..program import as_invoked
-from ..outcomes import OUTCOMES
-from ..record import REASON_RECORDING_FAILURE, STATUS_RUNNING, STATUSES, LostRecords, lost_records, utc_iso
-from .main import (
+from tracedb.errors import EXIT_INTEGRITY
+from tracedb.humanize import format_duration
+from tracedb.reads.paging import DEFAULT_PAGE_SIZE
+from tracedb.reads.rows import event_dicts
+from tracedb.program import as_invoked
+from tracedb.records.outcomes import OUTCOMES
+from tracedb.records.record import REASON_RECORDING_FAILURE, STATUS_RUNNING, STATUSES, LostRecords, lost_records, utc_iso
+from tracedb.cli.main import (
     CursorParam,
     config_of,
     TimeParam,
@@ -31,7 +31,7 @@ from .main import (
 )
 
 if TYPE_CHECKING:
-    from ..rows import TraceSummary
+    from tracedb.reads.rows import TraceSummary
 
 HEADER = ("ID", "CREATED", "INTENT", "STATUS", "REPLAY", "EVENTS", "DURATION", "OUTCOME", "MODEL", "TOKENS", "COST")
 # A last column, shown when a listed execution lost records while its client failed open: how
@@ -259,7 +259,7 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, outc
         if execution_id is not None:
             emit_json(reader.inspect(execution_id), as_json)
             return
-        from ..reads import Filter
+        from tracedb.reads.reader import Filter
 
         where = Filter(status=status, since=since, until=until, intent=intent, search=search, outcome=outcome,
                        model=model, error=error_code, min_cost=min_cost, slower_than=slower_than)
@@ -390,7 +390,7 @@ def verify(ctx, execution_id, as_json):
       tracedb verify && tracedb verify exec-a1b2c3d4
       tracedb verify --json | jq .problems
     """
-    from .. import admin
+    from tracedb.maintenance import admin
 
     r = admin.verify_store(config_of(ctx), execution_id)
     if as_json:

@@ -12,8 +12,8 @@ from typing import Optional
 
 import click
 
-from ..program import as_invoked
-from .main import config_of, emit_json, execution_id_argument, json_option, main, reading, trace
+from tracedb.program import as_invoked
+from tracedb.cli.main import config_of, emit_json, execution_id_argument, json_option, main, reading, trace
 
 CELL = 46  # width of one side in `trace diff`
 
@@ -59,7 +59,7 @@ def replay_command(ctx, execution_id, force, envelope_path, as_json):
     Example:
       tracedb replay exec-a1b2c3d4 --envelope envelope.json --json | jq .payload
     """
-    from ..errors import NotReplayableError
+    from tracedb.errors import NotReplayableError
 
     envelope = _load_envelope(envelope_path) if envelope_path else None
     with reading(ctx) as reader:
@@ -98,7 +98,7 @@ def fork_command(ctx, execution_id, at_seq, new_id, as_json):
     Example:
       tracedb fork exec-a1b2c3d4 --at 7 --json
     """
-    from .. import admin
+    from tracedb.maintenance import admin
 
     token = os.environ.get("TRACEDB_TOKEN") or None
     r = admin.fork(config_of(ctx), execution_id, at_seq, new_execution_id=new_id, token=token)

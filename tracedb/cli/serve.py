@@ -1,4 +1,4 @@
-"""`tracedb serve` and `tracedb demo`: thin commands over tracedb.sidecar and tracedb.demo."""
+"""`tracedb serve` and `tracedb demo`: thin commands over tracedb.sidecar and tracedb.cli.demo."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import shlex
 
 import click
 
-from ..config import DEFAULT_DATA_DIR
-from ..errors import ConfigError
-from ..program import program
-from ..sidecar import protocol as P
-from .main import config_of, host_names, json_option, main, read_token
+from tracedb.config import DEFAULT_DATA_DIR
+from tracedb.errors import ConfigError
+from tracedb.program import program
+from tracedb.sidecar import protocol as P
+from tracedb.cli.main import config_of, host_names, json_option, main, read_token
 
 # [sidecar] keys of the configuration file (config/tracedb.toml), with their types.
 _FILE_KEYS = {
@@ -56,7 +56,7 @@ def sidecar_file_settings(cfg) -> dict:
         if key == "allowed_hosts":
             if not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"[sidecar] {key} must be a list of strings, got {value!r}")
-            from ..asgi import normalize_host
+            from tracedb.sidecar.asgi import normalize_host
 
             try:
                 value = [normalize_host(v) for v in value]
@@ -149,8 +149,8 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, trust_local_users, al
       tracedb serve --otlp-port 4318    # agents: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:4318/v1/traces
     """
     # The server, and the demo below, are imported by their commands: the other commands start faster.
-    from ..sidecar.run import serve_forever
-    from ..sidecar.server import ServerConfig
+    from tracedb.sidecar.run import serve_forever
+    from tracedb.sidecar.server import ServerConfig
 
     if http_port is not None and metrics_port is not None and http_port != metrics_port:
         raise click.UsageError("--metrics-port is the older name of --http-port: give one of them")
@@ -219,7 +219,7 @@ def demo(ctx, sidecar, start_server, executions, as_json):
     Example:
       tracedb demo --start-server && tracedb inspect --list
     """
-    from ..demo import run_demo
+    from tracedb.cli.demo import run_demo
 
     result = run_demo(config_of(ctx), sidecar=sidecar, start_server=start_server, executions=executions)
     if as_json:

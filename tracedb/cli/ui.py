@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ..program import as_invoked
-from ..sidecar import protocol as P
-from .main import config_of, emit_json, host_names, json_option, main, read_token
+from tracedb.program import as_invoked
+from tracedb.sidecar import protocol as P
+from tracedb.cli.main import config_of, emit_json, host_names, json_option, main, read_token
 
 DEFAULT_UI_PORT = 8470
 
@@ -14,7 +14,7 @@ DEFAULT_UI_PORT = 8470
 def _recovery_note(cfg) -> str | None:
     """What the view shows beyond the database while no recorder runs: WAL records not
     compacted, executions nobody will finish (read as incomplete, as the read commands do)."""
-    from ..reads import Reader
+    from tracedb.reads.reader import Reader
 
     with Reader.open(cfg) as reader:  # a missing store: exit 3 here, before anything listens
         return reader.pending.note()
@@ -64,9 +64,9 @@ def ui(ctx, host, port, allow_remote, token_file, trust_local_users, allowed_hos
       tracedb ui                                   # then open the address it prints
       tracedb ui --db postgresql+psycopg://tracedb@db.internal/traces --port 0
     """
-    from ..asgi import is_loopback
-    from ..web.run import check_listen, serve_ui, view_token
-    from .serve import sidecar_file_settings
+    from tracedb.sidecar.asgi import is_loopback
+    from tracedb.web.run import check_listen, serve_ui, view_token
+    from tracedb.cli.serve import sidecar_file_settings
 
     cfg = config_of(ctx)
     if data_dir is not None:

@@ -45,11 +45,11 @@ from typing import Any, AsyncIterator, Callable, Dict, Optional
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from .. import handles
-from ..errors import ExtraNotInstalledError, InvalidInputError, UsageError
-from ..record import LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED
-from ..replay.eventlog import ReplaySession, args_hash
-from .recorded import ReplayCounts, content_key, is_async_recorder, linked_execution_factory, load_record
+from tracedb.recorder import handles
+from tracedb.errors import ExtraNotInstalledError, InvalidInputError, UsageError
+from tracedb.records.record import LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED
+from tracedb.replay.eventlog import ReplaySession, args_hash
+from tracedb.integrations.recorded import ReplayCounts, content_key, is_async_recorder, linked_execution_factory, load_record
 
 try:
     from agents.items import ModelResponse
@@ -423,7 +423,7 @@ def _check_replayable_model_calls(record: Any) -> None:
 class ReplayModelProvider(ReplayCounts, ModelProvider):
     """Replays a recorded run's model answers; `RunConfig(model_provider=...)`.
 
-    `source` is a `tracedb.reads.Reader`, a store, a client, or the ExecutionRecord of the run
+    `source` is a `tracedb.reads.reader.Reader`, a store, a client, or the ExecutionRecord of the run
     (a run recorded by TraceDBProcessor). Every agent of the run gets its model from here, and
     all of them share one replay, so the calls are matched in the run's order. Permissive mode
     (`strict=False`) calls `live` (a ModelProvider; default: the SDK's OpenAIProvider) for what

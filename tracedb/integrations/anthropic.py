@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..errors import ExtraNotInstalledError
-from .recorded import (
+from tracedb.errors import ExtraNotInstalledError
+from tracedb.integrations.recorded import (
     SDK_MODULE_NAMES,
     HttpApi,
     HttpReplay,

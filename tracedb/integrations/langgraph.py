@@ -62,7 +62,7 @@ from typing import Any, Optional
 
 import orjson
 
-from ..errors import (
+from tracedb.errors import (
     AmbiguousExecutionIdError,
     ExecutionClosedError,
     ExecutionNotFoundError,
@@ -71,10 +71,10 @@ from ..errors import (
     InvalidInputError,
     UsageError,
 )
-from ..ids import uuid7_hex
-from ..record import STATUS_RUNNING
-from ..redaction import redact
-from .recorded import is_async_recorder, on_loop
+from tracedb.records.ids import uuid7_hex
+from tracedb.records.record import STATUS_RUNNING
+from tracedb.records.redaction import redact
+from tracedb.integrations.recorded import is_async_recorder, on_loop
 
 try:
     from langchain_core.runnables import RunnableConfig
@@ -552,7 +552,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer over tracedb's record API (see the module doc).
 
     `recorder`: `tracedb.open(...)`, `await tracedb.open_async(...)`, `tracedb.client.connect()`
-    or `await tracedb.client.connect_async()`. `reader`: a `tracedb.reads.Reader` of the
+    or `await tracedb.client.connect_async()`. `reader`: a `tracedb.reads.reader.Reader` of the
     recorder's store, to find a thread's executions after a restart; by default the store's own
     database for an embedded store, and `Reader.open(config)` for a client (`config`: a
     `tracedb.Config`; None: `tracedb.config.load_config()`, the data directory the client
@@ -581,7 +581,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             self._redactor = store.redactor
         else:
             if self._config is None:
-                from ..config import load_config
+                from tracedb.config import load_config
 
                 self._config = load_config()
             self._redactor = self._config.redactor()
@@ -591,7 +591,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
 
     def _get_reader(self):
         if self._reader is None:
-            from ..reads import Reader
+            from tracedb.reads.reader import Reader
 
             store = getattr(self.recorder, "store", self.recorder)
             engine = getattr(store, "engine", None) if hasattr(store, "compact") else None
@@ -646,7 +646,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
                 del self._threads[tid]
 
     def _thread_ids_in_store(self) -> list[str]:
-        from ..reads import Filter
+        from tracedb.reads.reader import Filter
 
         reader = self._get_reader()
         seen: dict[str, None] = {}
@@ -657,7 +657,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
 
     def _execution_ids(self, thread_id: str) -> list[str]:
         """A thread's executions in the store, oldest first."""
-        from ..reads import Filter
+        from tracedb.reads.reader import Filter
 
         reader = self._get_reader()
         # A new thread (the common case) is known by its id prefix, an index range; only a
@@ -1231,7 +1231,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         return start, events
 
     def _after_copy(self, dst: _Thread, eid: str, events: list, seqs: list) -> None:
-        from ..record import ExecutionEvent
+        from tracedb.records.record import ExecutionEvent
 
         class _Copied:
             execution_id = eid

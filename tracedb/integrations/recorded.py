@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterator, Optional
 
 import orjson
 
-from .. import handles
-from ..errors import NotReplayableError, RecordedCallError, TraceDBError, UsageError
-from ..record import LLM_REQUESTED, LLM_RESPONDED, ExecutionRecord
-from ..replay.eventlog import ReplaySession, intent_of
+from tracedb.recorder import handles
+from tracedb.errors import NotReplayableError, RecordedCallError, TraceDBError, UsageError
+from tracedb.records.record import LLM_REQUESTED, LLM_RESPONDED, ExecutionRecord
+from tracedb.replay.eventlog import ReplaySession, intent_of
 
 
 def content_key(value: Any) -> str:
@@ -29,7 +29,7 @@ def content_key(value: Any) -> str:
 
 def load_record(source: Any, execution_id: Optional[str] = None, *, force: bool = False) -> ExecutionRecord:
     """The record to replay: `source` is an ExecutionRecord, or anything with `get(id)` (a
-    `tracedb.reads.Reader`, a store, a recording client).
+    `tracedb.reads.reader.Reader`, a store, a recording client).
 
     A record that is not replayable (an execution that never finished: incomplete, or still
     running; invalidated; a recording failure) raises NotReplayableError, as `tracedb replay`
@@ -47,7 +47,7 @@ def load_record(source: Any, execution_id: Optional[str] = None, *, force: bool 
         if getter is None:
             raise UsageError(
                 f"cannot read executions from {type(source).__name__}",
-                hint="pass a tracedb.reads.Reader, a store (tracedb.open), a client, or an ExecutionRecord",
+                hint="pass a tracedb.reads.reader.Reader, a store (tracedb.open), a client, or an ExecutionRecord",
             )
         record = getter(execution_id)
         if inspect.isawaitable(record):
@@ -612,7 +612,7 @@ class HttpReplay(ReplayCounts):
     """A replay of one recorded execution's calls through an SDK's HTTP client; `wrap(client)`
     answers from it. A subclass names its SDK: `api` (HttpApi) and `transports` (http_transports).
 
-    `source` is a `tracedb.reads.Reader`, a store, a recording client, or the ExecutionRecord.
+    `source` is a `tracedb.reads.reader.Reader`, a store, a recording client, or the ExecutionRecord.
     Strict (default): every request must be the recorded one, in order (ReplayDivergenceError at
     the first that differs, or beyond the end of the log). Permissive (`strict=False`): recorded
     answers are served by request content, occurrence by occurrence; other requests go to the

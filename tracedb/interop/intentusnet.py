@@ -17,7 +17,7 @@ Writing a record checks all of it first (a refusal writes nothing), then appends
 events and its finish in one WAL append (`Store.record_execution`). tracedb stores only what it can
 give back exactly, and refuses anything else with the reason:
 
-- no NaN or infinity, no integer outside -2**63..2**64-1 (see tracedb.validation);
+- no NaN or infinity, no integer outside -2**63..2**64-1 (see tracedb.records.validation);
 - events must be numbered 1, 2, 3, ... (tracedb assigns seq itself);
 - a FINAL_RESPONSE event, if any, is the last one and its payload is the finalResponse (tracedb
   records the final response as that event); routerDecision is the last ROUTER_DECISION payload;
@@ -56,7 +56,7 @@ from typing import Any, Callable, Optional
 
 import orjson
 
-from ..errors import (
+from tracedb.errors import (
     ExecutionExistsError,
     ExecutionNotFoundError,
     IntegrityError,
@@ -65,7 +65,7 @@ from ..errors import (
     TraceDBError,
     UsageError,
 )
-from ..record import (
+from tracedb.records.record import (
     FINAL_RESPONSE,
     REASON_EXECUTION_INCOMPLETE,
     REASON_MANUALLY_INVALIDATED,
@@ -77,7 +77,7 @@ from ..record import (
     normalize_envelope_hash,
     stored_envelope_hash,
 )
-from ..validation import MAX_DEPTH
+from tracedb.records.validation import MAX_DEPTH
 
 TYPE_PREFIX = "intentusnet."
 # The time an event was recorded, which tracedb's export adds to each event (IntentusNet's own
@@ -191,7 +191,7 @@ class ParsedRecord:
 
 def tracedb_event_type(type_: Any, seq: int) -> str:
     """The tracedb event type an IntentusNet event type is stored as (see the module doc)."""
-    from ..validation import validate_event_type
+    from tracedb.records.validation import validate_event_type
 
     if not isinstance(type_, str) or not type_:
         raise InvalidInputError(f"event {seq}: type must be a non-empty string, got {type_!r}")
@@ -309,7 +309,7 @@ def record_dict(record: Any) -> dict:
     try:
         return to_plain(record)
     except RecursionError:
-        # Far deeper than any value the store takes (tracedb.validation.MAX_DEPTH): refused
+        # Far deeper than any value the store takes (tracedb.records.validation.MAX_DEPTH): refused
         # like one, not a crash of the whole import.
         raise InvalidInputError(
             f"the record is nested deeper than {MAX_DEPTH} levels", hint="flatten the deep part of it"
@@ -339,7 +339,7 @@ def _closing(p: ParsedRecord) -> tuple:
 def is_client(store) -> bool:
     """True for a recording client (`tracedb.client.connect()`: a sidecar, `tracedb serve`),
     False for the embedded store (`tracedb.open`)."""
-    from ..sidecar.client import Client
+    from tracedb.sidecar.client import Client
 
     return isinstance(store, Client)
 
@@ -535,7 +535,7 @@ def to_intentusnet_record(record: ExecutionRecord):
     try:
         from intentusnet.recording.models import ExecutionRecord as IntentusNetRecord
     except ImportError:
-        from ..program import pip_install
+        from tracedb.program import pip_install
 
         raise UsageError(
             "the intentusnet package is not installed",
@@ -578,7 +578,7 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
 
     @classmethod
     def reader(cls, engine) -> "TraceDBExecutionStore":
-        """A read-only adapter over a database engine (`tracedb.db.create_engine(url)`)."""
+        """A read-only adapter over a database engine (`tracedb.projection.db.create_engine(url)`)."""
         return cls(None, engine=engine)
 
     def save(self, record) -> str:
@@ -600,7 +600,7 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
     def _read(self, execution_id: str) -> ExecutionRecord:
         if self._store is not None:
             return self._store.get(execution_id)
-        from .. import reads
+        from tracedb.reads import reader as reads
 
         return reads.read_record(self._engine, execution_id)
 
@@ -618,13 +618,13 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
         if self._store is not None and is_client(self._store):
             raise UsageError(
                 "a recording client cannot list executions (the sidecar's protocol has no listing)",
-                hint="list them from the database: TraceDBExecutionStore.reader(tracedb.db.create_engine(url)), "
+                hint="list them from the database: TraceDBExecutionStore.reader(tracedb.projection.db.create_engine(url)), "
                 "or `tracedb inspect --list`",
             )
         if self._store is not None:
             rows = self._store.list()
         else:
-            from .. import reads
+            from tracedb.reads import reader as reads
 
             rows = reads.list_traces(self._engine)
         return sorted(r.execution_id for r in rows)

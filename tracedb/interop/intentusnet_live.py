@@ -34,9 +34,9 @@ import logging
 import threading
 from typing import Any, Optional
 
-from ..errors import TraceDBError
-from ..record import FINAL_RESPONSE, REASON_MANUALLY_INVALIDATED
-from .intentusnet import (
+from tracedb.errors import TraceDBError
+from tracedb.records.record import FINAL_RESPONSE, REASON_MANUALLY_INVALIDATED
+from tracedb.interop.intentusnet import (
     TraceDBExecutionStore,
     header_meta,
     parse_record,
@@ -63,8 +63,8 @@ _install_lock = threading.Lock()
 
 def _require_package() -> None:
     if IntentRouter is None:
-        from ..errors import UsageError
-        from ..program import pip_install
+        from tracedb.errors import UsageError
+        from tracedb.program import pip_install
 
         raise UsageError("the intentusnet package is not installed", hint=f"`{pip_install('intentusnet')}`")
 
@@ -187,7 +187,7 @@ class LiveRouter(IntentRouter or object):
     def __init__(self, registry, store, **kwargs):
         _require_package()
         if "record_store" in kwargs:
-            from ..errors import UsageError
+            from tracedb.errors import UsageError
 
             raise UsageError("LiveRouter records into the tracedb store it is given; drop record_store")
         self.records = TraceDBExecutionStore(store)

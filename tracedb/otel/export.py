@@ -20,8 +20,8 @@ from typing import Any, Optional
 
 import orjson
 
-from ..record import ExecutionRecord
-from . import mapping as M
+from tracedb.records.record import ExecutionRecord
+from tracedb.otel import mapping as M
 
 _SCOPE = {"name": "tracedb", "version": ""}
 

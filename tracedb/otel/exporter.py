@@ -24,10 +24,10 @@ import threading
 from collections import OrderedDict
 from typing import Optional, Sequence
 
-from ..errors import ExecutionClosedError, ExecutionExistsError, ExtraNotInstalledError, InvalidInputError, TraceDBError
-from ..record import STATUS_COMPLETED, STATUS_RUNNING
-from . import mapping as M
-from .ingest import KEEP_CLOSED_TRACES, TraceEntry
+from tracedb.errors import ExecutionClosedError, ExecutionExistsError, ExtraNotInstalledError, InvalidInputError, TraceDBError
+from tracedb.records.record import STATUS_COMPLETED, STATUS_RUNNING
+from tracedb.otel import mapping as M
+from tracedb.otel.ingest import KEEP_CLOSED_TRACES, TraceEntry
 
 try:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -44,7 +44,7 @@ class TraceDBSpanExporter(SpanExporter):
                  keep_closed: int = KEEP_CLOSED_TRACES):
         self._owned = recorder is None
         if recorder is None:
-            from ..client import connect
+            from tracedb.client import connect
 
             recorder = connect(sidecar, data_dir=data_dir)
         self.recorder = recorder

@@ -25,12 +25,12 @@ from typing import Optional
 
 import sqlalchemy as sa
 
-from ..db import open_store_engine
-from ..errors import ExecutionClosedError, ExecutionExistsError, InvalidInputError
-from ..models import traces
-from ..record import STATUS_COMPLETED, STATUS_RUNNING
-from ..state import StagedBatch, StageMiss
-from . import mapping as M
+from tracedb.projection.db import open_store_engine
+from tracedb.errors import ExecutionClosedError, ExecutionExistsError, InvalidInputError
+from tracedb.projection.models import traces
+from tracedb.records.record import STATUS_COMPLETED, STATUS_RUNNING
+from tracedb.recorder.state import StagedBatch, StageMiss
+from tracedb.otel import mapping as M
 
 # Closed traces whose span ids stay in memory; older ones are looked up in the store again.
 KEEP_CLOSED_TRACES = 4096

@@ -32,8 +32,8 @@ from typing import Any, Iterable, Optional
 
 import orjson
 
-from ..record import LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED
-from ..validation import check_response, payload_json
+from tracedb.records.record import LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED
+from tracedb.records.validation import check_response, payload_json
 
 EXECUTION_PREFIX = "otel-"
 SPAN_EVENT = "otel.span"
@@ -642,7 +642,7 @@ def _oi_fields(kind: str, attrs: dict) -> dict:
 
 def _parent(span: Span) -> dict:
     # The request event of a call is written before the span's `otel` object (on its response):
-    # it names the parent itself, so the span tree holds every event (tracedb.spans).
+    # it names the parent itself, so the span tree holds every event (tracedb.records.spans).
     return {"parent_span_id": span.parent_span_id} if span.parent_span_id is not None else {}
 
 

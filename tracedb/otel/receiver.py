@@ -26,11 +26,11 @@ from typing import Callable, Iterable, Optional
 
 import orjson
 
-from ..asgi import bearer_token, is_loopback
-from ..errors import ConfigError, RecordingFailedError, StoreClosedError, TraceDBError
-from ..program import extra_hint
-from . import mapping as M
-from .ingest import SpanIngest
+from tracedb.sidecar.asgi import bearer_token, is_loopback
+from tracedb.errors import ConfigError, RecordingFailedError, StoreClosedError, TraceDBError
+from tracedb.program import extra_hint
+from tracedb.otel import mapping as M
+from tracedb.otel.ingest import SpanIngest
 
 log = logging.getLogger("tracedb.otel")
 
@@ -263,8 +263,8 @@ async def start_receiver(store, *, host: str = "127.0.0.1", port: int = 0, token
     403. `await endpoint.close()` stops it. A busy port raises OSError. `connection_limits` are
     HttpEndpoint's (max_connections, header_timeout_s, idle_timeout_s); the OTLP port's cap is
     DEFAULT_OTLP_MAX_CONNECTIONS unless given."""
-    from ..asgi import HostCheck, HttpEndpoint
-    from ..sidecar.protocol import DEFAULT_OTLP_MAX_CONNECTIONS
+    from tracedb.sidecar.asgi import HostCheck, HttpEndpoint
+    from tracedb.sidecar.protocol import DEFAULT_OTLP_MAX_CONNECTIONS
 
     receiver = Receiver(SpanIngest(store), token=token, draining=draining, **limits)
     app = receiver.app if allowed_hosts is None else HostCheck(receiver.app, allowed_hosts)

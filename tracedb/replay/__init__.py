@@ -1,8 +1,8 @@
 """Replay of recorded executions: exact replay of recorded responses, tool-call dedup,
 parity replay of a stored plan, event-log replay and fork."""
 
-from .dedup import ReplayControl, ToolDenied, ToolSpec, call_key
-from .eventlog import (
+from tracedb.replay.dedup import ReplayControl, ToolDenied, ToolSpec, call_key
+from tracedb.replay.eventlog import (
     EventLog,
     RecordedCall,
     ReplaySession,
@@ -14,7 +14,7 @@ from .eventlog import (
     replay_log,
     replay_session,
 )
-from .exact import (
+from tracedb.replay.exact import (
     FORCED_REPLAY_WARNING,
     CachingReplayEngine,
     EnvelopeVerifyResult,
@@ -28,8 +28,8 @@ from .exact import (
     verify_event_sequence,
     verify_record_integrity,
 )
-from .forking import Fork, fork, fork_async
-from .parity import (
+from tracedb.replay.forking import Fork, fork, fork_async
+from tracedb.replay.parity import (
     ParityReplayResult,
     ParityResult,
     PlanStep,

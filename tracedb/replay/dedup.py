@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
-from ..errors import UsageError
+from tracedb.errors import UsageError
 
 TOOL_DENIED = "tool.denied"
 DUPLICATE = "duplicate"

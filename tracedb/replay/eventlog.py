@@ -35,8 +35,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..errors import InvalidInputError, RecordedCallError, ReplayDivergenceError, UsageError
-from ..record import (
+from tracedb.errors import InvalidInputError, RecordedCallError, ReplayDivergenceError, UsageError
+from tracedb.records.record import (
     FINAL_RESPONSE,
     LLM_REQUESTED,
     LLM_RESPONDED,
@@ -45,7 +45,7 @@ from ..record import (
     ExecutionEvent,
     ExecutionRecord,
 )
-from ._canon import canonical_json, content_hash, state_bytes
+from tracedb.replay._canon import canonical_json, content_hash, state_bytes
 
 # The parts of an LLM request that make up its content hash. Anything else in the
 # request (ids, timestamps, client options) does not change which recorded answer it gets.

@@ -19,12 +19,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from ..errors import (
+from tracedb.errors import (
     NotReplayableError,
     RecordCorruptedError,
     ReplayHashMismatchError,
 )
-from ..record import (
+from tracedb.records.record import (
     REASON_EXECUTION_INCOMPLETE,
     REASON_RECORD_CORRUPTED,
     ExecutionRecord,

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from ..errors import InvalidInputError, UsageError
-from ..handles import AsyncExecution
-from ..record import FINAL_RESPONSE, LLM_RESPONDED, TOOL_RESPONDED, ExecutionEvent, ExecutionRecord
-from .eventlog import ReplaySession, intent_of
+from tracedb.errors import InvalidInputError, UsageError
+from tracedb.recorder.handles import AsyncExecution
+from tracedb.records.record import FINAL_RESPONSE, LLM_RESPONDED, TOOL_RESPONDED, ExecutionEvent, ExecutionRecord
+from tracedb.replay.eventlog import ReplaySession, intent_of
 
 _RESPONSES = (LLM_RESPONDED, TOOL_RESPONDED)
 

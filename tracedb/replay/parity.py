@@ -24,15 +24,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..errors import InvalidInputError
-from ..record import (
+from tracedb.errors import InvalidInputError
+from tracedb.records.record import (
     FINAL_RESPONSE,
     TOOL_REQUESTED,
     ExecutionEvent,
     ExecutionRecord,
 )
-from ._canon import canonical_json, content_hash
-from .eventlog import EventLog, intent_of
+from tracedb.replay._canon import canonical_json, content_hash
+from tracedb.replay.eventlog import EventLog, intent_of
 
 PLAN_RECORDED = "plan.recorded"
 SKILL_STEP = "skill.step"

@@ -28,7 +28,7 @@ __all__ = [
 
 def __getattr__(name):
     if name in __all__:
-        from . import client
+        from tracedb.sidecar import client
 
         return getattr(client, name)
     raise AttributeError(f"module 'tracedb.sidecar' has no attribute {name!r}")

@@ -50,20 +50,20 @@ from urllib.parse import urlparse
 
 import orjson
 
-from .. import errors as E
-from ..errors import (  # noqa: F401 - re-exported: their public home before errors.py
+from tracedb import errors as E
+from tracedb.errors import (  # noqa: F401 - re-exported: their public home before errors.py
     OutcomeUnknownError,
     RecorderUnavailableError,
     SeqConflictError,
     SidecarError,
 )
-from .. import handles
-from ..backoff import Backoff
-from ..ids import new_execution_id
-from ..record import ExecutionRecord, compute_envelope_hash
-from ..validation import DUMP_OPTS, ENVELOPE_OPTS, check_finite, dumps_checked
-from . import protocol as P
-from .outage import (
+from tracedb.recorder import handles
+from tracedb.backoff import Backoff
+from tracedb.records.ids import new_execution_id
+from tracedb.records.record import ExecutionRecord, compute_envelope_hash
+from tracedb.records.validation import DUMP_OPTS, ENVELOPE_OPTS, check_finite, dumps_checked
+from tracedb.sidecar import protocol as P
+from tracedb.sidecar.outage import (
     CONTINUE,
     DEFAULT_OUTAGE_TIMEOUT_S,
     DROPPED,
@@ -177,7 +177,7 @@ def default_data_dir(data_dir: Optional[str]) -> str:
     or the configuration, else the nearest .tracedb up from the working directory, else ./.tracedb."""
     if data_dir is not None:
         return os.fspath(data_dir)
-    from ..config import DEFAULT_DATA_DIR, find_data_dir, load_config
+    from tracedb.config import DEFAULT_DATA_DIR, find_data_dir, load_config
 
     configured = load_config().data_dir
     if configured != DEFAULT_DATA_DIR:
@@ -215,7 +215,7 @@ def _token_for(address: str, token: Optional[str], data_dir: Optional[str]) -> O
     env = os.environ.get("TRACEDB_TOKEN")
     if env or parse_address(address)[0] != "tcp":
         return env or None
-    from ..config import read_local_token
+    from tracedb.config import read_local_token
 
     return read_local_token(default_data_dir(data_dir))
 

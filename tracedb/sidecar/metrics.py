@@ -24,7 +24,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..asgi import fd_limit, open_fds
+from tracedb.sidecar.asgi import fd_limit, open_fds
 
 log = logging.getLogger("tracedb.sidecar")
 
@@ -64,7 +64,7 @@ class SidecarMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.server = None  # set by attach()
         self.backend = None
-        self.listeners: list = []  # tracedb.asgi.Listener: the socket's, TCP, OTLP, HTTP
+        self.listeners: list = []  # tracedb.sidecar.asgi.Listener: the socket's, TCP, OTLP, HTTP
         self.events_rate = RateMeter()
         self.totals: dict = {"executions": [], "models": []}
         self._totals_at = -TOTALS_MAX_AGE_S
@@ -124,12 +124,12 @@ class SidecarMetrics:
 
     async def refresh_totals(self) -> None:
         """Read the store's executions by intent and outcome, tokens and cost by model
-        (`tracedb.stats.totals`), in a thread, at most once per TOTALS_MAX_AGE_S: a scrape
+        (`tracedb.reads.stats.totals`), in a thread, at most once per TOTALS_MAX_AGE_S: a scrape
         costs one GROUP BY, never a wait of the recorder's event loop."""
         engine = getattr(getattr(self.backend, "store", None), "read_engine", None)
         if engine is None or time.monotonic() - self._totals_at < TOTALS_MAX_AGE_S:
             return
-        from ..stats import totals
+        from tracedb.reads.stats import totals
 
         try:
             self.totals = await asyncio.to_thread(totals, engine)
@@ -241,7 +241,7 @@ class _Collector:
 
 
 def _totals_families(totals: dict):
-    """The store's executions by intent and outcome, tokens and cost by model (tracedb.stats)."""
+    """The store's executions by intent and outcome, tokens and cost by model (tracedb.reads.stats)."""
     ex = GaugeMetricFamily("tracedb_executions", "Executions in the store, by intent and outcome.",
                            labels=["intent", "outcome"])
     for intent, outcome, n in totals["executions"]:
@@ -311,7 +311,7 @@ def routes(metrics: SidecarMetrics) -> list:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from ..asgi import AUTHENTICATED
+    from tracedb.sidecar.asgi import AUTHENTICATED
 
     async def health(request):
         status, body = metrics.health()

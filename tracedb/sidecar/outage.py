@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Optional
 
-from ..errors import ConfigError, ExecutionClosedError, RecordingFailedError, TraceDBError
-from ..record import STATUS_INVALIDATED, STATUS_RUNNING, lost_records_note
+from tracedb.errors import ConfigError, ExecutionClosedError, RecordingFailedError, TraceDBError
+from tracedb.records.record import STATUS_INVALIDATED, STATUS_RUNNING, lost_records_note
 
 log = logging.getLogger("tracedb.client")
 

@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 import orjson
 
-from ..errors import InvalidInputError
-from ..validation import ID_LENGTH, INTENT_LENGTH, TYPE_LENGTH, validate_id_ref
+from tracedb.errors import InvalidInputError
+from tracedb.records.validation import ID_LENGTH, INTENT_LENGTH, TYPE_LENGTH, validate_id_ref
 
 PROTOCOL_VERSION = 1
 
@@ -27,7 +27,7 @@ DEFAULT_FIRST_FRAME_TIMEOUT_S = 10.0
 # A connection with nothing in flight that sends nothing for this long is closed; clients
 # reconnect on their next request.
 DEFAULT_CONNECTION_IDLE_TIMEOUT_S = 60.0
-# The HTTP listeners (`serve --http-port` and `--otlp-port`, `tracedb ui`; tracedb.asgi): their
+# The HTTP listeners (`serve --http-port` and `--otlp-port`, `tracedb ui`; tracedb.sidecar.asgi): their
 # connections (an OTLP exporter keeps one per process), the time a request's headers have to
 # arrive, and how long a kept-alive connection (or a request body that stopped) may idle.
 DEFAULT_HTTP_MAX_CONNECTIONS = 64
@@ -41,7 +41,7 @@ DEFAULT_SOCKET_NAME = "tracedb.sock"
 DEFAULT_TCP_PORT = 7411
 
 MAX_ID_CHARS = 256
-# The store's own limits (tracedb.validation): a value the wire takes, the store takes.
+# The store's own limits (tracedb.records.validation): a value the wire takes, the store takes.
 MAX_EXECUTION_ID_CHARS = ID_LENGTH
 MAX_TYPE_CHARS = TYPE_LENGTH
 MAX_INTENT_CHARS = INTENT_LENGTH
@@ -232,7 +232,7 @@ def req_str(req: dict, name: str, max_chars: int, *, required: bool = True) -> O
 
 def req_execution_id(req: dict, name: str = "execution_id", *, required: bool = True) -> Optional[str]:
     """An execution id field: a string that can name an execution (`validate_id_ref`). What a
-    new execution's id must be beyond that (`tracedb.validation.validate_id`) the store checks
+    new execution's id must be beyond that (`tracedb.records.validation.validate_id`) the store checks
     as it checks an id given in-process: one rule, one message, on every way in."""
     v = req_str(req, name, MAX_EXECUTION_ID_CHARS, required=required)
     if v is not None:

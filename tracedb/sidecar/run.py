@@ -15,14 +15,14 @@ import sys
 import time
 from typing import Awaitable, Optional, Sequence
 
-from ..asgi import RESERVED_FDS, descriptor_budget, is_loopback, open_fds, raise_fd_limit
-from ..asgi import allowed_hosts as allowed_host_names
-from ..config import ensure_local_token, token_path
-from ..errors import ConfigError, StoreInUseError, file_error
-from . import protocol as P
-from .backend import BackendStats, Deferred
-from .metrics import SidecarMetrics, configure_logging, routes, sample_forever
-from .server import ServerConfig, SidecarServer, check_config
+from tracedb.sidecar.asgi import RESERVED_FDS, descriptor_budget, is_loopback, open_fds, raise_fd_limit
+from tracedb.sidecar.asgi import allowed_hosts as allowed_host_names
+from tracedb.config import ensure_local_token, token_path
+from tracedb.errors import ConfigError, StoreInUseError, file_error
+from tracedb.sidecar import protocol as P
+from tracedb.sidecar.backend import BackendStats, Deferred
+from tracedb.sidecar.metrics import SidecarMetrics, configure_logging, routes, sample_forever
+from tracedb.sidecar.server import ServerConfig, SidecarServer, check_config
 
 log = logging.getLogger("tracedb.sidecar")
 
@@ -116,11 +116,11 @@ class HttpServer:
         self._sampler = None
 
     async def start(self) -> int:
-        from ..asgi import HttpEndpoint
-        from ..reads import AsyncReader
-        from ..web import create_app
-        from ..web.run import address, replay_command
-        from .metrics import OPEN_PATHS
+        from tracedb.sidecar.asgi import HttpEndpoint
+        from tracedb.reads.reader import AsyncReader
+        from tracedb.web import create_app
+        from tracedb.web.run import address, replay_command
+        from tracedb.sidecar.metrics import OPEN_PATHS
 
         self._sampler = asyncio.get_running_loop().create_task(sample_forever(self.metrics))
         self.reader = await AsyncReader.open(self.cfg)
@@ -288,7 +288,7 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
     listeners answer to besides the loopback ones."""
     # Imported before listening: what a request waits for once the socket is there is the
     # store's opening (recovery), not the interpreter loading SQLAlchemy.
-    from .store_backend import open_backend
+    from tracedb.sidecar.store_backend import open_backend
 
     hosts = [h for h, on in ((scfg.tcp_host or "127.0.0.1", scfg.tcp_port is not None),
                              (http_host, scfg.metrics_port is not None),
@@ -303,11 +303,11 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
     except ValueError as e:
         raise ConfigError(str(e), hint="give a host name or an address, without a port (--allowed-host)") from None
     if scfg.metrics_port is not None:  # --http-port: the web view, /metrics, /health
-        from ..web.run import check_listen as check_http
+        from tracedb.web.run import check_listen as check_http
 
         check_http(http_host, allow_remote=scfg.allow_remote, token=scfg.token, flag="--http-host")
     if otlp is not None:
-        from ..otel.receiver import check_listen, require_otel
+        from tracedb.otel.receiver import check_listen, require_otel
 
         require_otel()
         check_listen(otlp["host"], scfg.allow_remote, scfg.token)
@@ -349,8 +349,8 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
         if http is not None:
             _views_stop_first(server, http)
         if otlp is not None:
-            from ..otel.receiver import start_receiver
-            from ..web.run import address
+            from tracedb.otel.receiver import start_receiver
+            from tracedb.web.run import address
 
             listening = f"the OTLP port {otlp['host']}:{otlp['port']} (--otlp-port)"
             otlp_token = scfg.token if _needs_token(otlp["host"], scfg) else None

@@ -12,7 +12,7 @@ or while its peer does not read its responses; a slow client therefore holds a b
 memory and slows nobody else down.
 
 Limits: each listener (the socket, the TCP port) holds its connections to `max_connections` at
-accept time (tracedb.asgi.Listener). One sweep over the connections every fraction of a second
+accept time (tracedb.sidecar.asgi.Listener). One sweep over the connections every fraction of a second
 closes those that sent no whole frame within `first_frame_timeout_s` and those with nothing in
 flight that sent nothing for `connection_idle_timeout_s`: the hot path only sets a flag per read.
 """
@@ -36,11 +36,11 @@ import orjson
 
 import wal
 
-from ..asgi import ADMISSIONS_PER_TURN, Listener, is_loopback, sweep_interval
-from ..errors import ServerConfigError, TraceDBError  # ServerConfigError: re-exported (its old home)
-from ..validation import set_decoded
-from . import protocol as P
-from .backend import IN_BATCH, Backend, Deferred, Staged
+from tracedb.sidecar.asgi import ADMISSIONS_PER_TURN, Listener, is_loopback, sweep_interval
+from tracedb.errors import ServerConfigError, TraceDBError  # ServerConfigError: re-exported (its old home)
+from tracedb.records.validation import set_decoded
+from tracedb.sidecar import protocol as P
+from tracedb.sidecar.backend import IN_BATCH, Backend, Deferred, Staged
 
 log = logging.getLogger("tracedb.sidecar")
 
@@ -75,7 +75,7 @@ class ServerConfig:
     max_inflight_bytes: int = P.DEFAULT_MAX_INFLIGHT_BYTES
     first_frame_timeout_s: float = P.DEFAULT_FIRST_FRAME_TIMEOUT_S
     connection_idle_timeout_s: float = P.DEFAULT_CONNECTION_IDLE_TIMEOUT_S
-    # The HTTP listeners of `tracedb serve` (--http-port, --otlp-port): tracedb.asgi.HttpEndpoint.
+    # The HTTP listeners of `tracedb serve` (--http-port, --otlp-port): tracedb.sidecar.asgi.HttpEndpoint.
     http_max_connections: int = P.DEFAULT_HTTP_MAX_CONNECTIONS
     otlp_max_connections: int = P.DEFAULT_OTLP_MAX_CONNECTIONS
     http_header_timeout_s: float = P.DEFAULT_HTTP_HEADER_TIMEOUT_S

@@ -1,7 +1,7 @@
 """The embedded store as the sidecar server's backend (see backend.py for the contract).
 
 Fast path (an event for an execution held in memory, with the expected seq): one call into the
-store's `Staging.stage_event` (`tracedb.staging`), which numbers the event and frames its WAL
+store's `Staging.stage_event` (`tracedb.recorder.staging`), which numbers the event and frames its WAL
 record into the current batch.
 Slow paths run as `Deferred`s off the hot path: starts with a client-chosen id (the database is
 asked whether the id exists), requests for executions only the database knows, and resent
@@ -19,15 +19,15 @@ from typing import Any, Optional
 
 import wal
 
-from .. import sqlite_reads
-from ..codec import OP_RECORDING_FAILURE
-from ..errors import ExecutionClosedError, ExecutionExistsError, ExecutionNotFoundError
-from ..models import TERMINAL_STATUSES
-from ..record import FINAL_RESPONSE, compute_envelope_hash, redacted_paths
-from ..state import StagedBatch, StageMiss
-from ..store_async import AsyncStore
-from . import protocol as P
-from .backend import IN_BATCH, BackendStats, Deferred, Staged
+from tracedb.reads import sqlite as sqlite_reads
+from tracedb.records.codec import OP_RECORDING_FAILURE
+from tracedb.errors import ExecutionClosedError, ExecutionExistsError, ExecutionNotFoundError
+from tracedb.projection.models import TERMINAL_STATUSES
+from tracedb.records.record import FINAL_RESPONSE, compute_envelope_hash, redacted_paths
+from tracedb.recorder.state import StagedBatch, StageMiss
+from tracedb.recorder.store_async import AsyncStore
+from tracedb.sidecar import protocol as P
+from tracedb.sidecar.backend import IN_BATCH, BackendStats, Deferred, Staged
 
 
 # Resent events are compared with the recorded ones: the recorded steps of this many executions

@@ -13,7 +13,7 @@
     /diff?a=ID&b=ID         two executions side by side, the first divergent step highlighted
     /static/...             the stylesheet and the script, shipped in the package
 
-Every read goes through `tracedb.reads.AsyncReader` (aiosqlite or psycopg's async mode), so the
+Every read goes through `tracedb.reads.reader.AsyncReader` (aiosqlite or psycopg's async mode), so the
 event loop never waits on the database. `tracedb ui` runs it alone; `tracedb serve --http-port`
 adds `/metrics` and `/health` to the same server.
 """
@@ -37,24 +37,24 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..asgi import AUTHENTICATED, HostCheck, bearer_token
-from ..config import parse_duration_s
-from ..errors import (
+from tracedb.sidecar.asgi import AUTHENTICATED, HostCheck, bearer_token
+from tracedb.config import parse_duration_s
+from tracedb.errors import (
     AmbiguousExecutionIdError,
     DatabaseUnavailableError,
     ExecutionNotFoundError,
     InvalidInputError,
     TraceDBError,
 )
-from ..outcomes import OUTCOMES
-from ..paging import DEFAULT_PAGE_SIZE, decode_cursor
-from ..reads import NS_MAX, NS_MIN, AsyncReader, Filter, Timeline, to_ns
-from ..record import STATUS_RUNNING, STATUSES, utc_iso
-from ..spans import span_tree
-from ..validation import ID_LENGTH, INTENT_LENGTH
-from . import overview, pages
-from .spanview import span_tree_svg
-from .timeline import layout
+from tracedb.records.outcomes import OUTCOMES
+from tracedb.reads.paging import DEFAULT_PAGE_SIZE, decode_cursor
+from tracedb.reads.reader import NS_MAX, NS_MIN, AsyncReader, Filter, Timeline, to_ns
+from tracedb.records.record import STATUS_RUNNING, STATUSES, utc_iso
+from tracedb.records.spans import span_tree
+from tracedb.records.validation import ID_LENGTH, INTENT_LENGTH
+from tracedb.web import overview, pages
+from tracedb.web.spanview import span_tree_svg
+from tracedb.web.timeline import layout
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 MAX_PAGE_SIZE = 500

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Callable, Optional, Sequence
 from urllib.parse import urlencode
 
-from .pages import esc, fmt_duration, fmt_usd, layout_page
+from tracedb.web.pages import esc, fmt_duration, fmt_usd, layout_page
 
 # Buckets a chart draws at most (the newest): a year of days, a week of hours.
 MAX_BUCKETS = {"day": 366, "hour": 24 * 7}

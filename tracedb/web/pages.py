@@ -14,11 +14,11 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
-from ..humanize import format_duration
-from ..outcomes import FAILED, OUTCOMES
-from ..program import program
-from ..reads import Lineage, Page, Timeline
-from ..record import (
+from tracedb.humanize import format_duration
+from tracedb.records.outcomes import FAILED, OUTCOMES
+from tracedb.program import program
+from tracedb.reads.reader import Lineage, Page, Timeline
+from tracedb.records.record import (
     REASON_EXECUTION_INCOMPLETE,
     REASON_MANUALLY_INVALIDATED,
     REASON_RECORD_CORRUPTED,
@@ -28,7 +28,7 @@ from ..record import (
     lost_records,
     utc_iso,
 )
-from .timeline import LLM, TOOL, Layout
+from tracedb.web.timeline import LLM, TOOL, Layout
 
 # Event rows rendered per request; more come with "show more" (a 10,000-event execution's page
 # stays quick to paint).
@@ -84,7 +84,7 @@ def replay_words(status: str, replayable: bool, reason: Optional[str], note: Opt
 
 
 def error_words(err: Optional[dict], limit: int = 200) -> str:
-    """An error ({code, message}, as tracedb.outcomes gives it) in words: "CODE: message"."""
+    """An error ({code, message}, as tracedb.records.outcomes gives it) in words: "CODE: message"."""
     if not err:
         return ""
     code, message = err.get("code"), err.get("message")

@@ -17,15 +17,15 @@ import signal
 from typing import Callable, Optional, Sequence
 from urllib.parse import quote
 
-from .. import db
-from ..asgi import HttpEndpoint, descriptor_budget, is_loopback, raise_fd_limit
-from ..asgi import allowed_hosts as allowed_host_names
-from ..config import DEFAULT_DATA_DIR, Config, ensure_local_token
-from ..errors import ConfigError
-from ..program import program
-from ..reads import AsyncReader
-from ..sidecar.protocol import DEFAULT_HTTP_MAX_CONNECTIONS
-from .app import create_app
+from tracedb.projection import db
+from tracedb.sidecar.asgi import HttpEndpoint, descriptor_budget, is_loopback, raise_fd_limit
+from tracedb.sidecar.asgi import allowed_hosts as allowed_host_names
+from tracedb.config import DEFAULT_DATA_DIR, Config, ensure_local_token
+from tracedb.errors import ConfigError
+from tracedb.program import program
+from tracedb.reads.reader import AsyncReader
+from tracedb.sidecar.protocol import DEFAULT_HTTP_MAX_CONNECTIONS
+from tracedb.web.app import create_app
 
 _CANNOT_LISTEN = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
 
@@ -93,7 +93,7 @@ async def serve_ui(
     max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS,
 ) -> None:
     """Serve the web view of `cfg`'s store until SIGINT/SIGTERM (or `stop` is set). With `token`,
-    every request must carry it; the Host names answered are `tracedb.asgi.allowed_hosts`'. At most
+    every request must carry it; the Host names answered are `tracedb.sidecar.asgi.allowed_hosts`'. At most
     `max_connections` connections (fewer if the limit of open files is too low for them)."""
     allowed = allowed_host_names(host, allowed_hosts)
     _before, limit = raise_fd_limit()

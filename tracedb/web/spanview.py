@@ -1,6 +1,6 @@
 """The span tree beside the timeline, as inline SVG: one row per span, indented under its parent,
 with a bar where it ran on the span tree's own time axis (OTel spans carry their own times, which
-the events' recording times do not show). Built from `tracedb.spans.span_tree`; every recorded
+the events' recording times do not show). Built from `tracedb.records.spans.span_tree`; every recorded
 string goes through `esc`, and numbers are attributes, not styles (the pages' CSP).
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..spans import SpanNode, SpanTree
-from .pages import error_words, esc, fmt_duration
+from tracedb.records.spans import SpanNode, SpanTree
+from tracedb.web.pages import error_words, esc, fmt_duration
 
 # Rows drawn at most: a tree of thousands of spans draws its first ones and says how many more.
 MAX_ROWS = 400

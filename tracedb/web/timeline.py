@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..outcomes import event_error
-from ..reads import Timeline
-from ..record import LLM_REQUESTED, LLM_RESPONDED, STATUS_RUNNING, TOOL_REQUESTED, TOOL_RESPONDED
-from ..replay import args_hash, prompt_hash
+from tracedb.records.outcomes import event_error
+from tracedb.reads.reader import Timeline
+from tracedb.records.record import LLM_REQUESTED, LLM_RESPONDED, STATUS_RUNNING, TOOL_REQUESTED, TOOL_RESPONDED
+from tracedb.replay import args_hash, prompt_hash
 
 LLM = "llm"
 TOOL = "tool"
@@ -58,7 +58,7 @@ class Layout:
     lanes: dict
     stopped_at: Optional[Tick]
     call_of_seq: dict  # request or response seq -> its Bar
-    errors: dict  # seq -> {code, message} of each event that records an error (tracedb.outcomes)
+    errors: dict  # seq -> {code, message} of each event that records an error (tracedb.records.outcomes)
 
     def x(self, ns: int, width: float) -> float:
         """The position of time `ns` on an axis `width` wide."""

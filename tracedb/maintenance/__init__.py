@@ -1,0 +1,1 @@
+"""Maintenance of a data directory: compact, recover, prune, verify, repair, backup."""

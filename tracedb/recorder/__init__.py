@@ -1,0 +1,1 @@
+"""Recording: the Store, its asyncio twin, staging, the compaction scheduler, execution handles."""
