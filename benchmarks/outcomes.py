@@ -71,15 +71,15 @@ def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) 
     import tracedb
     from tracedb.records import fold
     from tracedb.records import outcomes
-    from tracedb.recorder import store as store_module
+    from tracedb.recorder import staging as staging_module
     from tracedb.recorder.state import StagedBatch
 
-    saved = (fold.may_matter, fold.fold_facts, store_module.event_facts, outcomes.fold_finish, outcomes.fold_closed)
+    saved = (fold.may_matter, fold.fold_facts, staging_module.event_facts, outcomes.fold_finish, outcomes.fold_closed)
     if not derive:
         # The fold's decoding, and the facts the store hands the compactor with each event.
         fold.may_matter = lambda type_, body: False
         fold.fold_facts = lambda *a: None
-        store_module.event_facts = lambda *a: outcomes.NO_FACTS
+        staging_module.event_facts = lambda *a: outcomes.NO_FACTS
         outcomes.fold_finish = outcomes.fold_closed = lambda *a: None
     d = tempfile.mkdtemp(dir=workdir)
     store = tracedb.open(os.path.join(d, "data"), config={"compact_interval_ms": 0, "idle_timeout_s": 0})
@@ -109,7 +109,7 @@ def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) 
             cpu += time.process_time() - c0
         store.close()
     finally:
-        fold.may_matter, fold.fold_facts, store_module.event_facts, outcomes.fold_finish, outcomes.fold_closed = saved
+        fold.may_matter, fold.fold_facts, staging_module.event_facts, outcomes.fold_finish, outcomes.fold_closed = saved
         shutil.rmtree(d)
     return steps / elapsed, steps / cpu
 

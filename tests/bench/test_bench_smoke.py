@@ -115,3 +115,14 @@ def test_the_sidecar_rows_run_the_real_clients_beside_the_loader():
         assert r["acked"] > 0 and r["p99_ms"] > 0, kind
         assert r["serve_cpu_us"] > 0 and r["client_cpu_us"] > 0, kind
     assert got["wal_append"]["cpu_us_per_event"] > 0
+
+
+def test_the_outcomes_section_compacts_with_the_fold_on_and_off_and_puts_it_back(tmp_path):
+    from benchmarks import outcomes as bench
+    from tracedb.recorder import staging
+    from tracedb.records import fold
+
+    before = (fold.may_matter, fold.fold_facts, staging.event_facts)
+    r = bench.derivation_cost(str(tmp_path), 10, rounds=1, events_per=4)
+    assert r["events"] == 40 and r["with_fold_events_per_s"] > 0 and r["without_fold_events_per_s"] > 0
+    assert (fold.may_matter, fold.fold_facts, staging.event_facts) == before
