@@ -488,18 +488,9 @@ class Staging:
         meta: Optional[dict] = None,
         recorded_at_ns=None,
     ) -> StagedStart:
-        """Record a whole execution at once (an import): every record is checked, redacted and
-        encoded before the first is appended, so a refusal writes nothing and the same call can
-        be made again once the input is fixed; then all of them go to the WAL in one append.
-
-        `events`: (type, payload) pairs, numbered 1, 2, ...; `response`: the final response, or
-        None to leave the execution running (or to close it with `closing`); `closing`: (op,
-        text) status changes after the events and the response, op one of "invalidate",
-        "incomplete", "recording_failure" (as `invalidate`, `abandon`, `mark_recording_failure`).
-        `recorded_at_ns`: the time (ns since the epoch) each event, then the final response, was
-        recorded elsewhere, kept as their recorded times; None is now. Blocking (it appends and
-        waits for the fdatasync); returns the start, staged.
-        """
+        """The body of `Store.record_execution` (its docstring has the parameters): every record
+        checked, redacted and encoded before the first is appended, then all of them in one WAL
+        append. Blocking (it appends and waits for the fdatasync); returns the start, staged."""
         events = tuple(events)
         times = _given_times(recorded_at_ns, len(events) + (response is not None))
         start = self.reserve_start(
