@@ -56,7 +56,7 @@ from tracedb.projection import db
 from tracedb.records import outcomes
 from tracedb.projection.checksums import TRACE_VALUE_COLUMNS, crc_column
 from tracedb.errors import IntegrityError
-from tracedb.records.fold import STEP_COLUMNS, STEP_WIDTH, Fold, steps_of
+from tracedb.records.fold import STEP_COLUMNS, Fold, steps_of
 from tracedb.projection.models import compaction_checkpoint, trace_steps, traces
 from tracedb.records.record import REASON_RANK, STATUS_INCOMPLETE, STATUS_INVALIDATED
 from tracedb.projection.schema import TRACES
@@ -70,15 +70,6 @@ log = logging.getLogger(__name__)
 # Compactor takes its own with `pause=`, else the one set here when it was made.
 PauseHook = Callable[[str, int], None]
 pause_hook: Optional[PauseHook] = None
-
-_STEP_COLS = STEP_COLUMNS
-_TRACE_COLS = TRACES
-
-
-
-def _rows(flat, width: int = STEP_WIDTH) -> list[tuple]:
-    """Rows laid end to end, `width` values each, as a list of tuples."""
-    return steps_of(flat, width)
 
 
 @dataclass(frozen=True)
@@ -142,7 +133,7 @@ class _Raw:
         if not rows:
             return 0
         if self.flat:
-            rows = _rows(rows)
+            rows = steps_of(rows)
         if self.positional:
             params = rows if self.identity else [tuple([r[i] for i in self.order]) for r in rows]
         else:
@@ -177,7 +168,7 @@ class _SqliteMultiRow:
         if full:
             conn.exec_driver_sql(self.sql_many, [values[i : i + w] for i in range(0, full, w)])
         if full < len(values):
-            conn.exec_driver_sql(self.sql_one, _rows(values[full:], self.row_width))
+            conn.exec_driver_sql(self.sql_one, steps_of(values[full:], self.row_width))
         return n
 
 
@@ -268,14 +259,14 @@ class Compactor:
         # whose answer was lost); read it back before applying anything.
         self._resync = False
         if engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg":
-            self._insert_steps = _PgCopy(trace_steps, _STEP_COLS)
+            self._insert_steps = _PgCopy(trace_steps, STEP_COLUMNS)
         elif engine.dialect.name == "sqlite":
-            self._insert_steps = _SqliteMultiRow(trace_steps, _STEP_COLS)
+            self._insert_steps = _SqliteMultiRow(trace_steps, STEP_COLUMNS)
         else:
             self._insert_steps = _Raw(
-                engine, trace_steps.insert(), _STEP_COLS, flat=True, column_keys=list(_STEP_COLS)
+                engine, trace_steps.insert(), STEP_COLUMNS, flat=True, column_keys=list(STEP_COLUMNS)
             )
-        self._insert_traces = _Raw(engine, traces.insert(), _TRACE_COLS, column_keys=list(_TRACE_COLS))
+        self._insert_traces = _Raw(engine, traces.insert(), TRACES, column_keys=list(TRACES))
         self._updates: dict = {}
         cp = compaction_checkpoint
         self._checkpoint = (
@@ -528,7 +519,7 @@ class Compactor:
     def _write_filtered(self, new: dict, upd: dict, steps: list, last_lsn: int, starts: dict) -> int:
         """`_write` of what this recorder may apply: the database read for who owns which id."""
         conn = self._connection()
-        rows = _rows(steps)
+        rows = steps_of(steps)
         ids = list({*new, *upd, *(s[0] for s in rows)})
         owner: dict = {}
         have_steps: set = set()
@@ -589,7 +580,7 @@ class Compactor:
             values[k] = _dumps(r[k])
         for k in _TEXT_COLS:
             values[k] = self._text(r[k])
-        return tuple(values[c] for c in _TRACE_COLS)
+        return tuple(values[c] for c in TRACES)
 
     def _update_values(self, delta: dict) -> dict:
         """The columns an UPDATE sets for a pending change: JSON serialised, a checked value
