@@ -5,15 +5,35 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import threading
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 import orjson
 
 from tests.waiting import wait_until as wait_for  # noqa: F401 - the name the sidecar tests use
 from tracedb.sidecar.server import ServerConfig, SidecarServer
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def stopped(proc) -> Iterator[None]:
+    """The process stopped (SIGSTOP) for the block, a recorder stuck on its disk; resumed
+    (SIGCONT) after it, whatever happens inside."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
 
 
 def short_tempdir() -> str:
@@ -76,6 +96,16 @@ class ServerThread:
         """Run `fn(*args)` on the server's loop and return its result."""
         fut = asyncio.run_coroutine_threadsafe(_call(fn, *args), self.loop)
         return fut.result(30)
+
+    def hold(self) -> None:
+        """Every commit of the (fake) backend waits from now on, until `release`: a disk that stalls."""
+        backend = self.backend
+        self.call(lambda: setattr(backend, "hold", asyncio.get_running_loop().create_future()))
+
+    def release(self) -> None:
+        """The held commits complete."""
+        backend = self.backend
+        self.call(lambda: backend.hold.set_result(None))
 
     def stop(self) -> None:
         if self.loop is not None and self._thread.is_alive():
@@ -164,6 +194,32 @@ def rmtree(path: str) -> None:
 
 def sock_path(directory: str) -> str:
     return os.path.join(directory, "tracedb.sock")
+
+
+def flood_held(srv: ServerThread, n: int, pad_bytes: int) -> tuple["LineClient", threading.Thread, Any]:
+    """A client that starts execution "e", then, the backend's commits held (`srv.hold`), sends
+    `n` events of `pad_bytes` each from a thread until the server stops reading its connection.
+    Returns the client, the sending thread and the server's side of the connection."""
+    c = LineClient(srv.config.socket_path)
+    c.call({"id": 0, "op": "start", "intent": "I", "envelope": {}, "execution_id": "e"})
+    srv.hold()
+    frames = b"".join(
+        orjson.dumps({"id": i, "op": "event", "execution_id": "e", "type": "t.x", "payload": {"pad": "x" * pad_bytes},
+                      "seq": i}) + b"\n" for i in range(1, n + 1))
+    c.sock.settimeout(None)
+    sender = threading.Thread(target=c.send_raw, args=(frames,), daemon=True)
+    sender.start()
+    conn = next(iter(srv.server.connections))
+    wait_for(lambda: conn.read_paused, 10, "the connection to be paused")
+    return c, sender, conn
+
+
+def release_flood(srv: ServerThread, c: "LineClient", n: int, sender: threading.Thread) -> None:
+    """`srv.release()`, then every one of `flood_held`'s `n` events is answered, in order."""
+    srv.release()
+    got = [c.recv() for _ in range(n)]
+    assert [r["seq"] for r in got] == list(range(1, n + 1))
+    sender.join(10)
 
 
 class CuttingProxy:

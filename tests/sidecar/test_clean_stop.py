@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -22,20 +21,12 @@ import pytest
 from tracedb.sidecar.client import Client
 
 from tests.serving import ROOT
-from .helpers import wait_for
+from .helpers import free_port, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
 ENV = {"intent": "ProcessIntent", "payload": {"n": 1}}
 N = 30
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _record(socket_path: str, n: int = N) -> list[str]:
@@ -88,7 +79,7 @@ def _served(base: str, ids: list[str], data_dir: str) -> None:
 
 
 def test_sigterm_after_web_view_requests_leaves_a_self_contained_database(serve_process, tdir, tmp_path):
-    port = _free_port()
+    port = free_port()
     rec = serve_process("--http-port", str(port))
     ids = _record(rec.socket)
     _served(f"http://127.0.0.1:{port}", ids, tdir)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,7 +15,7 @@ import tracedb
 from tracedb.sidecar.client import Client
 
 from tests.serving import ROOT
-from .helpers import LineClient, wait_for
+from .helpers import LineClient, free_port, wait_for
 
 ENV = {"intent": "ProcessIntent", "payload": {"n": 1}}
 
@@ -26,14 +25,6 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env.pop("TRACEDB_SIDECAR", None)
     return subprocess.run([sys.executable, "-m", "tracedb", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_sigterm_answers_pending_requests_and_exits_cleanly(serve_process, tdir):
@@ -175,7 +166,7 @@ def _owner_get(srv, url: str) -> bytes:
 
 
 def test_metrics_and_health(serve_process):
-    port = _free_port()
+    port = free_port()
     srv = serve_process("--metrics-port", str(port))
     with Client("unix:" + srv.socket) as client:
         ex = client.start("ProcessIntent", ENV)
@@ -205,7 +196,7 @@ def test_metrics_and_health(serve_process):
 
 
 def test_the_http_port_serves_the_web_view_metrics_and_health_on_one_server(serve_process):
-    port = _free_port()
+    port = free_port()
     srv = serve_process("--http-port", str(port))
     with Client("unix:" + srv.socket) as client:
         ex = client.start("ProcessIntent", ENV)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from tracedb.errors import ConfigError
 from tracedb.sidecar.client import Client, RecorderUnavailableError, connect_async
 
 from tests.serving import ROOT
-from .helpers import sock_path
+from .helpers import sock_path, stopped
 
 
 def _replay_exit(data_dir: str, execution_id: str) -> subprocess.CompletedProcess:
@@ -138,8 +137,7 @@ def test_a_hung_recorder_then_resumed(tdir, serve_process):
     client = Client(rec.socket, on_outage="continue", outage_timeout_s=2.0)
     ex = client.start("fail_open.hung", {"intent": "fail_open.hung"})
     assert ex.event("myapp.step", {"i": 1}) == 1
-    os.kill(rec.proc.pid, signal.SIGSTOP)
-    try:
+    with stopped(rec.proc):
         t0 = time.monotonic()
         assert ex.event("myapp.step", {"i": 2}) is None
         waited = time.monotonic() - t0
@@ -148,8 +146,6 @@ def test_a_hung_recorder_then_resumed(tdir, serve_process):
         t0 = time.monotonic()
         assert ex.event("myapp.step", {"i": 3}) is None
         assert time.monotonic() - t0 < 0.2
-    finally:
-        os.kill(rec.proc.pid, signal.SIGCONT)
     seq, _ = _until_recorded(lambda: ex.event("myapp.step", {"i": "resumed"}))
     assert ex.finish({"status": "success", "payload": {}}) == seq + 1
     record = client.get(ex.execution_id)

@@ -20,7 +20,7 @@ from tracedb.sidecar.metrics import SidecarMetrics
 from tracedb.sidecar.server import ServerConfig
 
 from .conftest import make_server
-from .helpers import LineClient, sock_path
+from .helpers import LineClient, flood_held, release_flood, sock_path
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,16 +43,6 @@ def _still_open(c: LineClient) -> bool:
         return True
     finally:
         c.sock.setblocking(True)
-
-
-def _hold(srv):
-    backend = srv.backend
-    srv.call(lambda: setattr(backend, "hold", asyncio.get_running_loop().create_future()))
-
-
-def _release(srv):
-    backend = srv.backend
-    srv.call(lambda: backend.hold.set_result(None))
 
 
 def test_a_connection_that_never_completes_its_first_frame_is_closed_at_the_deadline(tdir):
@@ -107,7 +97,7 @@ def test_the_idle_timeout_spares_a_connection_waiting_for_its_acknowledgements(t
     try:
         c = LineClient(sock_path(tdir))
         c.call({"id": 0, "op": "start", "intent": "I", "envelope": {}, "execution_id": "e"})
-        _hold(srv)  # the disk "stalls": answers wait
+        srv.hold()  # the disk "stalls": answers wait
         c.send({"id": 1, "op": "event", "execution_id": "e", "type": "t.x", "payload": {}, "seq": 1})
         conn = next(iter(srv.server.connections))
         wait_until(lambda: conn.inflight == 1, 10, "the event to be staged")
@@ -117,7 +107,7 @@ def test_the_idle_timeout_spares_a_connection_waiting_for_its_acknowledgements(t
         assert witness.call({"id": 1, "op": "ping"})["ok"]
         _closed_at(witness, 10)
         assert _still_open(c)
-        _release(srv)
+        srv.release()
         assert c.recv() == {"id": 1, "ok": True, "seq": 1}
         _closed_at(c, 10)  # then idle, and closed
         assert srv.server.listeners["unix"].closed["idle"] == 2
@@ -130,18 +120,8 @@ def test_the_idle_timeout_spares_a_connection_the_server_stopped_reading(tdir):
     srv = make_server(tdir, cfg)
     try:
         # Paused for requests in flight: the disk holds the answers.
-        c = LineClient(sock_path(tdir))
-        c.call({"id": 0, "op": "start", "intent": "I", "envelope": {}, "execution_id": "e"})
-        _hold(srv)
         n = 200
-        frames = b"".join(
-            orjson.dumps({"id": i, "op": "event", "execution_id": "e", "type": "t.x", "payload": {"pad": "x" * 2000},
-                          "seq": i}) + b"\n" for i in range(1, n + 1))
-        c.sock.settimeout(None)
-        sender = threading.Thread(target=c.send_raw, args=(frames,), daemon=True)
-        sender.start()
-        conn = next(iter(srv.server.connections))
-        wait_until(lambda: conn.read_paused, 10, "the connection to be paused")
+        c, sender, conn = flood_held(srv, n, pad_bytes=2000)
         # Paused because its peer reads no answers: pings pile up answers it leaves unread.
         d = LineClient(sock_path(tdir))
         wait_until(lambda: len(srv.server.connections) == 2, 10, "the second connection")
@@ -158,10 +138,7 @@ def test_the_idle_timeout_spares_a_connection_the_server_stopped_reading(tdir):
         assert witness.call({"id": 1, "op": "ping"})["ok"]
         _closed_at(witness, 10)
         assert _still_open(c) and conn in srv.server.connections and conn_d in srv.server.connections
-        _release(srv)
-        got = [c.recv() for _ in range(n)]
-        assert [r["seq"] for r in got] == list(range(1, n + 1))
-        sender.join(10)
+        release_flood(srv, c, n, sender)
         d.sock.setblocking(True)
         d.sock.settimeout(20)
         answered = 0

@@ -20,7 +20,6 @@ import io
 import json
 import os
 import signal
-import socket
 import time
 import urllib.request
 
@@ -33,18 +32,12 @@ from tracedb.cli import main
 from tracedb.sidecar.client import Client, RecorderUnavailableError, connect_async
 
 from . import outage_load
-from .helpers import sock_path
+from .helpers import free_port, sock_path, stopped
 
 # How long after the recorder answers again a call may still be dropped: the moment the
 # client's probe takes to see it (a few ms on an idle machine; this allows for a loaded one).
 BOUND_S = 0.5
 DONE = {"status": "success", "payload": {"answer": 42}}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cli(data_dir: str, *args: str) -> str:
@@ -104,13 +97,12 @@ async def _completed(client, execution_id: str) -> bool:
 
 
 def test_an_execution_finished_while_the_recorder_was_stopped_is_completed_with_what_was_lost(serve_process, tdir):
-    port = _free_port()
+    port = free_port()
     rec = serve_process("--http-port", str(port))
     client = Client(rec.socket, on_outage="continue")
     ex = client.start("outage.done", {"intent": "outage.done"})
     assert ex.event("myapp.step", {"i": 1}) == 1
-    os.kill(rec.proc.pid, signal.SIGSTOP)
-    try:
+    with stopped(rec.proc):
         t_stop = time.time_ns()
         # Sent, never answered: the stopped recorder takes it when it resumes.
         assert ex.event("myapp.step", {"i": 2}) is None
@@ -119,8 +111,6 @@ def test_an_execution_finished_while_the_recorder_was_stopped_is_completed_with_
         assert ex.event("myapp.step", {"i": 4}) is None
         assert ex.finish(DONE) is None
         t_dropped = time.time_ns()
-    finally:
-        os.kill(rec.proc.pid, signal.SIGCONT)
     # The agent calls nothing more: the client tells the recorder by itself, finish included.
     wait_until(lambda: _status(client, ex.execution_id) == "completed", 30, "the dropped finish to be recorded")
     record = client.get(ex.execution_id)
@@ -145,15 +135,12 @@ def test_the_asyncio_client_completes_an_execution_whose_finish_was_dropped(serv
         client = await connect_async(rec.socket, on_outage="continue")
         ex = await client.start("outage.async", {"intent": "outage.async"})
         assert await ex.event("myapp.step", {"i": 1}) == 1
-        os.kill(rec.proc.pid, signal.SIGSTOP)
-        try:
+        with stopped(rec.proc):
             t_stop = time.time_ns()
             # Pipelined into the stopped recorder: it takes both when it resumes.
             assert await asyncio.gather(ex.event("myapp.step", {"i": 2}), ex.event("myapp.step", {"i": 3})) == [None, None]
             assert await asyncio.gather(ex.event("myapp.step", {"i": 4}), ex.finish(DONE)) == [None, None]
             t_dropped = time.time_ns()
-        finally:
-            os.kill(rec.proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + 30
         while not await _completed(client, ex.execution_id):
             assert time.monotonic() < deadline, "the dropped finish was never recorded"
@@ -181,13 +168,10 @@ def test_a_stop_of_the_recorder_keeps_recording_failure_and_the_count(serve_proc
     client = Client(rec.socket, on_outage="continue")
     ex = client.start("outage.running", {"intent": "outage.running"})
     assert ex.event("myapp.step", {"i": 1}) == 1
-    os.kill(rec.proc.pid, signal.SIGSTOP)
-    try:
+    with stopped(rec.proc):
         t_stop = time.time_ns()
         assert ex.event("myapp.step", {"i": 2}) is None  # kept by the recorder when it resumes
         assert ex.event("myapp.step", {"i": 3}) is None  # lost
-    finally:
-        os.kill(rec.proc.pid, signal.SIGCONT)
     recorded = []
     wait_until(lambda: recorded.append(ex.event("myapp.step", {"i": "after"})) or recorded[-1] is not None,
                30, "the agent to record again")

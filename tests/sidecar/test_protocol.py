@@ -68,15 +68,14 @@ def test_pipelined_requests_are_answered_by_id(store_server):
 
 
 def test_a_response_is_sent_only_once_the_write_is_durable(mem_server):
-    backend = mem_server.backend
     c = LineClient(sock_path(mem_server.config.socket_path.rsplit("/", 1)[0]), timeout_s=0.3)
     assert start(c, "exec-d")["ok"]
-    mem_server.call(lambda: setattr(backend, "hold", asyncio.get_running_loop().create_future()))
+    mem_server.hold()
     c.send({"id": 7, "op": "event", "execution_id": "exec-d", "type": "tool.requested", "payload": {}, "seq": 1})
     with pytest.raises(TimeoutError):
         c.recv()  # the answer waits for the (held) durability signal
     assert c.call({"id": 8, "op": "ping"})["pong"] is True  # an answer that needs no write is not held
-    mem_server.call(lambda: backend.hold.set_result(None))
+    mem_server.release()
     c.sock.settimeout(20)
     assert c.recv() == {"id": 7, "ok": True, "seq": 1}
 

@@ -3,7 +3,6 @@ graceful shutdown (in-process, on temporary sockets)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -15,7 +14,7 @@ import pytest
 from tracedb.sidecar.server import ServerConfig, ServerConfigError, SidecarServer, check_config
 
 from .conftest import make_server
-from .helpers import LineClient, sock_path, wait_for
+from .helpers import LineClient, flood_held, release_flood, sock_path, wait_for
 
 
 def test_socket_is_0600_and_a_directory_it_did_not_create_keeps_its_mode(tdir):
@@ -142,41 +141,15 @@ def test_connections_over_the_limit_get_overloaded(tdir):
         srv.stop()
 
 
-def _hold(srv):
-    backend = srv.backend
-    srv.call(lambda: setattr(backend, "hold", asyncio.get_running_loop().create_future()))
-
-
-def _release(srv):
-    backend = srv.backend
-    srv.call(lambda: backend.hold.set_result(None))
-
-
 def test_in_flight_limit_stops_reading_the_connection(tdir):
     cfg = ServerConfig(socket_path=sock_path(tdir), max_inflight_requests=8)
     srv = make_server(tdir, cfg)
     try:
-        c = LineClient(sock_path(tdir))
-        c.call({"id": 0, "op": "start", "intent": "I", "envelope": {}, "execution_id": "e"})
-        _hold(srv)
         n = 2000
-        frames = b"".join(
-            orjson.dumps({"id": i, "op": "event", "execution_id": "e", "type": "t.x", "payload": {"pad": "x" * 500}, "seq": i}) + b"\n"
-            for i in range(1, n + 1)
-        )
-        c.sock.settimeout(None)
-        import threading
-
-        sender = threading.Thread(target=c.send_raw, args=(frames,), daemon=True)
-        sender.start()
-        conn = next(iter(srv.server.connections))
-        wait_for(lambda: conn.read_paused, what="the connection to be paused")
+        c, sender, conn = flood_held(srv, n, pad_bytes=500)
         # Far fewer than the 2000 sent are held in the server's memory.
         assert conn.inflight < n // 2
-        _release(srv)
-        got = [c.recv() for _ in range(n)]
-        assert [r["seq"] for r in got] == list(range(1, n + 1))
-        sender.join(10)
+        release_flood(srv, c, n, sender)
     finally:
         srv.stop()
 
@@ -185,7 +158,7 @@ def test_shutdown_answers_every_pending_request_then_closes(tdir):
     srv = make_server(tdir, ServerConfig(socket_path=sock_path(tdir)))
     c = LineClient(sock_path(tdir))
     c.call({"id": 0, "op": "start", "intent": "I", "envelope": {}, "execution_id": "e"})
-    _hold(srv)
+    srv.hold()
     c.send_raw(b"".join(
         orjson.dumps({"id": i, "op": "event", "execution_id": "e", "type": "t.x", "payload": {}, "seq": i}) + b"\n"
         for i in (1, 2, 3)
@@ -197,7 +170,7 @@ def test_shutdown_answers_every_pending_request_then_closes(tdir):
     # Requests arriving during the drain are refused, not left hanging.
     c.send({"id": 4, "op": "event", "execution_id": "e", "type": "t.x", "payload": {}, "seq": 4})
     assert c.recv() == {"id": 4, "ok": False, "error": {"code": "unavailable", "message": "the server is shutting down; retry later"}}
-    _release(srv)
+    srv.release()
     got = sorted((c.recv() for _ in range(3)), key=lambda r: r["id"])
     assert got == [{"id": i, "ok": True, "seq": i} for i in (1, 2, 3)]
     assert c.at_eof()
