@@ -21,22 +21,10 @@ SECRETS = (ARGUMENT_KEY, BEARER, COOKIE, HEADER_KEY, INVOCATION_KEY, PAIR_KEY)
 
 
 def main() -> None:
-    import openai
-    from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from tests.otel.agent import ask_again, ask_and_run_tool, instrumented
 
-    base_url = sys.argv[1]
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    trace.set_tracer_provider(provider)
-    OpenAIInstrumentor().instrument()
-    tracer = trace.get_tracer("secret-agent")
-    client = openai.OpenAI(base_url=base_url, api_key="test")
+    provider, tracer, client = instrumented(sys.argv[1], "secret-agent")
     messages = [{"role": "user", "content": "Weather in Paris?"}]
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     with tracer.start_as_current_span("answer_question", attributes={
         "http.request.header.authorization": [f"Bearer {BEARER}"],
         "http.response.header.set-cookie": [f"sid={COOKIE}; HttpOnly"],
@@ -44,22 +32,12 @@ def main() -> None:
         "http.request.header.accept": ["application/json"],
         "llm.invocation_parameters": json.dumps({"model": "gpt-4o-mini", "temperature": 0, "api_key": INVOCATION_KEY}),
     }) as root:
-        print(format(root.get_span_context().trace_id, "032x"), flush=True)
-        first = client.chat.completions.create(model="gpt-4o-mini", messages=messages, tools=tools)
-        call = first.choices[0].message.tool_calls[0]
-        with tracer.start_as_current_span(f"execute_tool {call.function.name}", attributes={
-            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.function.name,
-            "gen_ai.tool.call.id": call.id, "gen_ai.tool.call.arguments": call.function.arguments,
-            "gen_ai.tool.call.result": json.dumps({"sky": "sunny"}),
-        }):
-            pass
+        first, call = ask_and_run_tool(tracer, client, root, messages)
         with tracer.start_as_current_span("fetch_forecast") as fetch:
             # What an application that logs a request's headers as one attribute writes.
             fetch.set_attribute("app.request.headers", json.dumps(
                 [["Authorization", f"Bearer {PAIR_KEY}"], ["Accept", "application/json"]]))
-        messages += [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny"}'}]
-        client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+        ask_again(client, messages, first, call)
     provider.shutdown()
 
 

@@ -3,8 +3,6 @@ another machine (the database URL alone) hands the record to IntentusNet's Repla
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from tracedb.projection import db
@@ -14,38 +12,15 @@ pytestmark = pytest.mark.postgres
 intentusnet = pytest.importorskip(
     "intentusnet", reason="the intentusnet package is not installed (pip install intentusnet)"
 )
-from intentusnet import (  # noqa: E402
-    AgentDefinition,
-    AgentRegistry,
-    AgentResponse,
-    BaseAgent,
-    Capability,
-    IntentContext,
-    IntentEnvelope,
-    IntentMetadata,
-    IntentRef,
-    IntentRouter,
-    ReplayEngine,
-)
+from intentusnet import ReplayEngine  # noqa: E402
 
-
-class Upper(BaseAgent):
-    def handle_intent(self, env):
-        return AgentResponse.success({"text": env.payload["text"].upper()}, agent=self.definition.name)
+from tests.interop.conftest import Upper, envelope, make_router  # noqa: E402
 
 
 def test_a_router_records_into_postgresql_and_intentusnet_replays_from_the_database(open_pg_store, pg_url):
     store = open_pg_store()
-    registry = AgentRegistry()
-    router = IntentRouter(registry, record_store=TraceDBExecutionStore(store))
-    registry.register(Upper(AgentDefinition(name="upper", capabilities=[Capability(intent=IntentRef(name="Up"))]), router))
-    env = IntentEnvelope(
-        version="1.0", intent=IntentRef(name="Up"), payload={"text": "fleet"},
-        context=IntentContext(sourceAgent="t", timestamp="2024-01-15T10:30:00+00:00"),
-        metadata=IntentMetadata(requestId="r", source="t", createdAt="2024-01-15T10:30:00+00:00",
-                                traceId="tr", identityChain=[]),
-    )
-    as_recorded = copy.deepcopy(env)
+    router = make_router(TraceDBExecutionStore(store), (Upper, "upper", "Up"))
+    env, as_recorded = envelope("Up", "fleet")
     response = router.route_intent(env)
     store.compact()
     engine = db.create_engine(pg_url)
