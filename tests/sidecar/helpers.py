@@ -222,6 +222,37 @@ def release_flood(srv: ServerThread, c: "LineClient", n: int, sender: threading.
     sender.join(10)
 
 
+class SilentRecorder:
+    """A Unix socket at `path` that accepts connections and never answers a request: a recorder
+    stuck on its disk. `hello`: it answers each connection's first line (the client's hello), so
+    that the client connects, and nothing after it."""
+
+    def __init__(self, path: str, *, hello: bool = False):
+        self.address = "unix:" + path
+        self.connections: list[socket.socket] = []
+        self._hello = hello
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(8)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections.append(c)
+            if self._hello:
+                rid = orjson.loads(c.makefile("rb").readline())["id"]
+                c.sendall(orjson.dumps({"id": rid, "ok": True, "limits": {"max_frame_bytes": 1 << 20}}) + b"\n")
+
+    def close(self) -> None:
+        self._listener.close()
+        for c in self.connections:
+            c.close()
+
+
 class CuttingProxy:
     """A Unix-socket proxy between a client and the server that can cut a connection on cue.
 

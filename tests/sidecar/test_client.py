@@ -7,7 +7,6 @@ import asyncio
 import os
 import time
 
-import orjson
 import pytest
 
 from tracedb import errors as E
@@ -22,7 +21,7 @@ from tracedb.sidecar.client import (
     resolve_sidecar,
 )
 
-from .helpers import CuttingProxy, sock_path
+from .helpers import CuttingProxy, SilentRecorder, sock_path
 
 ENV = {"intent": "ProcessIntent", "payload": {"q": "capital of France"}}
 
@@ -133,21 +132,24 @@ def test_sync_client_reconnects_and_resends_without_duplicates(store_server, tdi
     proxy.close()
 
 
+async def _events_through(proxy, n: int, disturb, **options):
+    """`n` events pipelined through `proxy` by the asyncio client, `disturb()` called once the
+    execution started; each must get its seq. The record, and how often the client reconnected."""
+    client = await connect_async("unix:" + proxy.path, reconnect_timeout_s=10, **options)
+    ex = await client.start("ProcessIntent", ENV)
+    disturb()
+    seqs = await asyncio.wait_for(asyncio.gather(*(ex.event("tool.responded", {"i": i}) for i in range(n))), timeout=20)
+    assert seqs == list(range(1, n + 1))
+    reconnects = client._recorder.remote.reconnects
+    rec = await client.get(ex.execution_id)
+    await client.close()
+    return rec, reconnects
+
+
 def test_async_client_resends_a_pipeline_cut_in_the_middle(store_server, tdir):
     proxy = CuttingProxy(sock_path(store_server.config.data_dir), os.path.join(tdir, "proxy.sock"))
-
-    async def main():
-        client = await connect_async("unix:" + proxy.path, reconnect_timeout_s=10)
-        ex = await client.start("ProcessIntent", ENV)
-        proxy.cut_after(20)
-        seqs = await asyncio.gather(*(ex.event("tool.responded", {"i": i}) for i in range(60)))
-        assert seqs == list(range(1, 61))
-        assert proxy.cuts == 1 and client._recorder.remote.reconnects >= 1
-        rec = await client.get(ex.execution_id)
-        await client.close()
-        return rec
-
-    rec = asyncio.run(main())
+    rec, reconnects = asyncio.run(_events_through(proxy, 60, lambda: proxy.cut_after(20)))
+    assert proxy.cuts == 1 and reconnects >= 1
     assert [e.payload for e in rec.events] == [{"i": i} for i in range(60)]
     assert [e.seq for e in rec.events] == list(range(1, 61))
     proxy.close()
@@ -155,51 +157,19 @@ def test_async_client_resends_a_pipeline_cut_in_the_middle(store_server, tdir):
 
 def test_async_client_reconnects_when_answers_stop_coming_and_records_nothing_twice(store_server, tdir):
     proxy = CuttingProxy(sock_path(store_server.config.data_dir), os.path.join(tdir, "proxy.sock"))
-
-    async def main():
-        client = await connect_async("unix:" + proxy.path, timeout_s=0.5, reconnect_timeout_s=10)
-        ex = await client.start("ProcessIntent", ENV)
-        proxy.stall_after(3)  # the connection stays open; answers stop after the third
-        seqs = await asyncio.wait_for(
-            asyncio.gather(*(ex.event("tool.responded", {"i": i}) for i in range(10))), timeout=20
-        )
-        assert seqs == list(range(1, 11))
-        assert proxy.stalls == 1 and client._recorder.remote.reconnects >= 1
-        rec = await client.get(ex.execution_id)
-        await client.close()
-        return rec
-
-    rec = asyncio.run(main())
+    # The connection stays open; answers stop after the third.
+    rec, reconnects = asyncio.run(_events_through(proxy, 10, lambda: proxy.stall_after(3), timeout_s=0.5))
+    assert proxy.stalls == 1 and reconnects >= 1
     assert [e.payload for e in rec.events] == [{"i": i} for i in range(10)]
     proxy.close()
 
 
 def test_async_client_fails_requests_a_silent_recorder_never_answers(tdir):
     # A "recorder" that says hello and then never answers anything.
-    import socket as socket_mod
-    import threading
-
-    path = os.path.join(tdir, "silent.sock")
-    listener = socket_mod.socket(socket_mod.AF_UNIX, socket_mod.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(8)
-    conns = []
-
-    def serve():
-        while True:
-            try:
-                c, _ = listener.accept()
-            except OSError:
-                return
-            conns.append(c)
-            hello = c.makefile("rb").readline()
-            rid = orjson.loads(hello)["id"]
-            c.sendall(orjson.dumps({"id": rid, "ok": True, "limits": {"max_frame_bytes": 1 << 20}}) + b"\n")
-
-    threading.Thread(target=serve, daemon=True).start()
+    recorder = SilentRecorder(os.path.join(tdir, "silent.sock"), hello=True)
 
     async def main():
-        client = await connect_async("unix:" + path, timeout_s=0.3, reconnect_timeout_s=0.8)
+        client = await connect_async(recorder.address, timeout_s=0.3, reconnect_timeout_s=0.8)
         t0 = asyncio.get_running_loop().time()
         with pytest.raises(RecorderUnavailableError) as e:
             await asyncio.wait_for(client.ping(), timeout=10)
@@ -208,11 +178,9 @@ def test_async_client_fails_requests_a_silent_recorder_never_answers(tdir):
         return e.value, waited
 
     err, waited = asyncio.run(main())
-    listener.close()
-    for c in conns:
-        c.close()
+    recorder.close()
     assert "no answer from the recorder" in str(err) and err.code == "unavailable"
-    assert 0.3 <= waited < 5 and len(conns) >= 2  # it reconnected and resent before giving up
+    assert 0.3 <= waited < 5 and len(recorder.connections) >= 2  # it reconnected and resent before giving up
 
 
 def test_a_resent_event_that_differs_is_a_conflict_not_a_duplicate(store_server):

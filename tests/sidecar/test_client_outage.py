@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import threading
 import time
 
 import pytest
@@ -19,30 +18,15 @@ from tracedb.sidecar.client import (
     connect_async,
 )
 
-from .helpers import sock_path
+from .helpers import SilentRecorder, sock_path
 
 
 @pytest.fixture
 def hung_recorder(tdir):
     """A socket that accepts connections and never answers a word: a recorder stuck on its disk."""
-    path = os.path.join(tdir, "hung.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(8)
-    held = []
-
-    def accept():
-        while True:
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield "unix:" + path
-    listener.close()
-    for c in held:
-        c.close()
+    recorder = SilentRecorder(os.path.join(tdir, "hung.sock"))
+    yield recorder.address
+    recorder.close()
 
 
 def _absent(tdir):
