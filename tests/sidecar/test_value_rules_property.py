@@ -141,27 +141,27 @@ CASES = st.one_of(
 REFUSALS = (InvalidInputError, IntegrityError)
 
 
+def _refused(e: Exception) -> str:
+    """REFUSED for an error that refuses the value (the store's, or the sidecar's answer to a bad
+    request); any other error is raised again."""
+    if isinstance(e, REFUSALS) or (isinstance(e, SidecarError) and e.code in ("bad_request", "frame_too_large")):
+        return REFUSED
+    raise e
+
+
 def _answer(call) -> str:
     try:
         call()
-    except REFUSALS:
-        return REFUSED
-    except SidecarError as e:
-        if e.code in ("bad_request", "frame_too_large"):
-            return REFUSED
-        raise
+    except Exception as e:
+        return _refused(e)
     return OK
 
 
 async def _answer_async(call) -> str:
     try:
         await call()
-    except REFUSALS:
-        return REFUSED
-    except SidecarError as e:
-        if e.code in ("bad_request", "frame_too_large"):
-            return REFUSED
-        raise
+    except Exception as e:
+        return _refused(e)
     return OK
 
 

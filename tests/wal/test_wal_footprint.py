@@ -6,6 +6,7 @@ what it wrote.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import pytest
 
@@ -81,15 +82,21 @@ def test_a_slow_recorder_keeps_small_segments_and_at_most_one_small_spare(tmp_pa
     assert [r.lsn for r in wal.read_records(d, mode="absolute")] == list(range(1, 8001))
 
 
-def test_spares_are_sized_by_the_fill_rate_up_to_the_segment_size(tmp_path, clock):
-    size = 8 * MIB
-    d = str(tmp_path / "wal")
+@contextmanager
+def _spared_at_1_mb_s(d: str, clock, size: int):
+    """A preallocating WAL in `d` that took 530 KB (past the 512 KiB a plain segment waits for)
+    in half a second: 1 MB/s, so its spare is 2 MB for 2 seconds, rounded up to 4 MiB."""
     with wal.Wal(d, segment_size_bytes=size, preallocate=True) as w:
-        # 530 KB (past the 512 KiB a plain segment waits for) in half a second: 1 MB/s, so
-        # 2 MB for 2 seconds, rounded up to 4 MiB.
         clock.now += 0.5
         w.append_many([b"f" * 4000] * 132)
         assert w._spare_event.wait(30)
+        yield w
+
+
+def test_spares_are_sized_by_the_fill_rate_up_to_the_segment_size(tmp_path, clock):
+    size = 8 * MIB
+    d = str(tmp_path / "wal")
+    with _spared_at_1_mb_s(d, clock, size) as w:
         spare = os.path.join(d, SPARE_FILE)
         assert os.path.getsize(spare) == 4 * MIB
         # The plain first segment is left for it after the next group (the rotation ends before
@@ -108,12 +115,8 @@ def test_spares_are_sized_by_the_fill_rate_up_to_the_segment_size(tmp_path, cloc
 
 
 def test_a_slower_rate_shrinks_the_next_spare(tmp_path, clock):
-    size = 8 * MIB
     d = str(tmp_path / "wal")
-    with wal.Wal(d, segment_size_bytes=size, preallocate=True) as w:
-        clock.now += 0.5
-        w.append_many([b"f" * 4000] * 132)
-        assert w._spare_event.wait(30)
+    with _spared_at_1_mb_s(d, clock, 8 * MIB) as w:
         w.append(b"x")
         w.append(b"y")  # in the 4 MiB spare
         assert os.path.getsize(wal.list_segments(d)[-1].path) == 4 * MIB
