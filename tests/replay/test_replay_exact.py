@@ -71,15 +71,22 @@ def test_missing_metadata_replays_as_empty_dict(record_factory):
 # -- states 2, 3, 4 and record_corrupted -------------------------------------------------------
 
 
+def _refused(engine, reason: str, error: type = NotReplayableError):
+    """The engine says the record is not replayable for `reason`, and replay() refuses it with
+    `error` of that reason; the error."""
+    assert engine.is_replayable() == (False, reason)
+    with pytest.raises(error) as info:
+        engine.replay()
+    assert info.value.reason == reason
+    return info.value
+
+
 def test_state_2_execution_incomplete_raises_unless_forced(record_factory):
     record = record_factory(final=None, replayable=False, reason="execution_incomplete")
     engine = ReplayEngine(record)
-    assert engine.is_replayable() == (False, "execution_incomplete")
-    with pytest.raises(NotReplayableError) as info:
-        engine.replay()
-    assert info.value.reason == "execution_incomplete"
-    assert info.value.exit_code == EXIT_NOT_REPLAYABLE
-    assert info.value.hint
+    err = _refused(engine, "execution_incomplete")
+    assert err.exit_code == EXIT_NOT_REPLAYABLE
+    assert err.hint
     forced = engine.replay(force=True)
     assert forced.payload is None  # "may return null payload"
     assert forced.metadata == {}
@@ -96,10 +103,7 @@ def test_running_execution_without_final_response_is_incomplete(record_factory):
 def test_state_3_recording_failure_raises_though_a_final_response_exists(record_factory):
     record = record_factory(final=SUCCESS, replayable=False, reason="recording_failure")
     engine = ReplayEngine(record)
-    assert engine.is_replayable() == (False, "recording_failure")
-    with pytest.raises(NotReplayableError) as info:
-        engine.replay()
-    assert info.value.reason == "recording_failure"
+    _refused(engine, "recording_failure")
     forced = engine.replay(force=True)
     assert forced.payload == {"capital": "Paris"}
     assert forced.warnings == ["Forced replay of non-replayable record"]
@@ -108,11 +112,7 @@ def test_state_3_recording_failure_raises_though_a_final_response_exists(record_
 def test_state_4_manually_invalidated_raises(record_factory):
     # As the seed shows it: the header alone, no final response.
     record = record_factory(final=None, replayable=False, reason="manually_invalidated")
-    engine = ReplayEngine(record)
-    assert engine.is_replayable() == (False, "manually_invalidated")
-    with pytest.raises(NotReplayableError) as info:
-        engine.replay()
-    assert info.value.reason == "manually_invalidated"
+    _refused(ReplayEngine(record), "manually_invalidated")
 
 
 def test_invalidated_completed_record_raises_too(record_factory):
@@ -127,12 +127,8 @@ def test_tampered_envelope_makes_the_record_corrupted(record_factory):
     record = record_factory(final=SUCCESS)
     record.envelope["payload"] = {"country": "Spain"}  # changed after the hash was recorded
     engine = ReplayEngine(record)
-    assert engine.is_replayable() == (False, "record_corrupted")
-    with pytest.raises(RecordCorruptedError) as info:
-        engine.replay()
-    err = info.value
+    err = _refused(engine, "record_corrupted", RecordCorruptedError)
     assert isinstance(err, NotReplayableError) and isinstance(err, IntegrityError)
-    assert err.reason == "record_corrupted"
     assert err.exit_code == EXIT_INTEGRITY
     assert "envelope hash" in str(err)
     assert engine.replay(force=True).warnings == [FORCED_REPLAY_WARNING]
