@@ -5,9 +5,10 @@ on its path, optionally under the compaction pause hook (tests/pause_launcher.py
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from tests import pause_launcher
 from tests.conftest import REPO
@@ -63,3 +64,16 @@ class Child:
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if f and not f.closed:
                 f.close()
+
+
+def kill_when(proc: subprocess.Popen, ready: Callable[[], object]) -> None:
+    """SIGKILL `proc` (a crash) once `ready()`, which waits for the point to kill it at, returned;
+    `proc` is reaped whatever happens."""
+    try:
+        ready()
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

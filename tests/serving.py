@@ -9,7 +9,8 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import orjson
 
@@ -145,3 +146,15 @@ class Serve:
         self.proc.wait(timeout=60)
         if self._reader is not None:
             self._reader.join(60)
+
+
+@contextmanager
+def serving(data_dir: str, *args: str, **options) -> Iterator[Serve]:
+    """`Serve(data_dir, *args, **options)` for the block, then stopped with SIGTERM: the stop is
+    checked to be clean (exit code 0) once the block went through."""
+    serve = Serve(data_dir, *args, **options)
+    try:
+        yield serve
+    finally:
+        code, err = serve.terminate()
+    assert code == 0, err

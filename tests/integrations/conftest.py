@@ -8,14 +8,7 @@ import pytest
 @pytest.fixture
 def processor(store):
     """tracedb's processor as the Agents SDK's only one: nothing is exported to OpenAI."""
-    from agents import set_trace_processors
+    from tests.integrations.weather_agent import processing
 
-    from tracedb.integrations.agents import TraceDBProcessor
-
-    p = TraceDBProcessor(store)
-    set_trace_processors([p])
-    try:
+    with processing(store) as p:
         yield p
-    finally:
-        set_trace_processors([])
-        p.shutdown()

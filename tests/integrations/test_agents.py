@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
-from agents import RunConfig, Runner, set_trace_processors
+from agents import RunConfig, Runner
 
 import tracedb
+from tests.children import kill_when
 from tests.integrations import weather_agent as wa
 from tests.integrations.weather_agent import replay_run
 from tracedb.config import load_config
@@ -39,8 +39,7 @@ def fresh_tools():
 
 
 def live_run(store, fake):
-    wa.script(fake)
-    result = asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=wa.live_config(fake.base_url)))
+    result = wa.run_live(fake)
     [row] = store.list()
     return row.execution_id, result
 
@@ -83,13 +82,8 @@ def test_a_live_run_is_recorded_span_by_span(store, fake, processor):
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
 def test_a_recorded_run_replays_offline_to_the_recorded_output(data_dir, fake, streamed):
     with tracedb.open(data_dir) as store:
-        p = TraceDBProcessor(store)
-        set_trace_processors([p])
-        try:
+        with wa.processing(store):
             eid, live = live_run(store, fake)
-        finally:
-            set_trace_processors([])
-            p.shutdown()
     assert wa.TOOL_CALLS == ["get_weather(Paris)", "get_time(Paris)"]
     requests = fake.request_count
 
@@ -172,15 +166,12 @@ def test_a_run_killed_mid_way_is_incomplete_and_not_replayable(data_dir, fake):
         [sys.executable, "-m", "tests.integrations.agent_child", data_dir, fake.base_url],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    try:
+
+    def stalled():
         # The child is held inside the specialist's first model call: kill it there.
         assert fake.stalled.wait(60), child.stderr.read().decode() if child.poll() is not None else "no stall"
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait(30) == -signal.SIGKILL
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+
+    kill_when(child, stalled)
 
     tracedb_cli = [sys.executable, "-m", "tracedb", "--data-dir", data_dir]
     recover = subprocess.run([*tracedb_cli, "recover"], cwd=ROOT, capture_output=True, text=True)

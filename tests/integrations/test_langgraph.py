@@ -12,7 +12,6 @@ import asyncio
 import json
 import operator
 import os
-import signal
 import subprocess
 import sys
 from typing import Annotated, TypedDict
@@ -23,8 +22,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 import tracedb
+from tests.children import kill_when
 from tests.integrations.langgraph_graph import build, ran
-from tests.serving import Serve
+from tests.serving import Serve, serving
 from tests.waiting import wait_until
 from tracedb.client import connect, connect_async
 from tracedb.config import load_config
@@ -87,9 +87,8 @@ def test_the_conformance_suite_passes_on_the_asyncio_store(tmp_path):
 
 def test_the_conformance_suite_passes_through_tracedb_serve(tmp_path):
     data_dir = str(tmp_path / ".tracedb")
-    serve = Serve(data_dir)
     cfg = load_config(overrides={"data_dir": data_dir})
-    try:
+    with serving(data_dir) as serve:
         @checkpointer_test(name="TraceDBSaver(connect_async)")
         async def saver():
             client = await connect_async(serve.socket)
@@ -100,9 +99,6 @@ def test_the_conformance_suite_passes_through_tracedb_serve(tmp_path):
             await client.close()
 
         assert_conformant(asyncio.run(validate(saver)))
-    finally:
-        code, err = serve.terminate()
-    assert code == 0, err
 
 
 # -- a graph's runs as executions --------------------------------------------------------------
@@ -166,9 +162,8 @@ def test_a_thread_reads_back_the_same_after_a_restart(tmp_path):
 def test_what_the_recorder_has_not_compacted_is_read_back_by_another_process(tmp_path):
     data_dir, log = str(tmp_path / ".tracedb"), str(tmp_path / "log")
     config = {"configurable": {"thread_id": "t"}}
-    serve = Serve(data_dir, env={"TRACEDB_COMPACT_INTERVAL_MS": "3600000"})
     cfg = load_config(overrides={"data_dir": data_dir})
-    try:
+    with serving(data_dir, env={"TRACEDB_COMPACT_INTERVAL_MS": "3600000"}) as serve:
         with connect(serve.socket) as client, TraceDBSaver(client, config=cfg) as saver:
             graph = build(log).compile(checkpointer=saver)
             out = graph.invoke({"steps": []}, config)
@@ -181,9 +176,6 @@ def test_what_the_recorder_has_not_compacted_is_read_back_by_another_process(tmp
             assert other.get_tuple(config) == latest
             assert list(other.list(config)) == history
             assert other.get_tuple(config).checkpoint["channel_values"]["steps"] == out["steps"]
-    finally:
-        code, err = serve.terminate()
-    assert code == 0, err
 
 
 def test_runs_of_many_threads_at_once_on_the_asyncio_store(tmp_path):
@@ -220,19 +212,13 @@ def test_a_graph_killed_inside_a_node_resumes_from_its_last_durable_checkpoint(t
         args = [data_dir, log, "job-7"] + ([serve.socket] if serve else [])
         child = subprocess.Popen([sys.executable, "-m", "tests.integrations.langgraph_graph", *args],
                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            def in_slow():
-                if child.poll() is not None:
-                    raise AssertionError(child.stderr.read().decode())
-                return ran(log) == ["a", "b", "slow"]
 
-            wait_until(in_slow, 60, "the graph to enter its slow node")
-            os.kill(child.pid, signal.SIGKILL)
-            assert child.wait(30) == -signal.SIGKILL
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        def in_slow():
+            if child.poll() is not None:
+                raise AssertionError(child.stderr.read().decode())
+            return ran(log) == ["a", "b", "slow"]
+
+        kill_when(child, lambda: wait_until(in_slow, 60, "the graph to enter its slow node"))
         os.remove(log + ".block")
 
         config = {"configurable": {"thread_id": "job-7"}}

@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from agents import Runner, set_trace_processors
+from agents import Runner
 
 from tests.integrations import weather_agent as wa
 from tests.store.redaction_config import files_holding
-from tracedb.integrations.agents import TraceDBProcessor
 from tracedb.integrations.openai import record
 
 SECRET = "sk-model-argument-5a6b7c8d9e0f"
@@ -36,15 +35,10 @@ def test_the_openai_wrapper_redacts_an_api_key_in_a_tool_calls_json_arguments(st
 
 
 def test_the_agents_processor_redacts_an_api_key_in_a_function_calls_arguments(store, fake, data_dir):
-    p = TraceDBProcessor(store)
-    set_trace_processors([p])
-    try:
+    with wa.processing(store):
         fake.push_response(tool_calls=[{"name": "get_weather", "arguments": {"city": "Paris", "api_key": SECRET}}])
         fake.push_response(wa.FINAL)
         asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=wa.live_config(fake.base_url)))
-    finally:
-        set_trace_processors([])
-        p.shutdown()
     [row] = store.list()
     rec = store.get(row.execution_id)
     text = json.dumps(rec.to_dict())

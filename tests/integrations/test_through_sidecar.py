@@ -6,15 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import openai
-from agents import Runner, set_trace_processors
 
 from tests.integrations import weather_agent as wa
 from tests.integrations.weather_agent import replay_run
-from tests.serving import Serve
+from tests.serving import Serve, serving
 from tests.waiting import wait_until
 from tracedb.client import connect, connect_async
 from tracedb.config import load_config
-from tracedb.integrations.agents import ReplayModelProvider, TraceDBProcessor
+from tracedb.integrations.agents import ReplayModelProvider
 from tracedb.integrations.openai import record, replay
 from tracedb.reads.reader import Reader
 
@@ -31,18 +30,11 @@ def compacted(data_dir, eid):
 
 def test_an_agents_run_recorded_through_the_sidecar_replays_offline(tmp_path, fake):
     data_dir = str(tmp_path / ".tracedb")
-    serve = Serve(data_dir)
-    try:
+    with serving(data_dir) as serve:
         with connect(serve.socket) as client:
             assert not client.embedded
-            p = TraceDBProcessor(client)
-            set_trace_processors([p])
-            try:
-                wa.script(fake)
-                live = asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=wa.live_config(fake.base_url)))
-            finally:
-                set_trace_processors([])
-                p.shutdown()
+            with wa.processing(client):
+                live = wa.run_live(fake)
             requests = fake.request_count
             eid = None
 
@@ -59,15 +51,11 @@ def test_an_agents_run_recorded_through_the_sidecar_replays_offline(tmp_path, fa
             assert replay_run(provider).final_output == live.final_output == wa.FINAL
             assert client.get(eid).finalResponse["payload"]["final_output"] == wa.FINAL
         assert fake.request_count == requests
-    finally:
-        code, err = serve.terminate()
-    assert code == 0, err
 
 
 def test_the_openai_wrapper_records_through_the_sidecar_sync_and_async(tmp_path, fake):
     data_dir = str(tmp_path / ".tracedb")
-    serve = Serve(data_dir)
-    try:
+    with serving(data_dir) as serve:
         fake.push_chat("through the socket")
         with connect(serve.socket) as client:
             ex = client.start("AnswerQuestion", {"intent": "AnswerQuestion"})
@@ -96,9 +84,6 @@ def test_the_openai_wrapper_records_through_the_sidecar_sync_and_async(tmp_path,
         assert text == "async through the socket"
         assert [e.type for e in rec.events] == ["llm.requested", "llm.responded", "FINAL_RESPONSE"]
         assert fake.request_count == 2
-    finally:
-        code, err = serve.terminate()
-    assert code == 0, err
 
 
 def test_a_recorder_lost_mid_run_stops_the_recording_not_the_run(tmp_path, fake):
@@ -107,27 +92,17 @@ def test_a_recorder_lost_mid_run_stops_the_recording_not_the_run(tmp_path, fake)
     wa.BEFORE_WEATHER[:] = [serve.kill]  # the recorder dies while the agent calls its first tool
     try:
         with connect(serve.socket, reconnect_timeout_s=0.5) as client:
-            p = TraceDBProcessor(client)
-            set_trace_processors([p])
-            try:
-                wa.script(fake)
-                result = asyncio.run(Runner.run(wa.triage, wa.QUESTION, run_config=wa.live_config(fake.base_url)))
-            finally:
-                set_trace_processors([])
-                p.shutdown()
+            with wa.processing(client):
+                result = wa.run_live(fake)
         assert result.final_output == wa.FINAL  # the agent finished its run
     finally:
         wa.BEFORE_WEATHER.clear()
         serve.kill()
 
-    serve = Serve(data_dir)  # starting again recovers: the run is incomplete
-    try:
+    with serving(data_dir):  # starting again recovers: the run is incomplete
         with Reader.open(load_config(overrides={"data_dir": data_dir})) as reader:
             [row] = reader.page().items
             rec = reader.get(row.execution_id)
-    finally:
-        code, err = serve.terminate()
-    assert code == 0, err
     assert rec.status == "incomplete" and rec.header.replayableReason == "execution_incomplete"
     types = [e.type for e in rec.events]
     assert types.count("llm.responded") == 1 and "tool.responded" not in types

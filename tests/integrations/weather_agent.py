@@ -4,10 +4,14 @@ off to a specialist with a clock tool. Its model is the fake server, scripted by
 from __future__ import annotations
 
 import asyncio
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import openai
-from agents import Agent, RunConfig, Runner, function_tool
+from agents import Agent, RunConfig, Runner, function_tool, set_trace_processors
 from agents.models.openai_provider import OpenAIProvider
+
+from tracedb.integrations.agents import TraceDBProcessor
 
 QUESTION = "What is the weather and the time in Paris?"
 FINAL = "It is sunny and it is noon in Paris."
@@ -56,6 +60,25 @@ def live_provider(base_url: str) -> OpenAIProvider:
 
 def live_config(base_url: str) -> RunConfig:
     return RunConfig(model_provider=live_provider(base_url))
+
+
+def run_live(fake):
+    """The agent run on the fake server, scripted by `script`; the run's result."""
+    script(fake)
+    return asyncio.run(Runner.run(triage, QUESTION, run_config=live_config(fake.base_url)))
+
+
+@contextmanager
+def processing(recorder) -> Iterator[Any]:
+    """tracedb's processor, recording into `recorder` (a store or a client), as the Agents SDK's
+    only one for the block: nothing is exported to OpenAI."""
+    p = TraceDBProcessor(recorder)
+    set_trace_processors([p])
+    try:
+        yield p
+    finally:
+        set_trace_processors([])
+        p.shutdown()
 
 
 def replay_run(provider, *, streamed: bool = False, tracing: bool = False):

@@ -188,15 +188,22 @@ def test_strict_divergence_on_a_different_final_response():
     assert info.value.seq == _seq_of(record, FINAL_RESPONSE)
 
 
-def test_strict_divergence_past_the_end_of_the_log():
+def _divergence_of_a_log_cut_after(n_events: int) -> ReplayDivergenceError:
+    """A strict replay of the run's first `n_events` events only (an incomplete record): the
+    question, then a tool call; the divergence it raises."""
     record, _ = recorded_run()
-    cut = build_record(events=record.events[:2], final=None, replayable=False, reason="execution_incomplete")
+    cut = build_record(events=record.events[:n_events], final=None, replayable=False, reason="execution_incomplete")
     session = strict_session(cut)
     session.llm(question("roll three dice"))
     with pytest.raises(ReplayDivergenceError) as info:
         session.tool("roll_die", {"sides": 6})
-    assert info.value.seq == 3
-    assert info.value.expected == "end of log"
+    return info.value
+
+
+def test_strict_divergence_past_the_end_of_the_log():
+    err = _divergence_of_a_log_cut_after(2)
+    assert err.seq == 3
+    assert err.expected == "end of log"
 
 
 def test_extra_call_before_the_final_response_diverges_at_it():
@@ -221,13 +228,7 @@ def test_a_finished_session_refuses_more_calls():
 
 
 def test_strict_replay_of_a_log_cut_inside_a_call_diverges_there():
-    record, _ = recorded_run()
-    cut = build_record(events=record.events[:3], final=None, replayable=False, reason="execution_incomplete")
-    session = strict_session(cut)
-    session.llm(question("roll three dice"))
-    with pytest.raises(ReplayDivergenceError) as info:
-        session.tool("roll_die", {"sides": 6})
-    assert info.value.seq == 3
+    assert _divergence_of_a_log_cut_after(3).seq == 3
 
 
 # -- permissive mode ---------------------------------------------------------------------------------
