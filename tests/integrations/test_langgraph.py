@@ -336,12 +336,18 @@ class Secretive(TypedDict):
     pair: tuple
 
 
-def test_state_the_store_would_redact_is_recorded_so_that_it_reads_back_exactly(tmp_path):
-    data_dir = str(tmp_path / "data")
+def secretive_graph() -> StateGraph:
+    """One node, whose output holds the state's password (a key the store's rules redact)."""
     g = StateGraph(Secretive)
     g.add_node("n", lambda s: {"pair": (s["password"], 2)})
     g.add_edge(START, "n")
     g.add_edge("n", END)
+    return g
+
+
+def test_state_the_store_would_redact_is_recorded_so_that_it_reads_back_exactly(tmp_path):
+    data_dir = str(tmp_path / "data")
+    g = secretive_graph()
     config = {"configurable": {"thread_id": "s"}}
     with tracedb.open(data_dir) as store, TraceDBSaver(store) as saver:
         graph = g.compile(checkpointer=saver)
@@ -390,10 +396,7 @@ def test_importing_the_integration_without_the_extra_names_it():
 
 def test_a_client_reading_with_other_redaction_rules_than_the_recorders_refuses_the_thread(tmp_path):
     data_dir = str(tmp_path / "data")
-    g = StateGraph(Secretive)
-    g.add_node("n", lambda s: {"pair": (s["password"], 2)})
-    g.add_edge(START, "n")
-    g.add_edge("n", END)
+    g = secretive_graph()
     config = {"configurable": {"thread_id": "s"}}
     # The saver is told of no redaction; the store records with its default rules (a key
     # named password), so what it recorded cannot be read back as LangGraph saved it.
