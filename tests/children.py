@@ -8,10 +8,19 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Callable, Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional, TypeVar
 
 from tests import pause_launcher
 from tests.conftest import REPO
+
+P = TypeVar("P")
+
+
+def say(line: str) -> None:
+    """The child's side: one line on stdout, flushed at once (what `Child.wait_for` reads)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 class Child:
@@ -77,3 +86,21 @@ def kill_when(proc: subprocess.Popen, ready: Callable[[], object]) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def killed_after(start: Callable[..., P]) -> Iterator[Callable[..., P]]:
+    """`start`, a factory of processes (each with a `kill()`: SIGKILL and reap), with every process
+    it started killed when the block ends: the teardown of a fixture that starts them."""
+    started: list = []
+
+    def tracked(*args, **kwargs) -> P:
+        p = start(*args, **kwargs)
+        started.append(p)
+        return p
+
+    try:
+        yield tracked
+    finally:
+        for p in started:
+            p.kill()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from typing import Optional
@@ -9,6 +10,7 @@ from typing import Optional
 import orjson
 import pytest
 
+from tests.children import killed_after
 from tests.serving import TRACEDB, Serve, serve_env
 
 
@@ -42,16 +44,8 @@ class OtlpServe(Serve):
 @pytest.fixture
 def otlp_serve(data_dir):
     """A factory of OTLP-receiving recorders on `data_dir`; all stopped after the test."""
-    procs: list[OtlpServe] = []
-
-    def start(*args: str, env: Optional[dict] = None) -> OtlpServe:
-        p = OtlpServe(data_dir, *args, env=env)
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:
-        p.kill()
+    with killed_after(functools.partial(OtlpServe, data_dir)) as start:
+        yield start
 
 
 def tracedb_cli(data_dir: str, *args: str, env: Optional[dict] = None) -> subprocess.CompletedProcess:

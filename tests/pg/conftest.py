@@ -127,7 +127,7 @@ def counts(engine) -> tuple[int, int]:
 
 # -- seed 002's execution and a recorder process, as in tests/store ---------------------------
 
-from tests.children import Child  # noqa: E402
+from tests.children import Child, killed_after  # noqa: E402
 from tests.store.conftest import ENVELOPE, SEED_002_EVENTS, FakeClock, record_seed_002  # noqa: E402,F401
 
 
@@ -137,13 +137,8 @@ CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pg_child.py")
 @pytest.fixture
 def children():
     """children(data_dir, db_url, *args) -> Child; any left running are killed at teardown."""
-    started = []
+    def start(data_dir: str, db_url: str, *args: str) -> Child:
+        return Child(CHILD, data_dir, *args, env={"TRACEDB_DB_URL": db_url})
 
-    def _start(data_dir: str, db_url: str, *args: str):
-        c = Child(CHILD, data_dir, *args, env={"TRACEDB_DB_URL": db_url})
-        started.append(c)
-        return c
-
-    yield _start
-    for c in started:
-        c.kill()
+    with killed_after(start) as tracked:
+        yield tracked

@@ -14,11 +14,7 @@ import sys
 import threading
 
 import tracedb
-
-
-def say(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+from tests.children import say
 
 
 def main() -> None:

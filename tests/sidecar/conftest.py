@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 
+from tests.children import killed_after
 from tests.serving import Serve
 from tracedb.sidecar.server import ServerConfig
 
@@ -58,14 +60,5 @@ def make_server(tdir, config: ServerConfig, backend: str = "memory", metrics=Non
 @pytest.fixture
 def serve_process(tdir):
     """A factory of `tracedb serve` subprocesses on the temp data directory; all stopped after."""
-    procs: list[Serve] = []
-
-    def start(*args: str, env: dict | None = None) -> Serve:
-        p = Serve(tdir, *args, env=env)
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:
-        if p.proc.poll() is None:
-            p.kill()
+    with killed_after(functools.partial(Serve, tdir)) as start:
+        yield start

@@ -17,17 +17,13 @@ import sys
 import threading
 
 import tracedb
+from tests.children import say
 from tests.conftest import SEED_002
 from tracedb.records.record import lost_records_note
 
 EVENTS = SEED_002
 # 3 records lost between 2024-01-15T10:30:01Z and 10:30:04Z.
 NOTE = lost_records_note(3, 1_705_314_601_000_000_000, 1_705_314_604_000_000_000)
-
-
-def say(word: str) -> None:
-    sys.stdout.write(word + "\n")
-    sys.stdout.flush()
 
 
 def main() -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 
 import tracedb
-from tests.children import Child
+from tests.children import Child, killed_after
 from tests.conftest import SEED_002, FakeClock  # noqa: F401 - re-exported: tests/pg imports it from here
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
@@ -55,14 +56,6 @@ def record_seed_002(store, execution_id="exec-a1b2c3d4", envelope=None):
 
 @pytest.fixture
 def child(data_dir):
-    started = []
-
-    def _start(*args, pause=None):
-        c = Child(CHILD, data_dir, *args, pause=pause)
-        started.append(c)
-        return c
-
-    yield _start
-    for c in started:
-        if c.proc.poll() is None:
-            c.kill()
+    """child(*args, pause=None) -> Child running child.py on data_dir; killed at teardown."""
+    with killed_after(functools.partial(Child, CHILD, data_dir)) as start:
+        yield start
