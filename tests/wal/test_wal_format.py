@@ -169,6 +169,18 @@ def _damage_of(wal_dir, mode="point_in_time"):
     return recs, reader.damages
 
 
+def _second_header_changed(wal_dir, at: int, data: bytes):
+    """Records abc, def and later, the second's header changed at byte `at` to `data`, its CRC
+    made to match: the read stops after abc. The second's span, and the damages found."""
+    path = _one_segment_log(wal_dir, [b"abc", b"def"], then=[b"later"])
+    second = record_spans(path)[1]
+    put(path, second.offset + at, data)
+    fix_record_crc(path, second.offset)
+    recs, damages = _damage_of(wal_dir)
+    assert [r.payload for r in recs] == [b"abc"]
+    return second, damages
+
+
 def test_nonzero_padding_is_damage(wal_dir):
     path = _one_segment_log(wal_dir, [b"abc", b"defgh"], then=[b"later"])
     second = record_spans(path)[1]
@@ -181,31 +193,17 @@ def test_nonzero_padding_is_damage(wal_dir):
 
 
 def test_nonzero_reserved_bytes_are_damage_even_with_a_valid_crc(wal_dir):
-    path = _one_segment_log(wal_dir, [b"abc", b"def"], then=[b"later"])
-    second = record_spans(path)[1]
-    put(path, second.offset + 18, b"\x02\x00")  # 1 is the group-start flag
-    fix_record_crc(path, second.offset)
-    recs, damages = _damage_of(wal_dir)
-    assert [r.payload for r in recs] == [b"abc"]
+    _, damages = _second_header_changed(wal_dir, 18, b"\x02\x00")  # 1 is the group-start flag
     assert "zero reserved" in damages[0].expected
 
 
 def test_a_padding_length_that_does_not_align_is_damage(wal_dir):
-    path = _one_segment_log(wal_dir, [b"abc", b"def"], then=[b"later"])
-    second = record_spans(path)[1]
-    put(path, second.offset + 17, b"\x02")
-    fix_record_crc(path, second.offset)
-    recs, damages = _damage_of(wal_dir)
-    assert [r.payload for r in recs] == [b"abc"] and damages[0].offset == second.offset
+    second, damages = _second_header_changed(wal_dir, 17, b"\x02")
+    assert damages[0].offset == second.offset
 
 
 def test_a_record_of_type_zero_is_damage(wal_dir):
-    path = _one_segment_log(wal_dir, [b"abc", b"def"], then=[b"later"])
-    second = record_spans(path)[1]
-    put(path, second.offset + 16, b"\x00")
-    fix_record_crc(path, second.offset)
-    recs, damages = _damage_of(wal_dir)
-    assert [r.payload for r in recs] == [b"abc"]
+    _, damages = _second_header_changed(wal_dir, 16, b"\x00")
     assert damages[0].expected == "record type 1 or 2, found 0"
 
 
