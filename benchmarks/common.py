@@ -3,7 +3,9 @@ it, percentiles, and the lines they print."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import os
 import threading
 import time
 
@@ -88,6 +90,24 @@ def rate_line(name: str, rate: float) -> str:
 def ratio_line(label: str, r: float) -> str:
     """A line comparing two rates of the same run."""
     return f"  ratio {label:<52} {r:10.2f}x" if r < 10 else f"  ratio {label:<52} {r:10.1f}x"
+
+
+def pg_command_line(doc: str, url_help: str = "") -> argparse.ArgumentParser:
+    """The command line of a section run alone (`python -m benchmarks.NAME`): `doc` as its help,
+    a PostgreSQL URL (default: $TRACEDB_TEST_PG_URL; `url_help` adds to its help) and --json."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("url", nargs="?", default=os.environ.get("TRACEDB_TEST_PG_URL"),
+                    help=f"PostgreSQL URL (default: $TRACEDB_TEST_PG_URL{url_help})")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    return ap
+
+
+def print_result(result: dict, as_json: bool, report_lines) -> None:
+    """A section's result as indented JSON, or as its report lines."""
+    if as_json:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print("\n".join(report_lines(result)))
 
 
 # -- the user's workload: what an agent records through the public API ------------------------

@@ -151,56 +151,71 @@ def native_frames(spans: list) -> bytes:
     return b"\n".join(out) + b"\n"
 
 
+class _Window:
+    """What the clients of one run measure: each request tagged with the next tag, its latency
+    and spans counted when it ends within the `seconds` after `warmup`, the errors."""
+
+    def __init__(self, seconds: float, warmup: float):
+        self.seconds = seconds
+        start = time.perf_counter()
+        self.measure_from, self.stop_at = start + warmup, start + warmup + seconds
+        self.lat: list[float] = []
+        self.spans = 0
+        self.errors = 0
+        self.counter = 0
+
+    def open(self) -> bool:
+        return time.perf_counter() < self.stop_at
+
+    def next_tag(self) -> bytes:
+        self.counter += 1
+        return request_tag(self.counter)
+
+    def answered(self, t0: float, spans: int) -> None:
+        t1 = time.perf_counter()
+        if self.measure_from <= t1 <= self.stop_at:
+            self.lat.append(t1 - t0)
+            self.spans += spans
+
+    def result(self) -> dict:
+        lat = sorted(self.lat)
+        return {"spans_per_s": self.spans / self.seconds, "p50_ms": pct(lat, 0.5) * 1e3,
+                "p99_ms": pct(lat, 0.99) * 1e3, "requests": len(lat), "errors": self.errors}
+
+
 async def _drive_otlp(port: int, bodies: list[bytes], seconds: float, warmup: float, token: str) -> dict:
     import httpx
 
     url = f"http://127.0.0.1:{port}/v1/traces"
     headers = {"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {token}"}
-    lat: list[float] = []
-    spans = [0]
-    errors = [0]
-    counter = [0]
-    start = time.perf_counter()
-    measure_from, stop_at = start + warmup, start + warmup + seconds
+    w = _Window(seconds, warmup)
     limits = httpx.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
 
     async def exporter(http, body: bytes, per: int) -> None:
-        while time.perf_counter() < stop_at:
-            counter[0] += 1
-            payload = body.replace(TAG, request_tag(counter[0]))
+        while w.open():
+            payload = body.replace(TAG, w.next_tag())
             t0 = time.perf_counter()
             r = await http.post(url, content=payload, headers=headers)
-            t1 = time.perf_counter()
             if r.status_code != 200:
-                errors[0] += 1
+                w.errors += 1
                 continue
-            if measure_from <= t1 <= stop_at:
-                lat.append(t1 - t0)
-                spans[0] += per
+            w.answered(t0, per)
 
     async with httpx.AsyncClient(timeout=60, limits=limits) as http:
         await asyncio.gather(*(exporter(http, b, n) for b, n in bodies))
-    lat.sort()
-    return {"spans_per_s": spans[0] / seconds, "p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3,
-            "requests": len(lat), "errors": errors[0]}
+    return w.result()
 
 
 async def _drive_native(sock: str, batches: list[tuple[bytes, int]], seconds: float, warmup: float) -> dict:
-    lat: list[float] = []
-    spans = [0]
-    errors = [0]
-    counter = [0]
-    start = time.perf_counter()
-    measure_from, stop_at = start + warmup, start + warmup + seconds
+    w = _Window(seconds, warmup)
     hexed = TAG.hex().encode()
 
     async def client(frames: bytes, per: int) -> None:
         reader, writer = await asyncio.open_unix_connection(sock, limit=1 << 24)
         n = frames.count(b"\n")
         try:
-            while time.perf_counter() < stop_at:
-                counter[0] += 1
-                data = frames.replace(hexed, request_tag(counter[0]).hex().encode())
+            while w.open():
+                data = frames.replace(hexed, w.next_tag().hex().encode())
                 t0 = time.perf_counter()
                 writer.write(data)
                 got = 0
@@ -208,18 +223,13 @@ async def _drive_native(sock: str, batches: list[tuple[bytes, int]], seconds: fl
                     line = await reader.readline()
                     got += 1
                     if b'"ok":false' in line:
-                        errors[0] += 1
-                t1 = time.perf_counter()
-                if measure_from <= t1 <= stop_at:
-                    lat.append(t1 - t0)
-                    spans[0] += per
+                        w.errors += 1
+                w.answered(t0, per)
         finally:
             writer.close()
 
     await asyncio.gather(*(client(f, n) for f, n in batches))
-    lat.sort()
-    return {"spans_per_s": spans[0] / seconds, "p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3,
-            "requests": len(lat), "errors": errors[0]}
+    return w.result()
 
 
 def run(workdir: str, seconds: float = 3.0, warmup: float = 1.0, exporters: int = 16, batch: int = 512) -> dict:

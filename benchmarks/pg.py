@@ -18,7 +18,6 @@ one recorder (SQLite has one writer at a time).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import multiprocessing
 import os
@@ -28,10 +27,9 @@ import time
 import uuid
 from typing import Optional, Sequence
 
-import orjson
 import sqlalchemy as sa
 
-from .common import fill_store_wal, rate_line, ratio_line
+from .common import fill_store_wal, pg_command_line, print_result, rate_line, ratio_line
 
 
 def _compact_worker(target: str, wal_dir: str, recorder_id: str, batch_records: int, barrier, out) -> None:
@@ -180,20 +178,14 @@ def report_lines(result: dict) -> list[str]:
 
 def main() -> None:
     """`python -m benchmarks.pg URL`: run and print."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("url", nargs="?", default=os.environ.get("TRACEDB_TEST_PG_URL"),
-                    help="PostgreSQL URL (default: $TRACEDB_TEST_PG_URL)")
+    ap = pg_command_line(__doc__)
     ap.add_argument("--events", type=int, default=200_000, help="events per configuration")
     ap.add_argument("--recorders", default="1,4", help="comma-separated recorder counts")
-    ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args()
     if not args.url:
         ap.error("give a PostgreSQL URL (or set TRACEDB_TEST_PG_URL)")
     result = run(args.url, events=args.events, recorders=tuple(int(x) for x in args.recorders.split(",")))
-    if args.json:
-        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-    else:
-        print("\n".join(report_lines(result)))
+    print_result(result, args.json, report_lines)
 
 
 if __name__ == "__main__":

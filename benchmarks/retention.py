@@ -22,17 +22,15 @@ Target: prune's steps/s at least twice the ingest's events/s of the same databas
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
 import time
 from typing import Optional
 
-import orjson
 import sqlalchemy as sa
 
-from .common import T0_NS, rate_line, ratio_line
+from .common import T0_NS, pg_command_line, print_result, rate_line, ratio_line
 
 DAY_NS = 86_400 * 10**9
 RETENTION_DAYS = 30
@@ -165,18 +163,12 @@ def report_lines(result: dict) -> list[str]:
 
 def main() -> None:
     """`python -m benchmarks.retention [URL]`: run and print."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("url", nargs="?", default=os.environ.get("TRACEDB_TEST_PG_URL"),
-                    help="PostgreSQL URL (default: $TRACEDB_TEST_PG_URL; none: SQLite only)")
+    ap = pg_command_line(__doc__, "; none: SQLite only")
     ap.add_argument("--events", type=int, default=1_000_000, help="events per database")
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args()
     result = run(args.workdir or tempfile.gettempdir(), args.url, events=args.events)
-    if args.json:
-        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-    else:
-        print("\n".join(report_lines(result)))
+    print_result(result, args.json, report_lines)
 
 
 if __name__ == "__main__":

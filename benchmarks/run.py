@@ -76,6 +76,13 @@ def ratio(label: str, a: float, b: float) -> float:
     return a / b
 
 
+def report(name: str, result: dict, lines: list[str]) -> None:
+    """Print a section's report lines as they come; its result goes into the JSON as `name`."""
+    for line in lines:
+        print(line, flush=True)
+    RESULTS[name] = result
+
+
 def check(out: dict, target: str, ok: bool, what: str = "") -> bool:
     """Print a row's target and whether this run met it; the JSON keeps both."""
     out.setdefault("targets", {})[target] = ok
@@ -748,9 +755,7 @@ def section_pg(args, workdir: str) -> None:
     from benchmarks import pg as bench_pg
 
     result = bench_pg.run(url, events=20_000 if args.quick else 200_000, recorders=(1, 4), workdir=workdir)
-    for line in bench_pg.report_lines(result):
-        print(line, flush=True)
-    RESULTS["pg"] = result
+    report("pg", result, bench_pg.report_lines(result))
 
 
 def section_retention(args, workdir: str) -> None:
@@ -759,9 +764,7 @@ def section_retention(args, workdir: str) -> None:
     print("\n== Retention: prune steps/s against ingest events/s, same run (SQLite: 1 recorder;"
           " PostgreSQL: a fleet of 4)")
     result = retention.run(workdir, os.environ.get("TRACEDB_TEST_PG_URL"), events=100_000 if args.quick else 1_000_000)
-    for line in retention.report_lines(result):
-        print(line, flush=True)
-    RESULTS["retention"] = result
+    report("retention", result, retention.report_lines(result))
 
 
 # -- the CLI's read commands ----------------------------------------------------------------
@@ -811,9 +814,7 @@ def section_integrations(args, workdir: str) -> None:
     print("\n== OpenAI integrations, against the fake OpenAI server on 127.0.0.1: an Agents SDK run live,"
           " recorded, and replayed offline; the OpenAI SDK wrapper's cost per call")
     result = ib.run(workdir, calls=50, repeats=1 if args.quick else 3, overhead_calls=50 if args.quick else 300)
-    for line in ib.report_lines(result):
-        print(line, flush=True)
-    RESULTS["integrations"] = result
+    report("integrations", result, ib.report_lines(result))
 
 
 def section_otel(args, workdir: str) -> None:
@@ -823,10 +824,8 @@ def section_otel(args, workdir: str) -> None:
 
     # A request of 512 spans takes seconds under 16 exporters: shorter runs measure too few.
     r = otel.run(workdir, seconds=max(args.seconds, 5.0), warmup=max(args.warmup, 1.0))
-    for line in otel.report_lines(r):
-        print(line, flush=True)
+    report("otel", r, otel.report_lines(r))
     check(r, ">= 0.5x native spans/s", r["ratio"] >= 0.5)
-    RESULTS["otel"] = r
 
 
 def section_web(args, workdir: str) -> None:
@@ -863,15 +862,13 @@ def section_langgraph(args, workdir: str) -> None:
     print("\n== LangGraph checkpointers: the same graph (8 supersteps, 641-byte state), 64 producers,"
           " every commit durable; then the same checkpoints and writes through each saver alone")
     result = lb.run(workdir, seconds=args.seconds, warmup=args.warmup)
-    for line in lb.report_lines(result):
-        print(line, flush=True)
+    report("langgraph", result, lb.report_lines(result))
     for load, rows in (("graph", result["graph"]), ("saver", result["saver"])):
         ours = next(iter(rows.values()))
         sqlite = next((fig for name, fig in rows.items() if name.startswith("AsyncSqliteSaver")), None)
         if sqlite is not None:
             check(ours, f">= 10x AsyncSqliteSaver checkpoints/s ({load})",
                   ours["checkpoints_per_s"] >= 10 * sqlite["checkpoints_per_s"])
-    RESULTS["langgraph"] = result
 
 
 def section_outcomes(args, workdir: str) -> None:
@@ -879,9 +876,7 @@ def section_outcomes(args, workdir: str) -> None:
     from benchmarks import outcomes as bench_outcomes
 
     result = bench_outcomes.run(workdir, quick=args.quick)
-    for line in bench_outcomes.report_lines(result):
-        print(line, flush=True)
-    RESULTS["outcomes"] = result
+    report("outcomes", result, bench_outcomes.report_lines(result))
 
 
 SECTIONS = {
