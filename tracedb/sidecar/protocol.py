@@ -214,12 +214,18 @@ def check_id(req: dict) -> Any:
     raise _bad("`id` must be a string, an integer or null")
 
 
+def _field(req: dict, name: str, required: bool) -> Any:
+    """A field of a request, None when it is absent (or null) and may be."""
+    v = req.get(name)
+    if v is None and required:
+        raise _bad(f"`{name}` is required")
+    return v
+
+
 def req_str(req: dict, name: str, max_chars: int, *, required: bool = True) -> Optional[str]:
     """A string field of a request, checked for presence, type and length."""
-    v = req.get(name)
+    v = _field(req, name, required)
     if v is None:
-        if required:
-            raise _bad(f"`{name}` is required")
         return None
     if type(v) is not str:
         raise _bad(f"`{name}` must be a string, got {_json_type(v)}")
@@ -245,10 +251,8 @@ def req_execution_id(req: dict, name: str = "execution_id", *, required: bool = 
 
 def req_object(req: dict, name: str, *, required: bool = True) -> Optional[dict]:
     """A JSON-object field of a request."""
-    v = req.get(name)
+    v = _field(req, name, required)
     if v is None:
-        if required:
-            raise _bad(f"`{name}` is required")
         return None
     if type(v) is not dict:
         raise _bad(f"`{name}` must be a JSON object, got {_json_type(v)}")

@@ -51,6 +51,13 @@ _NL = orjson.OPT_APPEND_NEWLINE
 _TOO_LARGE = P.FrameSplitter.TOO_LARGE
 # The request line of an HTTP request ("POST / HTTP/1.1"): never a frame of this protocol.
 _HTTP_REQUEST = re.compile(rb"[A-Z]+ \S+ HTTP/\d")
+# The operations that change an execution by a line of text: the field that holds it, and the
+# backend's call that stages the change.
+_CHANGES = {
+    "invalidate": ("reason", "stage_invalidate"),
+    "abandon": ("reason", "stage_abandon"),
+    "recording_failure": ("detail", "stage_recording_failure"),
+}
 
 
 @dataclass
@@ -528,21 +535,13 @@ class Connection(asyncio.Protocol):
             eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
             response = P.req_object(req, "response")
             return backend.stage_finish(eid, response, P.req_seq(req))
-        if op == "invalidate":
-            counts["invalidate"] += 1
+        change = _CHANGES.get(op)
+        if change is not None:
+            field, stage = change
+            counts[op] += 1
             eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
-            reason = P.req_str(req, "reason", P.MAX_REASON_CHARS)
-            return backend.stage_invalidate(eid, reason)
-        if op == "abandon":
-            counts["abandon"] += 1
-            eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
-            reason = P.req_str(req, "reason", P.MAX_REASON_CHARS)
-            return backend.stage_abandon(eid, reason)
-        if op == "recording_failure":
-            counts["recording_failure"] += 1
-            eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
-            detail = P.req_str(req, "detail", P.MAX_REASON_CHARS)
-            return backend.stage_recording_failure(eid, detail)
+            text = P.req_str(req, field, P.MAX_REASON_CHARS)
+            return getattr(backend, stage)(eid, text)
         if op == "get":
             counts["get"] += 1
             eid = P.req_str(req, "execution_id", P.MAX_EXECUTION_ID_CHARS)
