@@ -67,7 +67,10 @@ def _snapshot(d: str) -> dict:
     return out
 
 
-def _one_error(r) -> tuple[str, str]:
+def _refusal(nobody, d: str, args) -> tuple[str, str]:
+    """`tracedb --data-dir D ARGS` as nobody: exit code 1 and one error with its hint, no traceback."""
+    r = nobody.tracedb("--data-dir", d, *args)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr[-3000:])
     lines = [line for line in r.stderr.splitlines() if not line.startswith("{")]  # serve's JSON logs
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), r.stderr[-3000:]
@@ -78,9 +81,7 @@ def _one_error(r) -> tuple[str, str]:
 def test_a_root_owned_data_directory_names_the_file_and_the_chown(nobody, args):
     d = _root_owned_store(nobody)
     before = _snapshot(d)
-    r = nobody.tracedb("--data-dir", d, *args)
-    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr[-3000:])
-    error, hint = _one_error(r)
+    error, hint = _refusal(nobody, d, args)
     assert "Permission denied" in error and d in error, error
     assert f"chown -R nobody {d}" in hint and "run tracedb as the user" in hint and "belongs to root" in hint, hint
     assert _snapshot(d) == before  # refused before anything was written
@@ -93,9 +94,7 @@ def test_a_database_left_to_root_in_a_directory_of_the_unit_user_names_the_datab
     d = _root_owned_store(nobody)
     nobody.give(d)
     subprocess.run(["chown", "root", os.path.join(d, "traces.db")], check=True)
-    r = nobody.tracedb("--data-dir", d, *args)
-    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr[-3000:])
-    error, hint = _one_error(r)
+    error, hint = _refusal(nobody, d, args)
     assert error == f"error: cannot use {os.path.join(d, 'traces.db')}: Permission denied", error
     assert f"chown -R nobody {d}" in hint, hint
 
@@ -106,9 +105,7 @@ def test_reads_of_a_root_owned_directory_say_sqlite_needs_to_write_there(nobody,
     # in the directory, which this user may not write.
     d = _root_owned_store(nobody)
     before = _snapshot(d)
-    r = nobody.tracedb("--data-dir", d, *args)
-    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr[-3000:])
-    error, hint = _one_error(r)
+    error, hint = _refusal(nobody, d, args)
     assert error == (f"error: cannot use {d}: Permission denied (SQLite makes traces.db-wal and "
                      "traces.db-shm there)"), error
     assert f"chown -R nobody {d}" in hint, hint
@@ -125,8 +122,6 @@ def test_the_wal_scan_of_a_root_owned_directory_reads_it(nobody):
 def test_reads_of_a_directory_closed_to_this_user_name_it(nobody, args):
     d = _root_owned_store(nobody)
     os.chmod(d, 0o700)
-    r = nobody.tracedb("--data-dir", d, *args)
-    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr[-3000:])
-    error, hint = _one_error(r)
+    error, hint = _refusal(nobody, d, args)
     assert "Permission denied" in error and d in error, error
     assert f"chown -R nobody {d}" in hint and f"{d} belongs to root" in hint, hint

@@ -127,14 +127,20 @@ def test_filters_combine_with_pages(many, run):
     assert stdout_ids(window) == ["exec-58", "exec-56", "exec-54", "exec-52", "exec-50"]
 
 
+def _timed(store, clock, execution_id: str, to_event_ns: int, to_finish_ns: int) -> None:
+    """An execution started now, its INTENT_RECEIVED `to_event_ns` later, its finish (success)
+    `to_finish_ns` after that, on the fake `clock`."""
+    ex = store.start("ProcessIntent", ENVELOPE, execution_id)
+    clock.ns += to_event_ns
+    ex.event("INTENT_RECEIVED", {"intent": "ProcessIntent"})
+    clock.ns += to_finish_ns
+    ex.finish({"status": "success"})
+
+
 def test_the_header_events_and_durations(data_dir, run):
     clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
-        ex = store.start("ProcessIntent", ENVELOPE, "exec-done")
-        clock.ns += 120 * MS
-        ex.event("INTENT_RECEIVED", {"intent": "ProcessIntent"})
-        clock.ns += 192 * S - 120 * MS
-        ex.finish({"status": "success"})  # 3m12s after the start
+        _timed(store, clock, "exec-done", 120 * MS, 192 * S - 120 * MS)  # finished 3m12s after the start
         clock.ns += S
         quick = store.start("ProcessIntent", ENVELOPE, "exec-quick")
         clock.ns += 340 * MS
@@ -221,11 +227,7 @@ def test_trace_diff_takes_prefixes(similar, run):
 def test_trace_get_shows_when_each_event_was_recorded(data_dir, run):
     clock = FakeClock()
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
-        ex = store.start("ProcessIntent", ENVELOPE, "exec-timed")
-        clock.ns += 250 * MS
-        ex.event("INTENT_RECEIVED", {"intent": "ProcessIntent"})
-        clock.ns += 1_500 * MS
-        ex.finish({"status": "success"})
+        _timed(store, clock, "exec-timed", 250 * MS, 1_500 * MS)
     record = json.loads(run("trace", "get", "exec-timed").stdout)
     assert record["eventTimes"] == [
         {"seq": 1, "recordedUtcIso": "2024-01-15T10:30:00.250000Z", "sincePreviousMs": 250.0},
