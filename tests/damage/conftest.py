@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 
 import orjson
 import pytest
@@ -67,6 +69,18 @@ class Cli:
 @pytest.fixture
 def cli():
     return Cli
+
+
+def hinted_commands(text: str) -> list[str]:
+    """The `tracedb ...` commands a hint names, in order."""
+    return re.findall(r"`(tracedb [^`]+)`", text)
+
+
+def follow(run: Cli, command: str):
+    """Run a `tracedb ...` command a hint named, through `run` (a Cli on the data directory)."""
+    args = shlex.split(command)
+    assert args[0] == "tracedb"
+    return run(*args[1:])
 
 
 def flip_bit(path: str, offset: int, bit: int = 0) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
-import shlex
 import signal
 import sqlite3
 import subprocess
@@ -18,7 +16,7 @@ import pytest
 
 import tracedb
 import wal
-from tests.damage.conftest import flip_bit
+from tests.damage.conftest import flip_bit, follow, hinted_commands
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -47,16 +45,6 @@ def event_record_in_the_middle(wal_dir: str):
             if seq > 1:
                 return rec.lsn, rec.segment, rec.offset, eid, seq
     raise AssertionError("no event record")
-
-
-def hinted_commands(text: str) -> list[str]:
-    return re.findall(r"`(tracedb [^`]+)`", text)
-
-
-def follow(run, command: str):
-    args = shlex.split(command)
-    assert args[0] == "tracedb"
-    return run(*args[1:])
 
 
 def test_one_flipped_bit_costs_one_record(recorded, cli):

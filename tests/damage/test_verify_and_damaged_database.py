@@ -4,14 +4,12 @@ is an error naming the file and the way out (exit 4), never a traceback."""
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import sqlite3
 
 import pytest
 
 import wal
-from tests.damage.conftest import flip_bit, wal_records
+from tests.damage.conftest import flip_bit, follow, hinted_commands, wal_records
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,17 +26,6 @@ def damage_root_page(path: str, table: str = "traces") -> None:
     with open(path, "r+b") as f:
         f.seek((root - 1) * page_size + (100 if root == 1 else 0))
         f.write(b"\xff" * 12)
-
-
-def hinted_commands(text: str) -> list[str]:
-    """The `tracedb ...` commands a hint names, in order."""
-    return re.findall(r"`(tracedb [^`]+)`", text)
-
-
-def follow(cli_run, command: str):
-    args = shlex.split(command)
-    assert args[0] == "tracedb"
-    return cli_run(*args[1:])
 
 
 @pytest.mark.parametrize("damage", [truncate_half, damage_root_page])
