@@ -301,30 +301,36 @@ class CuttingProxy:
             threading.Thread(target=self._pump_back, args=(up, down), daemon=True).start()
 
     @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _received(sock: socket.socket) -> Iterator[bytes]:
+        """What `sock` receives, until its peer closes."""
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return
+            yield data
+
+    @staticmethod
+    def _shut_down(*socks: socket.socket) -> None:
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
+            for data in self._received(src):
                 dst.sendall(data)
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            self._shut_down(src, dst)
 
     def _pump_back(self, up: socket.socket, down: socket.socket) -> None:
         buf = b""
         stalled = False
         try:
-            while True:
-                data = up.recv(65536)
-                if not data:
-                    break
+            for data in self._received(up):
                 buf += data
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
@@ -349,12 +355,9 @@ class CuttingProxy:
         except OSError:
             pass
         finally:
-            for s in (up, down):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
+            self._shut_down(up, down)
+            up.close()
+            down.close()
 
     def close(self) -> None:
         self._closed = True
