@@ -149,12 +149,19 @@ def test_strict_divergence_on_a_different_kind_of_call():
     assert "tool.requested" in info.value.expected and "llm.requested" in info.value.got
 
 
-def test_strict_divergence_on_a_changed_event_payload():
+def _replayed_to_the_dice():
+    """A recorded run, and a strict replay of it that asked the question and rolled the three
+    dice as recorded."""
     record, _ = recorded_run()
     session = strict_session(record)
     session.llm(question("roll three dice"))
     for _ in range(3):
         session.tool("roll_die", {"sides": 6})
+    return record, session
+
+
+def test_strict_divergence_on_a_changed_event_payload():
+    record, session = _replayed_to_the_dice()
     with pytest.raises(ReplayDivergenceError) as info:
         session.event("ROUTER_DECISION", {"agent": "someone else", "rolls": 3})
     assert info.value.seq == _seq_of(record, "ROUTER_DECISION")
@@ -207,11 +214,7 @@ def test_strict_divergence_past_the_end_of_the_log():
 
 
 def test_extra_call_before_the_final_response_diverges_at_it():
-    record, _ = recorded_run()
-    session = strict_session(record)
-    session.llm(question("roll three dice"))
-    for _ in range(3):
-        session.tool("roll_die", {"sides": 6})
+    record, session = _replayed_to_the_dice()
     session.event("ROUTER_DECISION", {"agent": "referee", "rolls": 3})
     session.llm(question("total of [1, 2, 3]"))
     with pytest.raises(ReplayDivergenceError) as info:
