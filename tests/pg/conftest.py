@@ -128,7 +128,14 @@ def counts(engine) -> tuple[int, int]:
 # -- seed 002's execution and a recorder process, as in tests/store ---------------------------
 
 from tests.children import Child, killed_after  # noqa: E402
-from tests.store.conftest import ENVELOPE, SEED_002_EVENTS, FakeClock, record_seed_002  # noqa: E402,F401
+from tests.store.conftest import (  # noqa: E402,F401
+    ENVELOPE,
+    SEED_002_EVENTS,
+    FakeClock,
+    assert_compaction_skips_a_pruned_trace,
+    invalidated_in_the_database,
+    record_seed_002,
+)
 
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pg_child.py")

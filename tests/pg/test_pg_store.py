@@ -13,7 +13,15 @@ from tracedb.projection import db
 from tracedb.maintenance import retention
 from tracedb.projection.models import compaction_checkpoint, trace_steps, traces
 
-from .conftest import ENVELOPE, SEED_002_EVENTS, FakeClock, counts, record_seed_002
+from .conftest import (
+    ENVELOPE,
+    SEED_002_EVENTS,
+    FakeClock,
+    assert_compaction_skips_a_pruned_trace,
+    counts,
+    invalidated_in_the_database,
+    record_seed_002,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -198,10 +206,7 @@ def test_retention_pins_and_fork_lineage_on_postgresql(open_pg_store):
 
 def test_an_operator_invalidation_is_noticed_and_never_overwritten(open_pg_store):
     store = open_pg_store()
-    ex = store.start("X", {})
-    ex.event("tool.requested", {"n": 1})
-    store.compact()
-    assert retention.invalidate_in_db(store.engine, ex.execution_id, "bad agent", store.clock())
+    ex = invalidated_in_the_database(store)
     assert not retention.invalidate_in_db(store.engine, ex.execution_id, "again", store.clock())
     ex.event("tool.requested", {"n": 2})  # in flight before the recorder noticed: kept
     store.compact()
@@ -263,19 +268,7 @@ def test_the_checkpoint_is_kept_per_recorder(open_pg_store, pg_engine):
 
 def test_steps_of_a_trace_pruned_meanwhile_are_skipped_and_compaction_goes_on(open_pg_store):
     clock = FakeClock()
-    store = open_pg_store(clock=clock)
-    ex = store.start("X", {})
-    store.compact()
-    retention.invalidate_in_db(store.engine, ex.execution_id, "gone", clock())
-    clock.advance(10)
-    assert store.prune(older_than_s=1).deleted_traces == 1
-    ex.event("tool.requested", {"late": True})  # accepted before the recorder noticed
-    other = store.start("Y", {})
-    other.event("tool.requested", {})
-    result = store.compact()  # the UPDATE of the pruned trace misses: record by record then
-    assert result.skipped_records == 1
-    assert [e.seq for e in store.get(other.execution_id).events] == [1]
-    assert store.verify().ok
+    assert_compaction_skips_a_pruned_trace(open_pg_store(clock=clock), clock)
 
 
 def test_copy_errors_reach_the_compactor_as_sqlalchemy_errors(open_pg_store):

@@ -8,6 +8,7 @@ import os
 import pytest
 
 import tracedb
+from tracedb.maintenance import retention
 from tests.children import Child, killed_after
 from tests.conftest import SEED_002, FakeClock  # noqa: F401 - re-exported: tests/pg imports it from here
 
@@ -52,6 +53,33 @@ def record_seed_002(store, execution_id="exec-a1b2c3d4", envelope=None):
         assert ex.event(type_, payload) == seq
     assert ex.finish(SEED_002_EVENTS[-1][2]) == 8
     return ex
+
+
+def invalidated_in_the_database(store):
+    """An execution with one event, compacted, then invalidated in the database directly, as
+    `tracedb invalidate` next to a running recorder does; the Execution."""
+    ex = store.start("X", {})
+    ex.event("tool.requested", {"n": 1})
+    store.compact()
+    assert retention.invalidate_in_db(store.engine, ex.execution_id, "bad agent", store.clock())
+    return ex
+
+
+def assert_compaction_skips_a_pruned_trace(store, clock) -> None:
+    """An execution invalidated in the database and pruned while the recorder still held it: its
+    late event is skipped by compaction (the UPDATE of the pruned trace misses: record by record
+    then), and another execution's event is compacted."""
+    ex = store.start("X", {})
+    store.compact()
+    retention.invalidate_in_db(store.engine, ex.execution_id, "gone", clock())
+    clock.advance(10)
+    assert store.prune(older_than_s=1).deleted_traces == 1
+    ex.event("tool.requested", {"late": True})  # accepted before the recorder noticed
+    other = store.start("Y", {})
+    other.event("tool.requested", {})
+    assert store.compact().skipped_records == 1
+    assert [e.seq for e in store.get(other.execution_id).events] == [1]
+    assert store.verify().ok
 
 
 @pytest.fixture

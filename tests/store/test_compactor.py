@@ -13,7 +13,7 @@ from tracedb.projection import db
 from tracedb.maintenance import retention
 from tracedb.projection.models import compaction_checkpoint, trace_steps, traces
 
-from .conftest import record_seed_002
+from .conftest import assert_compaction_skips_a_pruned_trace, invalidated_in_the_database, record_seed_002
 
 
 def counts(engine):
@@ -76,11 +76,7 @@ def test_wal_segments_below_the_applied_lsn_are_deleted(open_store, data_dir):
 
 def test_operator_invalidation_in_the_database_is_never_overwritten(open_store):
     store = open_store()
-    ex = store.start("X", {})
-    ex.event("tool.requested", {"n": 1})
-    store.compact()
-    # `tracedb invalidate` next to the running recorder writes the database directly.
-    assert retention.invalidate_in_db(store.engine, ex.execution_id, "bad agent", store.clock())
+    ex = invalidated_in_the_database(store)
     ex.finish({"status": "success"})  # was in flight: accepted by the recorder
     rec = store.get(ex.execution_id)
     assert rec.status == "invalidated"
@@ -114,19 +110,7 @@ def test_a_finish_does_not_clear_a_recording_failure(open_store):
 
 
 def test_steps_of_a_pruned_trace_are_skipped_and_compaction_goes_on(open_store, clock):
-    store = open_store()
-    ex = store.start("X", {})
-    store.compact()
-    retention.invalidate_in_db(store.engine, ex.execution_id, "gone", clock())
-    clock.advance(10)
-    assert store.prune(older_than_s=1).deleted_traces == 1
-    ex.event("tool.requested", {"late": True})  # accepted before the recorder noticed
-    other = store.start("Y", {})
-    other.event("tool.requested", {})
-    result = store.compact()
-    assert result.skipped_records == 1
-    assert [e.seq for e in store.get(other.execution_id).events] == [1]
-    assert store.verify().ok
+    assert_compaction_skips_a_pruned_trace(open_store(), clock)
 
 
 def test_a_database_that_does_not_belong_to_the_wal_is_refused(open_store, data_dir, tmp_path):
