@@ -48,8 +48,8 @@ from pydantic import TypeAdapter, ValidationError
 from tracedb.recorder import handles
 from tracedb.errors import ExtraNotInstalledError, InvalidInputError, UsageError
 from tracedb.records.record import LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED
-from tracedb.replay.eventlog import ReplaySession, args_hash
-from tracedb.integrations.recorded import ReplayCounts, content_key, is_async_recorder, linked_execution_factory, load_record
+from tracedb.replay.eventlog import args_hash
+from tracedb.integrations.recorded import ReplayCounts, content_key, is_async_recorder, linked_execution_factory
 
 try:
     from agents.items import ModelResponse
@@ -442,22 +442,11 @@ class ReplayModelProvider(ReplayCounts, ModelProvider):
         live: Optional[ModelProvider] = None,
         force: bool = False,
     ):
-        self.record = load_record(source, execution_id, force=force)
+        self.load_replay(source, execution_id, strict=strict, recorder=recorder, force=force)
         _check_replayable_model_calls(self.record)
-        self.strict = strict
-        if recorder is None and not strict and hasattr(source, "start"):
-            recorder = source
-        self.recorder = recorder
         self.live = live
-        self.lock = threading.Lock()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._last_response: Any = None
         self._models: Dict[Optional[str], ReplayModel] = {}
-        self.session = ReplaySession(
-            [e for e in self.record.events if e.type in (LLM_REQUESTED, LLM_RESPONDED)],
-            strict=strict,
-            sink_factory=None if strict else self._new_execution,
-        )
 
     def _new_execution(self) -> Any:
         factory = linked_execution_factory(self.recorder, self.record, self._loop)

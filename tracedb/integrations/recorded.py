@@ -133,10 +133,31 @@ def linked_execution_factory(
 
 
 class ReplayCounts:
-    """What a replay over a `ReplaySession` reports, for a class holding `record` and `session`."""
+    """A replay of a record's model calls through a `ReplaySession`: the record and the session
+    loaded (`load_replay`), and what the session reports, for a class that makes the linked
+    execution of a permissive rerun in `_new_execution`."""
 
     record: Any
     session: ReplaySession
+
+    def load_replay(self, source: Any, execution_id: Optional[str], *, strict: bool, recorder: Any,
+                    force: bool) -> None:
+        """Load the record (`load_record`: NotReplayableError unless `force`) and set up the
+        session that replays its model calls (llm.requested, llm.responded). Permissive, the live
+        calls of the rerun are recorded on `recorder` (default: `source` when it can record), into
+        what the class's `_new_execution` makes."""
+        self.record = load_record(source, execution_id, force=force)
+        self.strict = strict
+        if recorder is None and not strict and hasattr(source, "start"):
+            recorder = source
+        self.recorder = recorder
+        self.lock = threading.Lock()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self.session = ReplaySession(
+            [e for e in self.record.events if e.type in (LLM_REQUESTED, LLM_RESPONDED)],
+            strict=strict,
+            sink_factory=None if strict else self._new_execution,
+        )
 
     @property
     def execution_id(self) -> str:
@@ -648,18 +669,7 @@ class HttpReplay(ReplayCounts):
         recorder: Any = None,
         force: bool = False,
     ):
-        self.record = load_record(source, execution_id, force=force)
-        self.strict = strict
-        if recorder is None and not strict and hasattr(source, "start"):
-            recorder = source
-        self.recorder = recorder
-        self.lock = threading.Lock()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self.session = ReplaySession(
-            [e for e in self.record.events if e.type in (LLM_REQUESTED, LLM_RESPONDED)],
-            strict=strict,
-            sink_factory=None if strict else self._new_execution,
-        )
+        self.load_replay(source, execution_id, strict=strict, recorder=recorder, force=force)
 
     def _new_execution(self) -> Any:
         factory = linked_execution_factory(self.recorder, self.record, self._loop)
