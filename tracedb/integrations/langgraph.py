@@ -516,6 +516,16 @@ def _call_of(config: RunnableConfig) -> Any:
     return getattr(runtime, "control", None)
 
 
+def _put_route(config: RunnableConfig, metadata: CheckpointMetadata) -> tuple[dict, dict]:
+    """A checkpoint's metadata as LangGraph merges it, and what chooses the run that records the
+    checkpoint (`_join`'s arguments)."""
+    conf = config["configurable"]
+    md = get_checkpoint_metadata(config, metadata)
+    run_id = md.get("run_id")
+    return md, dict(kind="put", ns=conf.get("checkpoint_ns", ""), call=_call_of(config), base=conf.get("checkpoint_id"),
+                    source=md.get("source"), run_id=run_id if isinstance(run_id, str) else None)
+
+
 def _response(thread: _Thread, codec: _Codec, run: _Run, status: Optional[str] = None) -> dict:
     """The final response of a run: the values of its last root checkpoint, and why it stopped."""
     ck = thread.find("", run.last_root) if run.last_root else None
@@ -888,6 +898,21 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             if t.open is run:
                 t.open = None
 
+    def _record_built(self, t: _Thread, run: _Run, type_: str, build, *args) -> Optional[tuple[tuple, int]]:
+        """Record in `run` (joined: counted in `run.inflight`) what `build(t, run, *args)` makes
+        (its parts, the payload last): the parts and the seq, or None when the store closed the run
+        meanwhile (the caller joins another). A record that cannot be built leaves the run."""
+        try:
+            parts = build(t, run, *args)
+        except BaseException:
+            self._leave(t, run)
+            raise
+        try:
+            return parts, self._record(t, run, type_, parts[-1])
+        except ExecutionClosedError as e:
+            self._closed_meanwhile(t, run, e)
+            return None
+
     # -- the BaseCheckpointSaver API (sync) --------------------------------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> Optional[CheckpointTuple]:
@@ -918,21 +943,13 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         conf = config["configurable"]
         t = self._thread(conf["thread_id"])
         ns, parent = conf.get("checkpoint_ns", ""), conf.get("checkpoint_id")
-        md = get_checkpoint_metadata(config, metadata)
-        route = dict(kind="put", ns=ns, call=_call_of(config), base=parent, source=md.get("source"),
-                     run_id=md.get("run_id") if isinstance(md.get("run_id"), str) else None)
+        md, route = _put_route(config, metadata)
         for _ in range(2):
             run = self._join(t, **route)
-            try:
-                ck, blobs, payload, done = self._put_record(t, run, ns, parent, checkpoint, md, new_versions)
-            except BaseException:
-                self._leave(t, run)
-                raise
-            try:
-                seq = self._record(t, run, CHECKPOINT, payload)
-            except ExecutionClosedError as e:
-                self._closed_meanwhile(t, run, e)
+            built = self._record_built(t, run, CHECKPOINT, self._put_record, ns, parent, checkpoint, md, new_versions)
+            if built is None:
                 continue
+            (ck, blobs, done, _payload), seq = built
             self._after_put(t, run, ck, blobs, seq)
             if done:
                 self._finish_run(t, run, _response(t, self._codec, run, "success"))
@@ -953,16 +970,10 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             if not items:
                 return
             run = self._join(t, kind="writes", ns=ns, call=_call_of(config), base=cid)
-            try:
-                stored, payload = self._writes_record(t, run, ns, cid, task_id, task_path, items)
-            except BaseException:
-                self._leave(t, run)
-                raise
-            try:
-                seq = self._record(t, run, WRITES, payload)
-            except ExecutionClosedError as e:
-                self._closed_meanwhile(t, run, e)
+            built = self._record_built(t, run, WRITES, self._writes_record, ns, cid, task_id, task_path, items)
+            if built is None:
                 continue
+            (stored, _payload), seq = built
             self._after_writes(t, run, ns, cid, task_id, task_path, stored, seq)
             return
         raise ExecutionClosedError(run.execution_id, run.status)
@@ -1073,6 +1084,8 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
 
     def _put_record(self, t: _Thread, run: _Run, ns: str, parent: Optional[str], checkpoint: Checkpoint,
                     md: dict, new_versions: ChannelVersions):
+        """A checkpoint's record: the checkpoint as held, its stored values, whether it ends the
+        run, and the payload recorded (last, for `_record_built`)."""
         codec = self._codec
         doc = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         values = checkpoint["channel_values"]
@@ -1113,7 +1126,7 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             )
         run.full_ns.add(ns)
         done = ns == "" and (md.get("source") == "update" or _ends_run(updated))
-        return ck, stored, payload, done
+        return ck, stored, done, payload
 
     def _after_put(self, t: _Thread, run: _Run, ck: _Ckpt, blobs: dict, seq: int) -> None:
         ck.seq = seq
@@ -1123,6 +1136,8 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
                 run.last_root = ck.id
 
     def _writes_record(self, t: _Thread, run: _Run, ns: str, cid: str, task_id: str, task_path: str, items):
+        """A task's writes' record: the writes as stored, and the payload recorded (last, for
+        `_record_built`)."""
         codec = self._codec
         intent = intent_of(t.thread_id)
         for opaque in (False, True):
@@ -1338,6 +1353,19 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             run.status = e.status
         run.call = None
 
+    async def _arecord_built(self, t: _Thread, run: _Run, type_: str, build, *args) -> Optional[tuple[tuple, int]]:
+        """`_record_built` on the recorder's event loop."""
+        try:
+            parts = build(t, run, *args)
+        except BaseException:
+            self._aleave(run)
+            raise
+        try:
+            return parts, await self._arecord(run, type_, parts[-1])
+        except ExecutionClosedError as e:
+            self._closed_meanwhile(t, run, e)
+            return None
+
     async def _arecord(self, run: _Run, type_: str, payload: dict) -> int:
         try:
             return await self.recorder.event(run.execution_id, type_, payload)
@@ -1359,21 +1387,14 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         conf = config["configurable"]
         t = await self._athread(conf["thread_id"])
         ns, parent = conf.get("checkpoint_ns", ""), conf.get("checkpoint_id")
-        md = get_checkpoint_metadata(config, metadata)
-        route = dict(kind="put", ns=ns, call=_call_of(config), base=parent, source=md.get("source"),
-                     run_id=md.get("run_id") if isinstance(md.get("run_id"), str) else None)
+        md, route = _put_route(config, metadata)
         for _ in range(2):
             run = await self._ajoin(t, **route)
-            try:
-                ck, blobs, payload, done = self._put_record(t, run, ns, parent, checkpoint, md, new_versions)
-            except BaseException:
-                self._aleave(run)
-                raise
-            try:
-                seq = await self._arecord(run, CHECKPOINT, payload)
-            except ExecutionClosedError as e:
-                self._closed_meanwhile(t, run, e)
+            built = await self._arecord_built(t, run, CHECKPOINT, self._put_record, ns, parent, checkpoint, md,
+                                              new_versions)
+            if built is None:
                 continue
+            (ck, blobs, done, _payload), seq = built
             self._after_put(t, run, ck, blobs, seq)
             if done:
                 await self._afinish_run(t, run, _response(t, self._codec, run, "success"))
@@ -1394,16 +1415,10 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             if not items:
                 return
             run = await self._ajoin(t, kind="writes", ns=ns, call=_call_of(config), base=cid)
-            try:
-                stored, payload = self._writes_record(t, run, ns, cid, task_id, task_path, items)
-            except BaseException:
-                self._aleave(run)
-                raise
-            try:
-                seq = await self._arecord(run, WRITES, payload)
-            except ExecutionClosedError as e:
-                self._closed_meanwhile(t, run, e)
+            built = await self._arecord_built(t, run, WRITES, self._writes_record, ns, cid, task_id, task_path, items)
+            if built is None:
                 continue
+            (stored, _payload), seq = built
             self._after_writes(t, run, ns, cid, task_id, task_path, stored, seq)
             return
         raise ExecutionClosedError(run.execution_id, run.status)
