@@ -222,13 +222,19 @@ def test_a_cut_in_the_first_second_of_a_new_data_directory_loses_nothing_acknowl
     s.judge(report, harness.check_store(s.config, s.backing("data"), expected))
 
 
-def test_a_cut_right_after_restore_keeps_the_restored_directory(request, scenario, prepared, backup_dir):
-    """`tracedb restore` returned 0: the directory it made must open after a power cut."""
-    name = "restore-then-cut"
+def _restored(request, scenario, backup_dir: str, name: str, into: str):
+    """Scenario `name` on a fresh mount, the backup restored into its directory `into` by
+    `tracedb restore` (exit code 0)."""
     s = scenario(name, seed_for(request, name))
     s.mount_fs()
-    r = harness.run_tracedb(s.config, s.inside("restored"), "restore", backup_dir)
+    r = harness.run_tracedb(s.config, s.inside(into), "restore", backup_dir)
     assert r.returncode == 0, r.stderr
+    return s
+
+
+def test_a_cut_right_after_restore_keeps_the_restored_directory(request, scenario, prepared, backup_dir):
+    """`tracedb restore` returned 0: the directory it made must open after a power cut."""
+    s = _restored(request, scenario, backup_dir, "restore-then-cut", "restored")
     s.mount.cut("right after tracedb restore exited 0")
     s.cut_at = time.monotonic()
     report = s.power_off("worst")
@@ -238,11 +244,7 @@ def test_a_cut_right_after_restore_keeps_the_restored_directory(request, scenari
 
 
 def test_a_cut_while_recording_into_a_restored_directory_loses_nothing(request, scenario, prepared, backup_dir):
-    name = "restore-then-record"
-    s = scenario(name, seed_for(request, name))
-    s.mount_fs()
-    r = harness.run_tracedb(s.config, s.inside("data"), "restore", backup_dir)
-    assert r.returncode == 0, r.stderr
+    s = _restored(request, scenario, backup_dir, "restore-then-record", "data")
     s.start_load(s.inside("data"))
     s.cut_after_acks(200, 2000)
     report = s.power_off("random")
