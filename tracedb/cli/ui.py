@@ -12,7 +12,7 @@ from tracedb.sidecar import protocol as P
 from tracedb.sidecar.asgi import is_loopback
 from tracedb.web.run import check_listen, serve_ui, view_token
 from tracedb.cli.main import config_of, emit_json, json_option, read_token
-from tracedb.cli.serve import host_names, sidecar_file_settings
+from tracedb.cli.sidecar_settings import host_names, sidecar_file_settings
 
 DEFAULT_UI_PORT = 8470
 
