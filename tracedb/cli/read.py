@@ -1,4 +1,4 @@
-"""Read commands: `inspect`, `trace get`, `trace lineage`, `verify`, over `tracedb.reads.reader.Reader`.
+"""Read commands: `inspect`, `trace get`, `trace lineage`, `stats`, over `tracedb.reads.reader.Reader`.
 
 They read the database without the WAL's lock, so they work next to a running recorder.
 """
@@ -33,6 +33,7 @@ from tracedb.cli.main import (
 
 if TYPE_CHECKING:
     from tracedb.reads.rows import TraceSummary
+
 
 @contextlib.contextmanager
 def reading(ctx: click.Context) -> Iterator[reads.Reader]:
@@ -272,7 +273,7 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, outc
             emit_json(reader.inspect(execution_id), as_json)
             return
         where = reads.Filter(status=status, since=since, until=until, intent=intent, search=search, outcome=outcome,
-                       model=model, error=error_code, min_cost=min_cost, slower_than=slower_than)
+                             model=model, error=error_code, min_cost=min_cost, slower_than=slower_than)
         next_cursor: Optional[str] = None
         if all_:
             items: Iterable[TraceSummary] = reader.each(where, before=before)
