@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
 from tracedb.config import Config, load_config
 from tracedb.errors import (
     ConfigError,
@@ -33,7 +36,35 @@ from tracedb.records.record import (
 )
 
 
+# The package's lazy seam: these names are loaded from their modules when first asked for (the
+# store pulls in SQLAlchemy and Alembic), through `__getattr__` below; so are the replay engines'
+# names (`tracedb.replay.__all__`). `import tracedb`, and with it the command line's start-up,
+# loads none of them. Type checkers see every one through the imports under TYPE_CHECKING.
+_LAZY = {
+    "Store": "tracedb.recorder.store",
+    "Execution": "tracedb.recorder.store",
+    "AsyncStore": "tracedb.recorder.store_async",
+    "AsyncExecution": "tracedb.recorder.store_async",
+    "TraceSummary": "tracedb.reads.rows",
+    "CompactResult": "tracedb.projection.compactor",
+    "RecoverResult": "tracedb.maintenance.recovery",
+    "PruneResult": "tracedb.maintenance.retention",
+    "VerifyResult": "tracedb.maintenance.verify",
+}
+
+if TYPE_CHECKING:
+    from tracedb.maintenance.recovery import RecoverResult
+    from tracedb.maintenance.retention import PruneResult
+    from tracedb.maintenance.verify import VerifyResult
+    from tracedb.projection.compactor import CompactResult
+    from tracedb.reads.rows import TraceSummary
+    from tracedb.recorder.store import Execution, Store
+    from tracedb.recorder.store_async import AsyncExecution, AsyncStore
+    from tracedb.replay import *  # noqa: F403
+
+
 def _version() -> str:
+    # Lazy seam: importlib.metadata is a noticeable part of a start-up that never asks for the version.
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -42,56 +73,27 @@ def _version() -> str:
         return "0+unknown"
 
 
-def open(data_dir=None, *, config=None, clock=None):
+def open(data_dir=None, *, config=None, clock=None) -> Store:
     """Open (creating if needed) a data directory for recording and reading; a context manager.
 
     `config` is a `tracedb.Config`, a mapping of settings, or a TOML file path; `clock` (a
     function returning nanoseconds since the epoch) is for tests.
     """
-    from tracedb.recorder.store import open_store
+    store = importlib.import_module(_LAZY["Store"])
+    return store.open_store(data_dir, config=config, clock=clock)
 
-    return open_store(data_dir, config=config, clock=clock)
 
-
-async def open_async(data_dir=None, *, config=None, clock=None):
+async def open_async(data_dir=None, *, config=None, clock=None) -> AsyncStore:
     """The asyncio twin of `open`: `astore = await tracedb.open_async(data_dir)`."""
-    from tracedb.recorder.store_async import open_store_async
-
-    return await open_store_async(data_dir, config=config, clock=clock)
+    store_async = importlib.import_module(_LAZY["AsyncStore"])
+    return await store_async.open_store_async(data_dir, config=config, clock=clock)
 
 
 def __getattr__(name):
     if name == "__version__":
         return _version()
-    # The store pulls in SQLAlchemy and Alembic; load it only when asked for.
-    if name in ("Store", "Execution"):
-        from tracedb.recorder import store
-
-        return getattr(store, name)
-    if name in ("AsyncStore", "AsyncExecution"):
-        from tracedb.recorder import store_async
-
-        return getattr(store_async, name)
-    if name == "TraceSummary":
-        from tracedb.reads.rows import TraceSummary
-
-        return TraceSummary
-    if name == "CompactResult":
-        from tracedb.projection.compactor import CompactResult
-
-        return CompactResult
-    if name == "RecoverResult":
-        from tracedb.maintenance.recovery import RecoverResult
-
-        return RecoverResult
-    if name == "PruneResult":
-        from tracedb.maintenance.retention import PruneResult
-
-        return PruneResult
-    if name == "VerifyResult":
-        from tracedb.maintenance.verify import VerifyResult
-
-        return VerifyResult
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     return _replay_name(name)
 
 
@@ -153,8 +155,6 @@ def __dir__():
 
 
 def _replay_name(name: str):
-    import importlib
-
     replay = importlib.import_module(".replay", __name__)
 
     if name == "__all__":

@@ -108,6 +108,7 @@ class Config:
     def redactor(self):
         """The `tracedb.records.redaction.Redactor` of the `[redaction]` table, or None when redaction is
         off (`redact` false, or no rule left)."""
+        # Lazy seam: the rules load with the first recorder, not with every command's configuration.
         from tracedb.records.redaction import Redactor
 
         if not self.redact:
@@ -173,7 +174,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
 
 
 def _from_file(path: str) -> tuple[dict, dict]:
-    import tomllib  # only a file needs it: not loaded at every start-up
+    import tomllib  # lazy seam: only a file needs it, and every command reads the configuration
 
     try:
         with open(path, "rb") as f:
@@ -307,6 +308,7 @@ def ensure_local_token(data_dir: str) -> str:
     """The data directory's token, made the first time a listener needs it: random
     (`secrets.token_urlsafe`), 0600 whatever the umask, and durable before it is used. A token
     file that other users can read is refused, not used."""
+    # Lazy seam: only a listener makes a token, and every command imports this module.
     import secrets
     import tempfile
 

@@ -217,6 +217,7 @@ class ExtraNotInstalledError(ConfigError, ModuleNotFoundError):
     code importing an optional integration catches; its hint says how to install the extra."""
 
     def __init__(self, module: str, extra: str, missing: Optional[str]):
+        # Lazy seam: `import tracedb` does without tracedb.program (shutil) until an extra is missing.
         from tracedb.program import extra_hint
 
         super().__init__(f"{module} needs the {extra} extra ({missing or 'a package'} is not installed)",

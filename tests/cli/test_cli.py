@@ -24,7 +24,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def all_commands(group: click.Group, prefix=()):
-    for name, cmd in group.commands.items():
+    for name in group.list_commands(None):
+        cmd = group.get_command(None, name)
         yield prefix + (name,), cmd
         if isinstance(cmd, click.Group):
             yield from all_commands(cmd, prefix + (name,))

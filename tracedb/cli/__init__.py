@@ -1,8 +1,8 @@
 """`tracedb`: a thin command line over the library (`tracedb.reads.reader` for reads, `tracedb.maintenance.admin`
-for maintenance). `main` is the click group; importing the command modules adds their commands.
+for maintenance). `main` is the click group; it imports a command's module when that command is
+resolved (`tracedb.cli.main.COMMANDS`).
 """
 
-from tracedb.cli import interop, maintenance, read, replay, serve, ui  # noqa: F401 - they add their commands to main
 from tracedb.cli.main import main
 
 __all__ = ["main"]

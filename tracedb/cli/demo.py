@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,11 +23,15 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+import click
 from wal.fs import OsFileSystem, make_dirs
 
+from tracedb.config import DEFAULT_DATA_DIR
 from tracedb.errors import TraceDBError
+from tracedb.program import program
 from tracedb.replay import live_session
 from tracedb.sidecar.client import Client, resolve_sidecar
+from tracedb.cli.main import config_of, json_option
 
 QUESTIONS = [
     ("What is 17 * 23, in words?", "calculator", {"expression": "17 * 23"}),
@@ -216,3 +221,46 @@ if __name__ == "__main__":  # the crashing agent's process: python -m tracedb.cl
         _crashing_agent(sys.argv[2])
     else:
         sys.exit("usage: python -m tracedb.cli.demo crashing-agent ADDRESS")
+
+
+@click.command()
+@click.option("--sidecar", envvar="TRACEDB_SIDECAR",
+              help="Recorder address (env TRACEDB_SIDECAR; default: the data directory's socket).")
+@click.option("--start-server", is_flag=True,
+              help="Start a `tracedb serve` for the demo's duration if none is running.")
+@click.option("--executions", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="Completed executions to record before the one that crashes.")
+@json_option("Print the summary as JSON.")
+@click.pass_context
+def demo(ctx, sidecar, start_server, executions, as_json):
+    """Record demo agent executions through the sidecar; one crashes midway.
+
+    Each execution is a small agent run (tool and LLM calls) in its own process. The last one
+    is SIGKILLed in the middle of a tool call; the recorder then shows it incomplete
+    (execution_incomplete) with every event up to the crash, while the others are completed
+    and replayable.
+
+    \b
+    Example:
+      tracedb demo --start-server && tracedb inspect --list
+    """
+    result = run_demo(config_of(ctx), sidecar=sidecar, start_server=start_server, executions=executions)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    rows = result.executions
+    click.echo(f"recorded {len(rows)} executions through the sidecar ({result.address}):")
+    for e in rows:
+        flag = "replayable" if e["replayable"] else f"not replayable ({e['replayable_reason']})"
+        click.echo(f"  {e['execution_id']}  {e['status']:<10} {flag:<40} {e['events']} events, last {e['last_event']}")
+    crashed = rows[-1]["execution_id"]
+    done = next((e["execution_id"] for e in rows if e["replayable"]), None)
+    me = program()  # the next commands run as printed: this program, this data directory
+    if os.path.normpath(result.data_dir) != DEFAULT_DATA_DIR:
+        me += f" --data-dir {shlex.quote(result.data_dir)}"
+    click.echo("\nnext:")
+    click.echo(f"  {me} inspect --list")
+    click.echo(f"  {me} inspect {crashed}        # the crashed one: incomplete, events up to the crash")
+    if done:
+        click.echo(f"  {me} trace get {done}")
+        click.echo(f"  {me} replay {done}         # returns the recorded response, no agent call")

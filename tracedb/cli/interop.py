@@ -1,4 +1,5 @@
-"""`tracedb import intentusnet DIR` and `tracedb export ID --format intentusnet`."""
+"""`tracedb export`: executions as JSON, in tracedb's record shape, IntentusNet's or OTLP/JSON
+(`tracedb import intentusnet DIR`, a write, is in `tracedb.cli.maintenance`)."""
 
 from __future__ import annotations
 
@@ -10,60 +11,9 @@ import click
 from wal.fs import PRIVATE_FILE, OsFileSystem, make_dirs, make_private
 
 from tracedb.errors import EXIT_ERROR
-from tracedb.cli.main import config_of, emit_json, json_option, main, non_empty_ids, progress_bar, reading
-
-
-@main.group("import")
-def import_group():
-    """Bring execution records recorded by other runtimes into tracedb.
-
-    \b
-    Example:
-      tracedb import intentusnet .intentusnet/records
-    """
-
-
-@import_group.command("intentusnet")
-@click.argument("directory", type=click.Path(file_okay=False, exists=True))
-@click.option("--workers", type=click.IntRange(1, 64), default=8, show_default=True,
-              help="Records written at once (their WAL appends share fsyncs).")
-@json_option()
-@click.pass_context
-def import_intentusnet(ctx, directory, workers, as_json):
-    """Import an IntentusNet FileExecutionStore directory (DIR/<executionId>.json).
-
-    Each record goes through the WAL like a live execution and keeps its id, creation time,
-    envelope, events and final response (redacted by the [redaction] rules). Each event keeps
-    the time it was recorded when the file gives it (recordedUtcIso, which `tracedb export
-    --format intentusnet` writes); without it, the events take the record's creation time. Running it again
-    imports nothing twice. A file that cannot be stored exactly (NaN, a changed record under an
-    id already imported, see docs/intentusnet.md) is reported and nothing of it is written; the
-    others go in, and the command exits 1.
-
-    \b
-    Example:
-      tracedb --db postgresql+psycopg://tracedb@db/traces import intentusnet ./records
-    """
-    from tracedb.maintenance import admin
-
-    with progress_bar("importing") as progress:
-        result = admin.import_intentusnet(config_of(ctx), directory, workers=workers, progress=progress)
-    if as_json:
-        emit_json(
-            {"imported": result.imported, "already_present": result.already_present,
-             "events": result.events,
-             "failed": [{"file": f, "error": m} for f, m in result.failed]},
-            True,
-        )
-    else:
-        for name, message in result.failed:
-            click.echo(f"failed: {name}: {message}", err=True)
-        click.echo(
-            f"imported {result.imported} record(s) with {result.events} event(s); "
-            f"{result.already_present} already present; {len(result.failed)} failed"
-        )
-    if result.failed:
-        ctx.exit(EXIT_ERROR)
+from tracedb.otel.export import to_otlp_json
+from tracedb.cli.main import emit_json, json_option, non_empty_ids, progress_bar
+from tracedb.cli.read import reading
 
 
 def _fsync_dir(path: str) -> None:
@@ -103,7 +53,7 @@ def file_name_of(execution_id: str) -> Optional[str]:
     return f"{execution_id}.json"
 
 
-@main.command("export")
+@click.command("export")
 @click.argument("execution_ids", nargs=-1, metavar="[ID]...", callback=non_empty_ids)
 @click.option("--all", "all_", is_flag=True, help="Every execution in the store.")
 @click.option("--format", "fmt", type=click.Choice(["tracedb", "intentusnet", "otlp-json"]), default="tracedb",
@@ -139,9 +89,8 @@ def export_command(ctx, execution_ids, all_, fmt, output, as_json):
     if not all_ and not execution_ids:
         raise click.UsageError("give one or more execution ids, or --all")
     if fmt == "intentusnet":
-        from tracedb.interop.intentusnet import to_intentusnet_dict  # it loads IntentusNet's own package
-    elif fmt == "otlp-json":
-        from tracedb.otel.export import to_otlp_json
+        # Lazy seam: the IntentusNet adapter loads IntentusNet's own package, which no other format needs.
+        from tracedb.interop.intentusnet import to_intentusnet_dict
 
     to_dir: Optional[str] = None
     if output is not None and (all_ or len(execution_ids) > 1 or os.path.isdir(output) or output.endswith(os.sep)):

@@ -7,25 +7,92 @@ Exit codes: 0 ok, 1 other error, 2 usage (an ambiguous execution id prefix too),
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import Optional
 
 import click
 import orjson
 
 from tracedb.config import DEFAULT_DATA_DIR, Config, find_data_dir, load_config, parse_duration_s
-from tracedb.errors import TraceDBError
+from tracedb.errors import ConfigError, TraceDBError
 from tracedb.reads.paging import decode_cursor
 from tracedb.program import as_invoked
 
-if TYPE_CHECKING:
-    from tracedb.reads.reader import Reader
+# The command line's lazy seam: the group knows each command by name, the module that defines it
+# and its short help (the first paragraph of its help; a test holds the two equal). A command's
+# module, and the library it imports at its top (SQLAlchemy, the models, the WAL, the server), is
+# imported when that command is resolved: `tracedb --help` lists the commands from this table.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "backup": ("tracedb.cli.maintenance:backup_command",
+               "Copy the data directory into DEST (new or empty), online, next to a running recorder."),
+    "compact": ("tracedb.cli.maintenance:compact",
+                "Apply every WAL record to the database now (a running recorder does this itself)."),
+    "demo": ("tracedb.cli.demo:demo", "Record demo agent executions through the sidecar; one crashes midway."),
+    "export": ("tracedb.cli.interop:export_command",
+               "Write executions as JSON, in tracedb's record shape, IntentusNet's, or OTLP/JSON."),
+    "fork": ("tracedb.cli.maintenance:fork_command",
+             "Start a new execution sharing the parent's events up to --at, with its lineage."),
+    "import": ("tracedb.cli.maintenance:import_group", "Bring execution records recorded by other runtimes into tracedb."),
+    "inspect": ("tracedb.cli.read:inspect", "List executions (--list), or show one execution's state."),
+    "invalidate": ("tracedb.cli.maintenance:invalidate",
+                   "Mark an execution invalidated: not replayable, manually_invalidated."),
+    "migrate": ("tracedb.cli.maintenance:migrate",
+                "Create or upgrade the database schema (opening a store does this too)."),
+    "pin": ("tracedb.cli.maintenance:pin", "Keep a trace forever: prune never deletes a pinned trace."),
+    "prune": ("tracedb.cli.maintenance:prune",
+              "Delete terminal traces older than N (not pinned, not the parent of a fork), reclaim space."),
+    "recover": ("tracedb.cli.maintenance:recover",
+                "Repair a torn WAL tail, compact, mark unfinished executions incomplete."),
+    "replay": ("tracedb.cli.replay:replay_command",
+               "Return an execution's recorded final response exactly; no agent or model is called."),
+    "restore": ("tracedb.cli.maintenance:restore_command",
+                "Make the data directory (--data-dir, which must be new or empty) from a backup."),
+    "serve": ("tracedb.cli.serve:serve", "Run the sidecar recorder: agents record through it over a Unix socket."),
+    "stats": ("tracedb.cli.read:stats",
+              "Counts, failure rate, p50/p95/p99 duration, tokens and cost of executions, computed in SQL."),
+    "ui": ("tracedb.cli.ui:ui", "Browse executions in a web page: the list, timelines, payloads, diffs and forks."),
+    "unpin": ("tracedb.cli.maintenance:unpin", "Let prune delete a trace again once it is old enough."),
+    "verify": ("tracedb.cli.maintenance:verify", "Check everything; exit 4 on any damage."),
+    "wal": ("tracedb.cli.maintenance:wal_group", "The write-ahead log itself."),
+}
+TRACE_COMMANDS: dict[str, tuple[str, str]] = {
+    "diff": ("tracedb.cli.replay:diff_command", "Show two traces side by side, up to and at their first divergent step."),
+    "get": ("tracedb.cli.read:trace_get", "Print an execution's whole record, in IntentusNet's ExecutionRecord shape."),
+    "lineage": ("tracedb.cli.read:trace_lineage",
+                "Show what an execution was forked from, up to the first one, and the forks made from it."),
+}
 
-# The commands import the library (SQLAlchemy, the models, the WAL) when they run, not when the
-# command line starts: `tracedb --help` and a usage error stay fast.
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported when one is resolved (click's lazy group pattern):
+    `lazy` maps a command's name to ("module:attribute", its short help)."""
+
+    def __init__(self, *args, lazy: Optional[dict[str, tuple[str, str]]] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> Optional[click.Command]:
+        if name not in self.commands and name in self.lazy:
+            module, _, attr = self.lazy[name][0].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return self.commands.get(name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # click's own resolves every command for its short help: this lists the table's instead.
+        listed = [(name, self.commands.get(name) or click.Command(name, help=self.lazy[name][1]))
+                  for name in self.list_commands(ctx)]
+        listed = [(name, cmd) for name, cmd in listed if not cmd.hidden]
+        if listed:
+            limit = formatter.width - 6 - max(len(name) for name, _ in listed)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, cmd.get_short_help_str(limit)) for name, cmd in listed])
 
 
 class CommandError(click.ClickException):
@@ -49,7 +116,7 @@ class CommandError(click.ClickException):
             click.echo(f"hint: {as_invoked(self.hint)}", err=True)
 
 
-class TraceDBGroup(click.Group):
+class TraceDBGroup(LazyGroup):
     """Turns tracedb's and the WAL's known errors into a message, a hint and a stable exit code."""
 
 
@@ -86,6 +153,7 @@ class TraceDBGroup(click.Group):
             os.dup2(devnull, sys.stdout.fileno())
             ctx.exit(0)
         except Exception as e:
+            # Lazy seam: the report of a failure loads SQLAlchemy, which a read of a SQLite file does without.
             from tracedb.maintenance import admin
 
             failure = admin.failure_of(e, (ctx.obj or {}).get("config"))
@@ -140,21 +208,6 @@ def non_empty_ids(_ctx, _param, value):
 
 
 @contextlib.contextmanager
-def reading(ctx: click.Context) -> Iterator[Reader]:
-    """A Reader of the store; when it was read without error, the note that the store is not
-    recovered yet (no recorder runs, WAL records not compacted) goes to stderr."""
-    from tracedb.reads.reader import Reader
-
-    cfg = config_of(ctx)
-    with Reader.open(cfg) as reader:
-        yield reader
-        # What admin.recovery_note says, without loading the maintenance modules.
-        note = reader.pending.note()
-    if note:
-        click.echo(as_invoked(note), err=True)
-
-
-@contextlib.contextmanager
 def progress_bar(label: str):
     """A progress bar on a terminal, nothing otherwise; yields a progress(done, total) callback."""
     if not sys.stderr.isatty():
@@ -199,8 +252,6 @@ def read_token(token_file: Optional[str]) -> Optional[str]:
     """The bearer token from `token_file`, else TRACEDB_TOKEN, else None (serve, ui)."""
     if not token_file:
         return os.environ.get("TRACEDB_TOKEN") or None
-    from tracedb.errors import ConfigError
-
     try:
         with open(token_file, encoding="utf-8") as f:
             token = f.read().strip()
@@ -209,18 +260,6 @@ def read_token(token_file: Optional[str]) -> Optional[str]:
     if not token:
         raise ConfigError(f"the token file {token_file} is empty")
     return token
-
-
-def host_names(_ctx, _param, names: tuple) -> tuple:
-    """The --allowed-host names as a Host header gives them; a usage error for one that is not."""
-    if not names:
-        return names
-    from tracedb.sidecar.asgi import normalize_host
-
-    try:
-        return tuple(normalize_host(n) for n in names)
-    except ValueError as e:
-        raise click.BadParameter(f"{e}: give a name or an address, without a port") from None
 
 
 class DurationParam(click.ParamType):
@@ -260,7 +299,7 @@ def format_bytes(n: int) -> str:
     return f"{size:.1f} TiB"
 
 
-@click.group(cls=TraceDBGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=TraceDBGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tracedb", prog_name="tracedb", message="%(prog)s %(version)s")
 @click.option(
     "--data-dir",
@@ -319,7 +358,7 @@ def main(ctx: click.Context, data_dir: Optional[str], config_path: Optional[str]
     ctx.obj["config"] = cfg
 
 
-@main.group()
+@main.group(cls=LazyGroup, lazy=TRACE_COMMANDS)
 def trace():
     """Whole execution records.
 

@@ -1,5 +1,5 @@
-"""Maintenance commands over `tracedb.maintenance.admin`: compact, recover, prune, pin, unpin, invalidate,
-migrate, wal scan, wal repair (--dry-run, --salvage).
+"""Commands over `tracedb.maintenance`: compact, recover, prune, pin, unpin, invalidate, migrate,
+wal scan, wal repair (--dry-run, --salvage), verify, fork, backup, restore, import intentusnet.
 
 prune, pin, unpin and invalidate write the database in short transactions without the WAL's
 lock, so they work next to a running recorder; compact and recover open the store, which takes
@@ -13,12 +13,14 @@ import shlex
 
 import click
 
-from tracedb.errors import EXIT_INTEGRITY
+from tracedb.errors import EXIT_ERROR, EXIT_INTEGRITY
+from tracedb.maintenance import admin, backup
 from tracedb.program import as_invoked
-from tracedb.cli.main import DurationParam, config_of, format_bytes, emit_json, execution_id_argument, json_option, main, progress_bar
+from tracedb.sidecar.protocol import MAX_REASON_CHARS
+from tracedb.cli.main import DurationParam, config_of, format_bytes, emit_json, execution_id_argument, json_option, progress_bar
 
 
-@main.command()
+@click.command()
 @json_option()
 @click.pass_context
 def compact(ctx, as_json):
@@ -28,8 +30,6 @@ def compact(ctx, as_json):
     Example:
       tracedb compact
     """
-    from tracedb.maintenance import admin
-
     with progress_bar("compacting") as progress:
         r = admin.compact(config_of(ctx), progress)
     if as_json:
@@ -41,7 +41,7 @@ def compact(ctx, as_json):
         )
 
 
-@main.command()
+@click.command()
 @click.option("--rebuild", is_flag=True,
               help="Move a damaged database file aside (traces.db.damaged) and rebuild it from the WAL; "
               "refused when the WAL no longer starts at LSN 1.")
@@ -62,8 +62,6 @@ def recover(ctx, rebuild, partial, as_json):
       tracedb recover && tracedb inspect --list --status incomplete
       tracedb recover --rebuild && tracedb verify
     """
-    from tracedb.maintenance import admin
-
     if partial and not rebuild:
         raise click.UsageError("--partial goes with --rebuild")
     if rebuild:
@@ -102,7 +100,7 @@ def recover(ctx, rebuild, partial, as_json):
             )
 
 
-@main.command()
+@click.command()
 @click.option("--older-than", "older_than", type=DurationParam(), help="Age such as 30d, 12h, 90m, 45s, 2w; a bare number is days (default: the retention days).")
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @json_option()
@@ -116,8 +114,6 @@ def prune(ctx, older_than, dry_run, as_json):
     Example:
       tracedb prune --older-than 30d --dry-run
     """
-    from tracedb.maintenance import admin
-
     with progress_bar("pruning") as progress:
         r = admin.prune(config_of(ctx), older_than, dry_run=dry_run, progress=progress)
     if as_json:
@@ -134,16 +130,14 @@ def prune(ctx, older_than, dry_run, as_json):
         )
 
 
-def _pin_command(pinned: bool, help_text: str) -> click.Command:
+def _pin_command(pinned: bool, name: str, help_text: str) -> click.Command:
     """`pin` and `unpin`: one command body, two directions."""
 
-    @click.command(help=help_text)
+    @click.command(name, help=help_text)
     @execution_id_argument()
     @json_option()
     @click.pass_context
     def command(ctx, execution_id, as_json):
-        from tracedb.maintenance import admin
-
         full_id = admin.set_pinned(config_of(ctx), execution_id, pinned)
         if as_json:
             emit_json({"execution_id": full_id, "pinned": pinned}, True)
@@ -153,27 +147,21 @@ def _pin_command(pinned: bool, help_text: str) -> click.Command:
     return command
 
 
-main.add_command(
-    _pin_command(True, """Keep a trace forever: prune never deletes a pinned trace.
+pin = _pin_command(True, "pin", """Keep a trace forever: prune never deletes a pinned trace.
 
     \b
     Example:
       tracedb pin exec-a1b2c3d4
-    """),
-    "pin",
-)
-main.add_command(
-    _pin_command(False, """Let prune delete a trace again once it is old enough.
+    """)
+unpin = _pin_command(False, "unpin", """Let prune delete a trace again once it is old enough.
 
     \b
     Example:
       tracedb unpin exec-a1b2c3d4
-    """),
-    "unpin",
-)
+    """)
 
 
-@main.command()
+@click.command()
 @execution_id_argument()
 @click.option("--reason", required=True, help="Why, kept with the trace.")
 @json_option()
@@ -189,9 +177,6 @@ def invalidate(ctx, execution_id, reason, as_json):
     Example:
       tracedb invalidate exec-a1b2c3d4 --reason "agent had a bug"
     """
-    from tracedb.maintenance import admin
-    from tracedb.sidecar.protocol import MAX_REASON_CHARS
-
     if not reason.strip() or len(reason) > MAX_REASON_CHARS:
         raise click.BadParameter(f"give a reason of 1 to {MAX_REASON_CHARS} characters", param_hint="--reason")
     r = admin.invalidate(config_of(ctx), execution_id, reason)
@@ -201,7 +186,7 @@ def invalidate(ctx, execution_id, reason, as_json):
         click.echo(f"invalidated {r.execution_id}" if r.changed else f"{r.execution_id} was already invalidated")
 
 
-@main.command()
+@click.command()
 # Accepted as before; a missing data directory is made without it.
 @click.option("--create", is_flag=True, hidden=True)
 @json_option()
@@ -216,8 +201,6 @@ def migrate(ctx, create, as_json):
       tracedb migrate
       tracedb --data-dir /var/lib/tracedb migrate
     """
-    from tracedb.maintenance import admin
-
     r = admin.migrate(config_of(ctx))
     if as_json:
         emit_json({"before": r.before, "after": r.after}, True)
@@ -225,7 +208,7 @@ def migrate(ctx, create, as_json):
         click.echo(f"schema at {r.after}" + ("" if r.before == r.after else f" (was {r.before or 'empty'})"))
 
 
-@main.group("wal")
+@click.group("wal")
 def wal_group():
     """The write-ahead log itself.
 
@@ -245,8 +228,6 @@ def wal_scan(ctx, as_json):
     Example:
       tracedb wal scan --json
     """
-    from tracedb.maintenance import admin
-
     r = admin.scan_wal(config_of(ctx))
     if as_json:
         emit_json(
@@ -308,8 +289,6 @@ def wal_repair(ctx, dry_run, salvage, as_json):
       tracedb wal repair --salvage && tracedb verify
       tracedb wal repair && tracedb recover
     """
-    from tracedb.maintenance import admin
-
     r = admin.repair_wal(config_of(ctx), dry_run=dry_run, salvage=salvage)
     if as_json:
         emit_json(r.to_dict(), True)
@@ -355,7 +334,7 @@ def wal_repair(ctx, dry_run, salvage, as_json):
                       if r.dropped_records else "")))
 
 
-@main.command("backup")
+@click.command("backup")
 @click.argument("dest", type=click.Path(file_okay=False))
 @json_option()
 @click.pass_context
@@ -371,8 +350,6 @@ def backup_command(ctx, dest, as_json):
     Example:
       tracedb --data-dir /var/lib/tracedb backup /backups/tracedb-$(date +%F)
     """
-    from tracedb.maintenance import backup
-
     r = backup.backup(config_of(ctx), dest)
     if as_json:
         emit_json({"path": r.path, "applied_lsn": r.applied_lsn, "wal_segments": r.wal_segments,
@@ -384,7 +361,7 @@ def backup_command(ctx, dest, as_json):
         )
 
 
-@main.command("restore")
+@click.command("restore")
 @click.argument("backup_dir", type=click.Path(exists=True, file_okay=False))
 @json_option()
 @click.pass_context
@@ -401,10 +378,143 @@ def restore_command(ctx, backup_dir, as_json):
       tracedb --data-dir /var/lib/tracedb restore /backups/tracedb-2026-11-24
       tracedb --data-dir /var/lib/tracedb recover
     """
-    from tracedb.maintenance import backup
-
     where = backup.restore(backup_dir, config_of(ctx).data_dir)
     if as_json:
         emit_json({"restored": backup_dir, "data_dir": where}, True)
     else:
         click.echo(as_invoked(f"restored {backup_dir} into {where}; `tracedb --data-dir {shlex.quote(where)} recover` brings it up to date"))
+
+
+@click.command()
+@execution_id_argument(required=False)
+@json_option("A JSON report to alert on: ok, problems, database{ok, problems, hint}, wal{records, "
+             "first_lsn, last_lsn, applied_lsn, uncompacted_records, damages, kept_tails}, left_running, notes.")
+@click.pass_context
+def verify(ctx, execution_id, as_json):
+    """Check everything; exit 4 on any damage.
+
+    The traces: envelope hashes, event order, lifecycle. The database file: SQLite's own
+    integrity check (a file SQLite cannot read is reported with how to rebuild it from the WAL).
+    The WAL, without its lock: damage (a recorder's write in progress is not judged), records
+    not compacted yet, executions left running with no recorder (those two are notes: `tracedb
+    recover` settles them), torn tails the recorder kept when it cut them (a note, or a problem
+    when one holds a record the database lacks: `tracedb wal repair --salvage` applies it).
+    With an ID, that execution alone.
+
+    \b
+    Example:
+      tracedb verify && tracedb verify exec-a1b2c3d4
+      tracedb verify --json | jq .problems
+    """
+    r = admin.verify_store(config_of(ctx), execution_id)
+    if as_json:
+        emit_json(r.to_dict(), True)
+    else:
+        for p in r.problems:
+            click.echo(f"problem: {as_invoked(p)}")
+        if r.database_hint:
+            click.echo(f"hint: {as_invoked(r.database_hint)}")
+        t = r.traces
+        click.echo(
+            f"{'ok' if r.ok else 'FAILED'}: {t.checked_traces if t else 0} trace(s), "
+            f"{t.checked_steps if t else 0} step(s), {len(r.problems)} problem(s)"
+        )
+        if r.wal_last_lsn or r.wal_records:
+            click.echo(
+                f"wal: {r.wal_records} record(s), LSN {r.wal_first_lsn}..{r.wal_last_lsn}"
+                + (f", applied to the database up to {r.applied_lsn}" if r.applied_lsn is not None else "")
+                + (" (a recorder is writing)" if r.wal_live else "")
+            )
+        for n in r.notes:
+            click.echo(f"note: {as_invoked(n)}")
+    if not r.ok:
+        ctx.exit(EXIT_INTEGRITY)
+
+
+@click.command("fork")
+@execution_id_argument()
+@click.option("--at", "at_seq", required=True, type=click.IntRange(min=0), help="The last seq the fork shares with its parent.")
+@click.option("--id", "new_id", help="Execution id for the fork (default: a new one).")
+@json_option()
+@click.pass_context
+def fork_command(ctx, execution_id, at_seq, new_id, as_json):
+    """Start a new execution sharing the parent's events up to --at, with its lineage.
+
+    With a recorder running (`tracedb serve`), the fork is made through it and stays open: record
+    its next events by id (seq --at + 1 onwards). Without one, the fork is recorded in-process and
+    closed as incomplete when this command exits; run the recorder to keep forks live, or call
+    tracedb.fork() from the agent's own process. An --at that a closed parent has no event at, or
+    at or past its final response, is a usage error (exit 2).
+
+    \b
+    Example:
+      tracedb fork exec-a1b2c3d4 --at 7 --json
+    """
+    token = os.environ.get("TRACEDB_TOKEN") or None
+    r = admin.fork(config_of(ctx), execution_id, at_seq, new_execution_id=new_id, token=token)
+    made = r.fork
+    out = dict(made.to_dict(), live=r.live)
+    if as_json:
+        emit_json(out, True)
+    else:
+        click.echo(
+            f"forked {made.parent_execution_id} at seq {made.forked_at_seq} -> {made.execution_id} "
+            f"({out['copied_events']} event(s) shared)"
+        )
+    if not r.live:
+        click.echo(as_invoked(
+            "note: no recorder is running, so the fork was closed as incomplete when this command "
+            "finished; start `tracedb serve` to keep forks open"),
+            err=True,
+        )
+
+
+@click.group("import")
+def import_group():
+    """Bring execution records recorded by other runtimes into tracedb.
+
+    \b
+    Example:
+      tracedb import intentusnet .intentusnet/records
+    """
+
+
+@import_group.command("intentusnet")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True))
+@click.option("--workers", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="Records written at once (their WAL appends share fsyncs).")
+@json_option()
+@click.pass_context
+def import_intentusnet(ctx, directory, workers, as_json):
+    """Import an IntentusNet FileExecutionStore directory (DIR/<executionId>.json).
+
+    Each record goes through the WAL like a live execution and keeps its id, creation time,
+    envelope, events and final response (redacted by the [redaction] rules). Each event keeps
+    the time it was recorded when the file gives it (recordedUtcIso, which `tracedb export
+    --format intentusnet` writes); without it, the events take the record's creation time. Running it again
+    imports nothing twice. A file that cannot be stored exactly (NaN, a changed record under an
+    id already imported, see docs/intentusnet.md) is reported and nothing of it is written; the
+    others go in, and the command exits 1.
+
+    \b
+    Example:
+      tracedb --db postgresql+psycopg://tracedb@db/traces import intentusnet ./records
+    """
+    with progress_bar("importing") as progress:
+        result = admin.import_intentusnet(config_of(ctx), directory, workers=workers, progress=progress)
+    if as_json:
+        emit_json(
+            {"imported": result.imported, "already_present": result.already_present,
+             "events": result.events,
+             "failed": [{"file": f, "error": m} for f, m in result.failed]},
+            True,
+        )
+    else:
+        for name, message in result.failed:
+            click.echo(f"failed: {name}: {message}", err=True)
+        click.echo(
+            f"imported {result.imported} record(s) with {result.events} event(s); "
+            f"{result.already_present} already present; {len(result.failed)} failed"
+        )
+    if result.failed:
+        ctx.exit(EXIT_ERROR)

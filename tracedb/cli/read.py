@@ -1,17 +1,21 @@
-"""Read commands: `inspect`, `trace get`, `trace lineage`, `verify`, over `tracedb.reads.reader.Reader`.
+"""Read commands: `inspect`, `trace get`, `trace lineage`, `stats`, over `tracedb.reads.reader.Reader`.
 
 They read the database without the WAL's lock, so they work next to a running recorder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import itertools
+import sys
+import time
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 import click
 import orjson
 
-from tracedb.errors import EXIT_INTEGRITY
+from tracedb import reads
 from tracedb.humanize import format_duration
 from tracedb.reads.paging import DEFAULT_PAGE_SIZE
 from tracedb.reads.rows import event_dicts
@@ -25,13 +29,25 @@ from tracedb.cli.main import (
     emit_json,
     execution_id_argument,
     json_option,
-    main,
-    reading,
-    trace,
 )
 
 if TYPE_CHECKING:
     from tracedb.reads.rows import TraceSummary
+
+
+@contextlib.contextmanager
+def reading(ctx: click.Context) -> Iterator[reads.Reader]:
+    """A Reader of the store; when it was read without error, the note that the store is not
+    recovered yet (no recorder runs, WAL records not compacted) goes to stderr."""
+    # `reads.Reader` loads the reader (and the replay engines it brings) here, when the command
+    # runs: a usage error of a read command does without it.
+    with reads.Reader.open(config_of(ctx)) as reader:
+        yield reader
+        # What admin.recovery_note says, without loading the maintenance modules.
+        note = reader.pending.note()
+    if note:
+        click.echo(as_invoked(note), err=True)
+
 
 HEADER = ("ID", "CREATED", "INTENT", "STATUS", "REPLAY", "EVENTS", "DURATION", "OUTCOME", "MODEL", "TOKENS", "COST")
 # A last column, shown when a listed execution lost records while its client failed open: how
@@ -163,9 +179,6 @@ def _print_ndjson(rows: Iterable[tuple[TraceSummary, Optional[LostRecords]]]) ->
 def _print_csv(rows: Iterable[tuple[TraceSummary, Optional[LostRecords]]]) -> None:
     """A header row, then one row per execution, the JSON's fields as columns (lost_records: the
     count)."""
-    import csv
-    import sys
-
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(CSV_COLUMNS)
     for item, lost in rows:
@@ -194,7 +207,7 @@ CSV_COLUMNS = (
 PRINTERS = {"table": _print_table, "json": _print_json, "ndjson": _print_ndjson, "csv": _print_csv}
 
 
-@main.command()
+@click.command()
 @execution_id_argument(required=False)
 @click.option("--list", "list_", is_flag=True, help="List executions, newest first, a page at a time.")
 @click.option("--status", type=click.Choice(STATUSES))
@@ -259,10 +272,8 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, outc
         if execution_id is not None:
             emit_json(reader.inspect(execution_id), as_json)
             return
-        from tracedb.reads.reader import Filter
-
-        where = Filter(status=status, since=since, until=until, intent=intent, search=search, outcome=outcome,
-                       model=model, error=error_code, min_cost=min_cost, slower_than=slower_than)
+        where = reads.Filter(status=status, since=since, until=until, intent=intent, search=search, outcome=outcome,
+                             model=model, error=error_code, min_cost=min_cost, slower_than=slower_than)
         next_cursor: Optional[str] = None
         if all_:
             items: Iterable[TraceSummary] = reader.each(where, before=before)
@@ -277,7 +288,7 @@ def inspect(ctx, execution_id, list_, status, since, until, intent, search, outc
             )
 
 
-@trace.command("get")
+@click.command("get")
 @execution_id_argument()
 @json_option("Compact one-line JSON of the record alone, instead of indented with eventTimes.")
 @click.option("--follow", "-f", is_flag=True,
@@ -326,8 +337,6 @@ def trace_get(ctx, execution_id, as_json, follow, interval):
 
 def _follow(reader, record, interval: float) -> None:
     """Print the events recorded after `record` until the execution closes."""
-    import time
-
     eid = record.execution_id
     last = record.events[-1].seq if record.events else 0
     try:
@@ -346,7 +355,7 @@ def _follow(reader, record, interval: float) -> None:
     }).decode())
 
 
-@trace.command("lineage")
+@click.command("lineage")
 @execution_id_argument()
 @json_option()
 @click.pass_context
@@ -369,55 +378,7 @@ def trace_lineage(ctx, execution_id, as_json):
             click.echo(f"  fork {fork} at seq {seq}")
 
 
-@main.command()
-@execution_id_argument(required=False)
-@json_option("A JSON report to alert on: ok, problems, database{ok, problems, hint}, wal{records, "
-             "first_lsn, last_lsn, applied_lsn, uncompacted_records, damages, kept_tails}, left_running, notes.")
-@click.pass_context
-def verify(ctx, execution_id, as_json):
-    """Check everything; exit 4 on any damage.
-
-    The traces: envelope hashes, event order, lifecycle. The database file: SQLite's own
-    integrity check (a file SQLite cannot read is reported with how to rebuild it from the WAL).
-    The WAL, without its lock: damage (a recorder's write in progress is not judged), records
-    not compacted yet, executions left running with no recorder (those two are notes: `tracedb
-    recover` settles them), torn tails the recorder kept when it cut them (a note, or a problem
-    when one holds a record the database lacks: `tracedb wal repair --salvage` applies it).
-    With an ID, that execution alone.
-
-    \b
-    Example:
-      tracedb verify && tracedb verify exec-a1b2c3d4
-      tracedb verify --json | jq .problems
-    """
-    from tracedb.maintenance import admin
-
-    r = admin.verify_store(config_of(ctx), execution_id)
-    if as_json:
-        emit_json(r.to_dict(), True)
-    else:
-        for p in r.problems:
-            click.echo(f"problem: {as_invoked(p)}")
-        if r.database_hint:
-            click.echo(f"hint: {as_invoked(r.database_hint)}")
-        t = r.traces
-        click.echo(
-            f"{'ok' if r.ok else 'FAILED'}: {t.checked_traces if t else 0} trace(s), "
-            f"{t.checked_steps if t else 0} step(s), {len(r.problems)} problem(s)"
-        )
-        if r.wal_last_lsn or r.wal_records:
-            click.echo(
-                f"wal: {r.wal_records} record(s), LSN {r.wal_first_lsn}..{r.wal_last_lsn}"
-                + (f", applied to the database up to {r.applied_lsn}" if r.applied_lsn is not None else "")
-                + (" (a recorder is writing)" if r.wal_live else "")
-            )
-        for n in r.notes:
-            click.echo(f"note: {as_invoked(n)}")
-    if not r.ok:
-        ctx.exit(EXIT_INTEGRITY)
-
-
-@main.command()
+@click.command()
 @click.option("--since", type=TimeParam(),
               help="Executions created at or after: ISO time or an age such as 24h or 7d  [default: 24h].")
 @click.option("--all", "all_time", is_flag=True, help="Every execution in the store, instead of the last 24h.")

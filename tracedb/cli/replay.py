@@ -1,4 +1,5 @@
-"""`tracedb replay`, `tracedb fork` and `tracedb trace diff`: thin commands over tracedb.replay.
+"""`tracedb replay` and `tracedb trace diff`: thin commands over tracedb.replay (`tracedb fork`, a
+write, is in `tracedb.cli.maintenance`).
 
 NotReplayableError exits 6, RecordCorruptedError and ReplayHashMismatchError exit 4.
 """
@@ -6,14 +7,15 @@ NotReplayableError exits 6, RecordCorruptedError and ReplayHashMismatchError exi
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Optional
 
 import click
 
+from tracedb.errors import NotReplayableError
 from tracedb.program import as_invoked
-from tracedb.cli.main import config_of, emit_json, execution_id_argument, json_option, main, reading, trace
+from tracedb.cli.main import emit_json, execution_id_argument, json_option
+from tracedb.cli.read import reading
 
 CELL = 46  # width of one side in `trace diff`
 
@@ -37,7 +39,7 @@ def _load_envelope(path: str) -> dict:
     return envelope
 
 
-@main.command("replay")
+@click.command("replay")
 @execution_id_argument()
 @click.option("--force", is_flag=True, help="Replay a non-replayable record anyway (debugging only).")
 @click.option(
@@ -59,8 +61,6 @@ def replay_command(ctx, execution_id, force, envelope_path, as_json):
     Example:
       tracedb replay exec-a1b2c3d4 --envelope envelope.json --json | jq .payload
     """
-    from tracedb.errors import NotReplayableError
-
     envelope = _load_envelope(envelope_path) if envelope_path else None
     with reading(ctx) as reader:
         try:
@@ -79,46 +79,6 @@ def replay_command(ctx, execution_id, force, envelope_path, as_json):
     emit_json(result.to_dict(), as_json)
 
 
-@main.command("fork")
-@execution_id_argument()
-@click.option("--at", "at_seq", required=True, type=click.IntRange(min=0), help="The last seq the fork shares with its parent.")
-@click.option("--id", "new_id", help="Execution id for the fork (default: a new one).")
-@json_option()
-@click.pass_context
-def fork_command(ctx, execution_id, at_seq, new_id, as_json):
-    """Start a new execution sharing the parent's events up to --at, with its lineage.
-
-    With a recorder running (`tracedb serve`), the fork is made through it and stays open: record
-    its next events by id (seq --at + 1 onwards). Without one, the fork is recorded in-process and
-    closed as incomplete when this command exits; run the recorder to keep forks live, or call
-    tracedb.fork() from the agent's own process. An --at that a closed parent has no event at, or
-    at or past its final response, is a usage error (exit 2).
-
-    \b
-    Example:
-      tracedb fork exec-a1b2c3d4 --at 7 --json
-    """
-    from tracedb.maintenance import admin
-
-    token = os.environ.get("TRACEDB_TOKEN") or None
-    r = admin.fork(config_of(ctx), execution_id, at_seq, new_execution_id=new_id, token=token)
-    made = r.fork
-    out = dict(made.to_dict(), live=r.live)
-    if as_json:
-        emit_json(out, True)
-    else:
-        click.echo(
-            f"forked {made.parent_execution_id} at seq {made.forked_at_seq} -> {made.execution_id} "
-            f"({out['copied_events']} event(s) shared)"
-        )
-    if not r.live:
-        click.echo(as_invoked(
-            "note: no recorder is running, so the fork was closed as incomplete when this command "
-            "finished; start `tracedb serve` to keep forks open"),
-            err=True,
-        )
-
-
 def _cell(entry: Optional[dict], unit: str) -> str:
     if entry is None:
         return "-"
@@ -130,7 +90,7 @@ def _cell(entry: Optional[dict], unit: str) -> str:
     return text if len(text) <= CELL else text[: CELL - 1] + "…"
 
 
-@trace.command("diff")
+@click.command("diff")
 @execution_id_argument("a", metavar="A")
 @execution_id_argument("b", metavar="B")
 @json_option()

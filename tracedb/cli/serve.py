@@ -1,70 +1,16 @@
-"""`tracedb serve` and `tracedb demo`: thin commands over tracedb.sidecar and tracedb.cli.demo."""
+"""`tracedb serve`: a thin command over tracedb.sidecar."""
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
 
 import click
 
-from tracedb.config import DEFAULT_DATA_DIR
-from tracedb.errors import ConfigError
-from tracedb.program import program
 from tracedb.sidecar import protocol as P
-from tracedb.cli.main import config_of, host_names, json_option, main, read_token
-
-# [sidecar] keys of the configuration file (config/tracedb.toml), with their types.
-_FILE_KEYS = {
-    "socket": str,
-    "tcp": str,
-    "allow_remote": bool,
-    "token_file": str,
-    "trust_local_users": bool,
-    "allowed_hosts": list,
-    "metrics_port": int,
-    "http_port": int,
-    "http_host": str,
-    "otlp_port": int,
-    "otlp_host": str,
-    "max_frame_bytes": int,
-    "max_connections": int,
-    "max_inflight_requests": int,
-    "max_inflight_bytes": int,
-    "first_frame_timeout_s": float,
-    "connection_idle_timeout_s": float,
-    "otlp_max_connections": int,
-    "http_max_connections": int,
-    "http_header_timeout_s": float,
-    "http_idle_timeout_s": float,
-    "drain_timeout_s": float,
-    "log_level": str,
-}
-
-
-def sidecar_file_settings(cfg) -> dict:
-    table = dict((getattr(cfg, "extra", None) or {}).get("sidecar") or {})
-    out = {}
-    for key, value in table.items():
-        kind = _FILE_KEYS.get(key)
-        if kind is None:
-            raise ConfigError(f"unknown key {key!r} in [sidecar]", hint="see config/tracedb.toml")
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ConfigError(f"[sidecar] {key} must be a {kind.__name__}, got {value!r}")
-        if key == "allowed_hosts":
-            if not all(isinstance(v, str) for v in value):
-                raise ConfigError(f"[sidecar] {key} must be a list of strings, got {value!r}")
-            from tracedb.sidecar.asgi import normalize_host
-
-            try:
-                value = [normalize_host(v) for v in value]
-            except ValueError as e:
-                raise ConfigError(f"[sidecar] {key}: {e}", hint="give host names or addresses, without a port") from None
-        out[key] = value
-    return out
-
+from tracedb.sidecar.run import serve_forever
+from tracedb.sidecar.server import ServerConfig
+from tracedb.cli.main import config_of, read_token
+from tracedb.cli.sidecar_settings import host_names, sidecar_file_settings
 
 def parse_tcp(text: str) -> tuple[str, int]:
     """"HOST:PORT", ":PORT" or "PORT" (host 127.0.0.1); IPv6 as "[::1]:PORT"."""
@@ -80,7 +26,7 @@ def parse_tcp(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-@main.command()
+@click.command()
 @click.option("--socket", "socket_path", envvar="TRACEDB_SOCKET", type=click.Path(dir_okay=False),
               help="Unix socket to listen on (env TRACEDB_SOCKET; default <data dir>/tracedb.sock).")
 @click.option("--tcp", help="Also listen on TCP, HOST:PORT (loopback unless --allow-remote).")
@@ -148,10 +94,6 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, trust_local_users, al
       tracedb --data-dir ./.tracedb serve --http-port 9464   # web view, /metrics, /health
       tracedb serve --otlp-port 4318    # agents: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:4318/v1/traces
     """
-    # The server, and the demo below, are imported by their commands: the other commands start faster.
-    from tracedb.sidecar.run import serve_forever
-    from tracedb.sidecar.server import ServerConfig
-
     if http_port is not None and metrics_port is not None and http_port != metrics_port:
         raise click.UsageError("--metrics-port is the older name of --http-port: give one of them")
     cfg = config_of(ctx)
@@ -196,48 +138,3 @@ def serve(ctx, socket_path, tcp, allow_remote, token_file, trust_local_users, al
     serve_forever(cfg, scfg, log_level=log_level or file.get("log_level", "info"), log_json={"json": True, "text": False}.get(log_format),
                   otlp=otlp, http_host=http_host or file.get("http_host") or "127.0.0.1",
                   allowed_hosts=allowed_hosts or tuple(file.get("allowed_hosts", ())))
-
-
-@main.command()
-@click.option("--sidecar", envvar="TRACEDB_SIDECAR",
-              help="Recorder address (env TRACEDB_SIDECAR; default: the data directory's socket).")
-@click.option("--start-server", is_flag=True,
-              help="Start a `tracedb serve` for the demo's duration if none is running.")
-@click.option("--executions", type=click.IntRange(1, 1000), default=3, show_default=True,
-              help="Completed executions to record before the one that crashes.")
-@json_option("Print the summary as JSON.")
-@click.pass_context
-def demo(ctx, sidecar, start_server, executions, as_json):
-    """Record demo agent executions through the sidecar; one crashes midway.
-
-    Each execution is a small agent run (tool and LLM calls) in its own process. The last one
-    is SIGKILLed in the middle of a tool call; the recorder then shows it incomplete
-    (execution_incomplete) with every event up to the crash, while the others are completed
-    and replayable.
-
-    \b
-    Example:
-      tracedb demo --start-server && tracedb inspect --list
-    """
-    from tracedb.cli.demo import run_demo
-
-    result = run_demo(config_of(ctx), sidecar=sidecar, start_server=start_server, executions=executions)
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
-        return
-    rows = result.executions
-    click.echo(f"recorded {len(rows)} executions through the sidecar ({result.address}):")
-    for e in rows:
-        flag = "replayable" if e["replayable"] else f"not replayable ({e['replayable_reason']})"
-        click.echo(f"  {e['execution_id']}  {e['status']:<10} {flag:<40} {e['events']} events, last {e['last_event']}")
-    crashed = rows[-1]["execution_id"]
-    done = next((e["execution_id"] for e in rows if e["replayable"]), None)
-    me = program()  # the next commands run as printed: this program, this data directory
-    if os.path.normpath(result.data_dir) != DEFAULT_DATA_DIR:
-        me += f" --data-dir {shlex.quote(result.data_dir)}"
-    click.echo("\nnext:")
-    click.echo(f"  {me} inspect --list")
-    click.echo(f"  {me} inspect {crashed}        # the crashed one: incomplete, events up to the crash")
-    if done:
-        click.echo(f"  {me} trace get {done}")
-        click.echo(f"  {me} replay {done}         # returns the recorded response, no agent call")

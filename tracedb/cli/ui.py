@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import click
 
+from tracedb import reads
 from tracedb.program import as_invoked
 from tracedb.sidecar import protocol as P
-from tracedb.cli.main import config_of, emit_json, host_names, json_option, main, read_token
+from tracedb.sidecar.asgi import is_loopback
+from tracedb.web.run import check_listen, serve_ui, view_token
+from tracedb.cli.main import config_of, emit_json, json_option, read_token
+from tracedb.cli.sidecar_settings import host_names, sidecar_file_settings
 
 DEFAULT_UI_PORT = 8470
 
@@ -14,13 +20,11 @@ DEFAULT_UI_PORT = 8470
 def _recovery_note(cfg) -> str | None:
     """What the view shows beyond the database while no recorder runs: WAL records not
     compacted, executions nobody will finish (read as incomplete, as the read commands do)."""
-    from tracedb.reads.reader import Reader
-
-    with Reader.open(cfg) as reader:  # a missing store: exit 3 here, before anything listens
+    with reads.Reader.open(cfg) as reader:  # a missing store: exit 3 here, before anything listens
         return reader.pending.note()
 
 
-@main.command()
+@click.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; anything but loopback needs --allow-remote and a token.")
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_UI_PORT, show_default=True,
@@ -64,10 +68,6 @@ def ui(ctx, host, port, allow_remote, token_file, trust_local_users, allowed_hos
       tracedb ui                                   # then open the address it prints
       tracedb ui --db postgresql+psycopg://tracedb@db.internal/traces --port 0
     """
-    from tracedb.sidecar.asgi import is_loopback
-    from tracedb.web.run import check_listen, serve_ui, view_token
-    from tracedb.cli.serve import sidecar_file_settings
-
     cfg = config_of(ctx)
     if data_dir is not None:
         cfg = cfg.replace(data_dir=data_dir, db_path="")
@@ -93,8 +93,6 @@ def ui(ctx, host, port, allow_remote, token_file, trust_local_users, allowed_hos
         else:
             click.echo(f"tracedb ui: {url}  (read-only; Ctrl-C stops it)")
         click.get_text_stream("stdout").flush()
-
-    import asyncio
 
     asyncio.run(serve_ui(cfg, host=host, port=port, token=token, allowed_hosts=allowed_hosts,
                          on_listening=listening, max_connections=max_connections))

@@ -54,6 +54,7 @@ from tracedb.integrations.recorded import ReplayCounts, content_key, is_async_re
 try:
     from agents.items import ModelResponse
     from agents.models.interface import Model, ModelProvider, ModelTracing
+    from agents.models.openai_provider import OpenAIProvider
     from agents.tracing import TracingProcessor, response_span
     from agents.usage import Usage
     from openai.types.responses import Response, ResponseCompletedEvent, ResponseOutputItem, ResponseUsage
@@ -481,8 +482,6 @@ class ReplayModelProvider(ReplayCounts, ModelProvider):
     def live_model(self, model_name: Optional[str]) -> Model:
         """The model permissive mode calls for what the recording cannot answer."""
         if self.live is None:
-            from agents.models.openai_provider import OpenAIProvider
-
             self.live = OpenAIProvider()
         return self.live.get_model(model_name)
 

@@ -43,18 +43,18 @@ try:
 except ModuleNotFoundError as e:
     raise ExtraNotInstalledError(__name__, "anthropic", e.name) from None
 
-
-def _http_module() -> Any:
-    """The httpx module the installed SDK's client takes: httpx2 (anthropic 2), else httpx."""
+# The httpx module the installed SDK's client takes: httpx2 (anthropic 2), else httpx.
+try:
+    import httpx2
+except ModuleNotFoundError:
+    httpx2 = None
+if httpx2 is not None and issubclass(anthropic.DefaultHttpxClient, httpx2.Client):
+    http_module: Any = httpx2
+else:
     try:
-        import httpx2
-    except ModuleNotFoundError:
-        httpx2 = None
-    if httpx2 is not None and issubclass(anthropic.DefaultHttpxClient, httpx2.Client):
-        return httpx2
-    import httpx
-
-    return httpx
+        import httpx as http_module
+    except ModuleNotFoundError as e:
+        raise ExtraNotInstalledError(__name__, "anthropic", e.name) from None
 
 
 def _is_async_client(client: Any) -> bool:
@@ -89,7 +89,7 @@ def _usage(body: Any, events: Optional[list]) -> Optional[dict]:
 
 # The SDK reports any exception its transport raises as APIConnectionError, and retries it,
 # unless it is an AnthropicError: a replay's divergence would come back as a connection error.
-API = HttpApi(_http_module(), sdk="Anthropic", async_client="AsyncAnthropic",
+API = HttpApi(http_module, sdk="Anthropic", async_client="AsyncAnthropic",
               is_async_client=_is_async_client, usage=_usage, sdk_error=anthropic.AnthropicError)
 _transports = http_transports(API)
 

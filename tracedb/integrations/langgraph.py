@@ -71,8 +71,10 @@ from tracedb.errors import (
     InvalidInputError,
     UsageError,
 )
+from tracedb.config import load_config
+from tracedb.reads.reader import Filter, Reader
 from tracedb.records.ids import uuid7_hex
-from tracedb.records.record import STATUS_RUNNING
+from tracedb.records.record import STATUS_RUNNING, ExecutionEvent
 from tracedb.records.redaction import redact
 from tracedb.integrations.recorded import is_async_recorder, on_loop
 
@@ -591,8 +593,6 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
             self._redactor = store.redactor
         else:
             if self._config is None:
-                from tracedb.config import load_config
-
                 self._config = load_config()
             self._redactor = self._config.redactor()
         self._closed = False
@@ -601,8 +601,6 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
 
     def _get_reader(self):
         if self._reader is None:
-            from tracedb.reads.reader import Reader
-
             store = getattr(self.recorder, "store", self.recorder)
             engine = getattr(store, "engine", None) if hasattr(store, "compact") else None
             if engine is not None:
@@ -656,8 +654,6 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
                 del self._threads[tid]
 
     def _thread_ids_in_store(self) -> list[str]:
-        from tracedb.reads.reader import Filter
-
         reader = self._get_reader()
         seen: dict[str, None] = {}
         for row in reader.each(Filter(search=INTENT_PREFIX), judge=False):
@@ -667,8 +663,6 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
 
     def _execution_ids(self, thread_id: str) -> list[str]:
         """A thread's executions in the store, oldest first."""
-        from tracedb.reads.reader import Filter
-
         reader = self._get_reader()
         # A new thread (the common case) is known by its id prefix, an index range; only a
         # thread with executions is looked for by its intent, which no index serves.
@@ -1246,8 +1240,6 @@ class TraceDBSaver(BaseCheckpointSaver[str]):
         return start, events
 
     def _after_copy(self, dst: _Thread, eid: str, events: list, seqs: list) -> None:
-        from tracedb.records.record import ExecutionEvent
-
         class _Copied:
             execution_id = eid
             status = "completed"

@@ -27,6 +27,7 @@ execution linked to the replayed one.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 from tracedb.errors import ExtraNotInstalledError
@@ -47,9 +48,9 @@ except ModuleNotFoundError as e:
 
 
 def _is_async_client(client: Any) -> bool:
-    import openai
-
-    return isinstance(client, openai.AsyncOpenAI)
+    # A client of the SDK's exists only once the SDK is loaded: telling one needs no import.
+    openai = sys.modules.get("openai")
+    return openai is not None and isinstance(client, openai.AsyncOpenAI)
 
 
 def _usage(body: Any, events: Optional[list]) -> Optional[dict]:

@@ -49,6 +49,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -65,6 +66,8 @@ from tracedb.errors import (
     TraceDBError,
     UsageError,
 )
+from tracedb.program import pip_install
+from tracedb.reads.reader import list_traces, read_record
 from tracedb.records.record import (
     FINAL_RESPONSE,
     REASON_EXECUTION_INCOMPLETE,
@@ -77,7 +80,7 @@ from tracedb.records.record import (
     normalize_envelope_hash,
     stored_envelope_hash,
 )
-from tracedb.records.validation import MAX_DEPTH
+from tracedb.records.validation import MAX_DEPTH, validate_event_type
 
 TYPE_PREFIX = "intentusnet."
 # The time an event was recorded, which tracedb's export adds to each event (IntentusNet's own
@@ -88,8 +91,10 @@ _HEX64 = re.compile(r"[0-9a-fA-F]{64}")  # fullmatch
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 try:  # Subclass IntentusNet's interface when it is installed, so isinstance checks pass.
+    from intentusnet.recording.models import ExecutionRecord as IntentusNetRecord
     from intentusnet.recording.store import ExecutionStore as _ExecutionStoreBase
 except ImportError:  # pragma: no cover - exercised only without the package
+    IntentusNetRecord = None
     _ExecutionStoreBase = object
 
 
@@ -191,8 +196,6 @@ class ParsedRecord:
 
 def tracedb_event_type(type_: Any, seq: int) -> str:
     """The tracedb event type an IntentusNet event type is stored as (see the module doc)."""
-    from tracedb.records.validation import validate_event_type
-
     if not isinstance(type_, str) or not type_:
         raise InvalidInputError(f"event {seq}: type must be a non-empty string, got {type_!r}")
     if type_.startswith(TYPE_PREFIX):
@@ -339,9 +342,10 @@ def _closing(p: ParsedRecord) -> tuple:
 def is_client(store) -> bool:
     """True for a recording client (`tracedb.client.connect()`: a sidecar, `tracedb serve`),
     False for the embedded store (`tracedb.open`)."""
-    from tracedb.sidecar.client import Client
-
-    return isinstance(store, Client)
+    # A client exists only once its module is loaded: telling one needs no import (which would
+    # load the client, and asyncio, for the embedded store).
+    client = sys.modules.get("tracedb.sidecar.client")
+    return client is not None and isinstance(store, client.Client)
 
 
 def start_execution(store, p: ParsedRecord, meta: dict):
@@ -532,15 +536,11 @@ def to_intentusnet_dict(record: ExecutionRecord, times: Optional[dict] = None) -
 
 def to_intentusnet_record(record: ExecutionRecord):
     """The same as an `intentusnet.recording.models.ExecutionRecord` (needs the package)."""
-    try:
-        from intentusnet.recording.models import ExecutionRecord as IntentusNetRecord
-    except ImportError:
-        from tracedb.program import pip_install
-
+    if IntentusNetRecord is None:
         raise UsageError(
             "the intentusnet package is not installed",
             hint=f"`{pip_install('intentusnet')}`, or use to_intentusnet_dict() for its JSON form",
-        ) from None
+        )
     return IntentusNetRecord.from_dict(to_intentusnet_dict(record))
 
 
@@ -600,9 +600,7 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
     def _read(self, execution_id: str) -> ExecutionRecord:
         if self._store is not None:
             return self._store.get(execution_id)
-        from tracedb.reads import reader as reads
-
-        return reads.read_record(self._engine, execution_id)
+        return read_record(self._engine, execution_id)
 
     def load(self, execution_id: str):
         """The execution as an IntentusNet ExecutionRecord; RecordNotFoundError (a
@@ -624,9 +622,7 @@ class TraceDBExecutionStore(_ExecutionStoreBase):
         if self._store is not None:
             rows = self._store.list()
         else:
-            from tracedb.reads import reader as reads
-
-            rows = reads.list_traces(self._engine)
+            rows = list_traces(self._engine)
         return sorted(r.execution_id for r in rows)
 
 

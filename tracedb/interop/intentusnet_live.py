@@ -34,7 +34,8 @@ import logging
 import threading
 from typing import Any, Optional
 
-from tracedb.errors import TraceDBError
+from tracedb.errors import TraceDBError, UsageError
+from tracedb.program import pip_install
 from tracedb.records.record import FINAL_RESPONSE, REASON_MANUALLY_INVALIDATED
 from tracedb.interop.intentusnet import (
     TraceDBExecutionStore,
@@ -48,9 +49,10 @@ from tracedb.interop.intentusnet import (
 
 try:
     from intentusnet import IntentRouter
+    from intentusnet.core import router as router_module
     from intentusnet.recording.recorder import InMemoryExecutionRecorder
 except ImportError:  # pragma: no cover - exercised only without the package
-    IntentRouter = InMemoryExecutionRecorder = None
+    IntentRouter = InMemoryExecutionRecorder = router_module = None
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,6 @@ _install_lock = threading.Lock()
 
 def _require_package() -> None:
     if IntentRouter is None:
-        from tracedb.errors import UsageError
-        from tracedb.program import pip_install
-
         raise UsageError("the intentusnet package is not installed", hint=f"`{pip_install('intentusnet')}`")
 
 
@@ -168,8 +167,6 @@ def _recorder_factory(record):
 
 def _install() -> None:
     """Make IntentusNet's router module build its recorders through `_recorder_factory`."""
-    import intentusnet.core.router as router_module
-
     with _install_lock:
         if getattr(router_module, "InMemoryExecutionRecorder", None) is not _recorder_factory:
             router_module.InMemoryExecutionRecorder = _recorder_factory
@@ -187,8 +184,6 @@ class LiveRouter(IntentRouter or object):
     def __init__(self, registry, store, **kwargs):
         _require_package()
         if "record_store" in kwargs:
-            from tracedb.errors import UsageError
-
             raise UsageError("LiveRouter records into the tracedb store it is given; drop record_store")
         self.records = TraceDBExecutionStore(store)
         super().__init__(registry, record_store=self.records, **kwargs)

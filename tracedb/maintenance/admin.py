@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
+import sqlalchemy as sa
 import wal
 
 from tracedb.maintenance import verify_store as damage
@@ -40,10 +41,19 @@ from tracedb.maintenance.verify import VerifyResult
 from tracedb.maintenance.recovery import RecoverResult
 from tracedb.replay.forking import Fork, check_fork_point, fork as fork_execution
 from tracedb.maintenance.retention import PruneResult
+from tracedb.imports import on_first_use
+from tracedb.projection.models import compaction_checkpoint as cp
+from tracedb.reads.wal_tail import recorder_id_of
 from tracedb.recorder.store import Store
+from tracedb.sidecar.client import Client, resolve_sidecar
 
 if TYPE_CHECKING:
+    from tracedb.interop import intentusnet
     from tracedb.interop.intentusnet import ImportResult
+else:
+    # Lazy seam (`tracedb.imports`): the IntentusNet adapter loads IntentusNet's own package,
+    # which only `tracedb import intentusnet` needs.
+    intentusnet = on_first_use("tracedb.interop.intentusnet")
 
 Progress = Optional[Callable[[int, int], None]]
 
@@ -286,11 +296,6 @@ def prune(
 
 def _applied_lsn(config: Config, engine) -> int:
     """This data directory's recorder's applied LSN (0 when it has compacted nothing yet)."""
-    import sqlalchemy as sa
-
-    from tracedb.projection.models import compaction_checkpoint as cp
-    from tracedb.reads.wal_tail import recorder_id_of
-
     recorder_id = recorder_id_of(config)
     if not recorder_id:
         return 0
@@ -324,8 +329,6 @@ def _recorder_address(config: Config) -> Optional[str]:
     """The local socket of the recorder holding this data directory, if one is running."""
     if not recorder_running(config):
         return None
-    from tracedb.sidecar.client import resolve_sidecar
-
     return resolve_sidecar(None, config.data_dir)
 
 
@@ -365,8 +368,6 @@ def invalidate(config: Config, execution_id: str, reason: str) -> Invalidated:
 
 
 def _invalidate_through(address: str, config: Config, execution_id: str, reason: str) -> Invalidated:
-    from tracedb.sidecar.client import Client
-
     with Client(address, data_dir=config.data_dir) as client:
         try:
             with Reader.open(config) as reader:
@@ -499,8 +500,6 @@ def fork(
             check_fork_point(parent, at_seq)
         except InvalidInputError as e:
             raise ArgumentError(e.message, hint=e.hint) from None
-    from tracedb.sidecar.client import Client, resolve_sidecar  # only fork talks to a recorder
-
     address = resolve_sidecar(None, config.data_dir)
     if address is not None:
         with Client(address, token=token, data_dir=config.data_dir) as client:
@@ -514,8 +513,6 @@ def fork(
 
 def import_intentusnet(config: Config, directory: str, *, workers: int = 8, progress: Progress = None) -> ImportResult:
     """Import an IntentusNet FileExecutionStore directory through the WAL; nothing twice."""
-    from tracedb.interop.intentusnet import import_directory  # it loads IntentusNet's own package
-
     try:
         # The idle sweeper stays off: it must not mark an import in progress incomplete.
         store = Store(config.replace(idle_timeout_s=0), warn_if_shared=False)
@@ -526,6 +523,6 @@ def import_intentusnet(config: Config, directory: str, *, workers: int = 8, prog
             "that compacts into the same database (--db)",
         ) from None
     try:
-        return import_directory(store, directory, workers=workers, progress=progress)
+        return intentusnet.import_directory(store, directory, workers=workers, progress=progress)
     finally:
         store.close()

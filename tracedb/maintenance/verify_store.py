@@ -33,7 +33,9 @@ from tracedb.errors import (
     TraceDBError,
     UsageError,
 )
+from tracedb.projection.models import compaction_checkpoint
 from tracedb.reads.reader import Reader
+from tracedb.reads.wal_tail import recorder_id_of
 from tracedb.maintenance.verify import VerifyResult
 
 # What SQLite says of a file it cannot read as a database.
@@ -208,9 +210,6 @@ def _left_as(config: Config, moved: list) -> str:
 
 
 def _start_checkpoint(config: Config, applied_lsn: int) -> None:
-    from tracedb.projection.models import compaction_checkpoint
-    from tracedb.reads.wal_tail import recorder_id_of
-
     engine = db.create_engine(config.database, busy_timeout_ms=config.busy_timeout_ms, write=True)
     try:
         db.migrate(engine)

@@ -16,6 +16,7 @@ creation to its last event, and one span event per recorded event (its type, seq
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime
 from typing import Any, Optional
 
 import orjson
@@ -134,8 +135,6 @@ def _otel_spans(record: ExecutionRecord, trace_id: str) -> list[tuple[dict, dict
 
 
 def _iso_ns(iso: str) -> int:
-    from datetime import datetime
-
     try:
         return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1e9)
     except (ValueError, AttributeError):

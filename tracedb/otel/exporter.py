@@ -24,6 +24,7 @@ import threading
 from collections import OrderedDict
 from typing import Optional, Sequence
 
+from tracedb.client import connect
 from tracedb.errors import ExecutionClosedError, ExecutionExistsError, ExtraNotInstalledError, InvalidInputError, TraceDBError
 from tracedb.records.record import STATUS_COMPLETED, STATUS_RUNNING
 from tracedb.otel import mapping as M
@@ -44,8 +45,6 @@ class TraceDBSpanExporter(SpanExporter):
                  keep_closed: int = KEEP_CLOSED_TRACES):
         self._owned = recorder is None
         if recorder is None:
-            from tracedb.client import connect
-
             recorder = connect(sidecar, data_dir=data_dir)
         self.recorder = recorder
         self.traces: "OrderedDict[str, TraceEntry]" = OrderedDict()

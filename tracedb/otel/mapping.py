@@ -32,10 +32,11 @@ from typing import Any, Iterable, Optional
 
 import orjson
 
+from tracedb.records.ids import OTEL_PREFIX
 from tracedb.records.record import LLM_REQUESTED, LLM_RESPONDED, TOOL_REQUESTED, TOOL_RESPONDED
 from tracedb.records.validation import check_response, payload_json
 
-EXECUTION_PREFIX = "otel-"
+EXECUTION_PREFIX = OTEL_PREFIX
 SPAN_EVENT = "otel.span"
 LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 TOOL_OPERATION = "execute_tool"

@@ -25,8 +25,12 @@ import zlib
 from typing import Callable, Iterable, Optional
 
 import orjson
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
 
-from tracedb.sidecar.asgi import bearer_token, is_loopback
+from tracedb.sidecar.asgi import HostCheck, HttpEndpoint, bearer_token, is_loopback
+from tracedb.sidecar.protocol import DEFAULT_OTLP_MAX_CONNECTIONS
 from tracedb.errors import ConfigError, RecordingFailedError, StoreClosedError, TraceDBError
 from tracedb.program import extra_hint
 from tracedb.otel import mapping as M
@@ -49,15 +53,21 @@ _UNAVAILABLE = 14
 _UNAUTHENTICATED = 16
 
 
+# The `otel` extra's protocol package: checked by `require_otel`, before anything listens.
+try:
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+except ImportError as e:
+    trace_service_pb2 = None
+    _MISSING = e.name or str(e)
+
+
 def require_otel() -> None:
     """Raise ConfigError (with the install hint) unless the `otel` extra is installed."""
-    try:
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: F401
-    except ImportError as e:
+    if trace_service_pb2 is None:
         raise ConfigError(
-            f"the OTLP receiver needs the OpenTelemetry protocol package ({e.name or e})",
+            f"the OTLP receiver needs the OpenTelemetry protocol package ({_MISSING})",
             hint=INSTALL_HINT,
-        ) from None
+        )
 
 
 def check_listen(host: str, allow_remote: bool, token: Optional[str]) -> None:
@@ -131,10 +141,7 @@ class Receiver:
         max_inflight_requests: int = DEFAULT_MAX_INFLIGHT_REQUESTS,
         draining: Callable[[], bool] = lambda: False,
     ):
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-        from starlette.applications import Starlette
-        from starlette.routing import Route
-
+        require_otel()
         self._pb = trace_service_pb2
         self.ingest = ingest
         self.token = token
@@ -146,8 +153,6 @@ class Receiver:
 
     async def traces(self, request):
         """POST /v1/traces."""
-        from starlette.responses import Response
-
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         as_json = ctype == JSON
         media = JSON if as_json else PROTOBUF
@@ -263,9 +268,6 @@ async def start_receiver(store, *, host: str = "127.0.0.1", port: int = 0, token
     403. `await endpoint.close()` stops it. A busy port raises OSError. `connection_limits` are
     HttpEndpoint's (max_connections, header_timeout_s, idle_timeout_s); the OTLP port's cap is
     DEFAULT_OTLP_MAX_CONNECTIONS unless given."""
-    from tracedb.sidecar.asgi import HostCheck, HttpEndpoint
-    from tracedb.sidecar.protocol import DEFAULT_OTLP_MAX_CONNECTIONS
-
     receiver = Receiver(SpanIngest(store), token=token, draining=draining, **limits)
     app = receiver.app if allowed_hosts is None else HostCheck(receiver.app, allowed_hosts)
     http = HttpEndpoint(app, host=host, port=port, name="otlp",

@@ -25,6 +25,7 @@ that started it: the store starts it from its long-lived background thread.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -34,7 +35,8 @@ import subprocess
 import sys
 import time
 
-from tracedb.projection.compactor import CompactResult
+from tracedb.projection import db
+from tracedb.projection.compactor import CompactResult, Compactor
 from tracedb.errors import TraceDBError, WorkerGoneError  # WorkerGoneError: re-exported (its old home)
 
 
@@ -150,8 +152,6 @@ def _die_with_parent(parent_pid: int) -> None:
     # Linux: SIGKILL this process when the recorder dies, so that a new recorder never finds an
     # old compactor still at work (the checkpoint's compare-and-set would catch it anyway).
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -165,9 +165,6 @@ def main() -> int:
     """Child side: compact on request until standard input ends."""
     spec = json.loads(sys.stdin.buffer.readline())
     _die_with_parent(spec["parent_pid"])
-    from tracedb.projection import db
-    from tracedb.projection.compactor import Compactor
-
     engine = db.create_engine(spec["database"], busy_timeout_ms=spec["busy_timeout_ms"], write=True)
     applied = db.ensure_checkpoint(engine, spec["recorder_id"], time.time_ns())
     comp = Compactor(engine, spec["wal_dir"], spec["recorder_id"], applied,

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import orjson
 import sqlalchemy as sa
@@ -49,6 +49,26 @@ from tracedb.reads import sqlite as sqlite_reads
 from tracedb.errors import ConfigError, DatabaseUnavailableError, StoreNotFoundError, path_exists
 from tracedb.program import extra_hint
 from tracedb.projection.schema import HEAD_REVISION
+from tracedb.imports import on_first_use
+
+if TYPE_CHECKING:
+    import aiosqlite
+    from alembic import command as alembic_command
+    from alembic import config as alembic_config
+    from alembic.runtime import migration as alembic_migration
+    from sqlalchemy.ext import asyncio as sa_asyncio
+
+    from tracedb import migrations
+else:
+    # Lazy seams (`tracedb.imports`): Alembic and the revisions only when there is something to
+    # migrate (`current_revision` reads a current schema without them); the asyncio engine only
+    # for an AsyncReader (the web view).
+    alembic_command = on_first_use("alembic.command")
+    alembic_config = on_first_use("alembic.config")
+    alembic_migration = on_first_use("alembic.runtime.migration")
+    migrations = on_first_use("tracedb.migrations")
+    sa_asyncio = on_first_use("sqlalchemy.ext.asyncio")
+    aiosqlite = on_first_use("aiosqlite")
 
 
 def _json_serializer(value) -> str:
@@ -292,11 +312,7 @@ def unavailable(engine: Engine, error: BaseException) -> DatabaseUnavailableErro
 
 
 def _alembic_config(connection):
-    from alembic.config import Config as AlembicConfig
-
-    from tracedb import migrations
-
-    cfg = AlembicConfig()
+    cfg = alembic_config.Config()
     cfg.set_main_option("script_location", os.path.dirname(os.path.abspath(migrations.__file__)))
     cfg.attributes["connection"] = connection
     return cfg
@@ -330,9 +346,6 @@ def migrate(engine: Engine, revision: str = "head") -> Optional[str]:
     takes no lock by beginning, an advisory lock keyed by the schema does that: many recorders
     starting at once against a new database create its tables exactly once.
     """
-    from alembic import command
-    from alembic.runtime.migration import MigrationContext
-
     if revision == "head" and current_revision(engine) == HEAD_REVISION:
         return HEAD_REVISION
     try:
@@ -342,8 +355,8 @@ def migrate(engine: Engine, revision: str = "head") -> Optional[str]:
                     "SELECT pg_advisory_xact_lock(hashtext('tracedb.migrate.' || "
                     "coalesce(current_schema(), '')))"
                 )
-            before = MigrationContext.configure(conn).get_current_revision()
-            command.upgrade(_alembic_config(conn), revision)
+            before = alembic_migration.MigrationContext.configure(conn).get_current_revision()
+            alembic_command.upgrade(_alembic_config(conn), revision)
     except sa.exc.OperationalError as e:
         if engine.dialect.name == "sqlite":
             raise
@@ -397,12 +410,10 @@ def create_async_read_engine(database: str, *, busy_timeout_ms: int = 5000):
     """An asyncio engine that only reads: `sqlite+aiosqlite` for a SQLite file, psycopg's async
     mode for PostgreSQL. The same JSON decoding and session settings as the sync engines; the
     database refuses writes on its connections."""
-    from sqlalchemy.ext.asyncio import create_async_engine
-
     if is_url(database):
         url = _parse_url(database)
         if url.get_backend_name() != "sqlite":
-            engine = create_async_engine(
+            engine = sa_asyncio.create_async_engine(
                 url, json_serializer=_json_serializer, json_deserializer=orjson.loads,
                 pool_pre_ping=True, pool_size=2, max_overflow=10,
             )
@@ -416,15 +427,13 @@ def create_async_read_engine(database: str, *, busy_timeout_ms: int = 5000):
 
             return engine
         database = url.database
-    import aiosqlite
-
     path = os.path.abspath(database)
 
     async def connect_read_only():
         # Opened read-only by SQLite itself, as the sidecar's quick reader is.
         return await aiosqlite.connect(sqlite_reads.read_uri(path), uri=True, timeout=busy_timeout_ms / 1000.0)
 
-    engine = create_async_engine(
+    engine = sa_asyncio.create_async_engine(
         "sqlite+aiosqlite://",
         async_creator=connect_read_only,
         json_serializer=_json_serializer,

@@ -15,6 +15,7 @@ __all__ = ["AsyncReader", "Filter", "Page", "Progress", "Reader", "TimedEvent", 
 
 def __getattr__(name: str):
     if name in __all__:
+        # The package's lazy seam: the reader, and the replay engines it brings, at first use.
         from tracedb.reads import reader
 
         return getattr(reader, name)

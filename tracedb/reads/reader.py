@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -27,9 +26,9 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from tracedb.reads.rows import TraceSummary
     from tracedb.maintenance.verify import VerifyResult
 
+from tracedb.imports import on_first_use
 from tracedb.projection import checksums
 from tracedb.reads import sqlite as sqlite_reads
 from tracedb.config import Config
@@ -53,7 +52,10 @@ from tracedb.records.record import (
 )
 from tracedb.replay.exact import ReplayEngine, ReplayResult, record_problems, value_problems
 from tracedb.replay.parity import TraceDiff, diff_traces
-from tracedb.records.outcomes import OUTCOMES
+from tracedb.records.ids import OTEL_PREFIX, PREFIX
+from tracedb.records.outcomes import OUTCOMES, event_error
+from tracedb.reads.rows import TraceSummary, errored_events, outcome_view
+from tracedb.reads.stats import stats as read_stats
 from tracedb.records.validation import ID_LENGTH, INTENT_LENGTH
 
 TimeArg = Union[None, int, float, datetime]
@@ -66,23 +68,20 @@ REFILLS = 8
 
 
 
-class _OnFirstUse:
-    """A module imported at its first attribute read, not before."""
-
-    def __init__(self, name: str):
-        self._name = name
-
-    def __getattr__(self, attr: str):
-        return getattr(importlib.import_module(self._name), attr)
-
-
-# The statements of every read through an engine (SQLAlchemy and the tables), imported at the
-# first such read: a read of a current SQLite file goes through `tracedb.reads.sqlite` and never
-# loads them (their import is most of a read command's start-up). The one seam to SQLAlchemy.
+# The lazy seams of the read path (`tracedb.imports`). Each loads SQLAlchemy: a read of a current
+# SQLite file goes through `tracedb.reads.sqlite` and never does (its import is most of a read
+# command's start-up); asyncio waits for the first AsyncReader.
 if TYPE_CHECKING:
+    import asyncio
+
+    from tracedb.maintenance import verify as verifying
+    from tracedb.projection import db
     from tracedb.reads import sql as read_sql
 else:
-    read_sql = _OnFirstUse("tracedb.reads.sql")
+    read_sql = on_first_use("tracedb.reads.sql")  # every read through an engine
+    db = on_first_use("tracedb.projection.db")  # the engine, for a database reads.sqlite does not serve
+    verifying = on_first_use("tracedb.maintenance.verify")  # also the SQLModel tables (pydantic)
+    asyncio = on_first_use("asyncio")  # a read command never awaits
 
 
 NS_MIN = -(1 << 63)
@@ -370,8 +369,6 @@ def list_traces(
     args = Filter(status, since, until).checked()
     if limit is not None and limit < 0:
         raise InvalidInputError("limit must not be negative")
-    from tracedb.reads.rows import TraceSummary
-
     return [TraceSummary.from_row(r) for r in read_sql.oldest_first_rows(engine, args, limit)]
 
 
@@ -510,10 +507,7 @@ def _resolved(prefix: str, found: list, pending: Optional[Pending] = None) -> st
 def _with_kind(prefix: str) -> list[str]:
     """`prefix` with the kind each generated id starts with (`exec-`, `otel-`) in front, when it
     has none: what a prefix that matched nothing may have meant."""
-    from tracedb.records.ids import PREFIX
-    from tracedb.otel.mapping import EXECUTION_PREFIX
-
-    kinds = (PREFIX, EXECUTION_PREFIX)
+    kinds = (PREFIX, OTEL_PREFIX)
     if not prefix or prefix.startswith(kinds):
         return []
     return [kind + prefix for kind in kinds]
@@ -586,8 +580,6 @@ def _timeline(row, steps) -> Timeline:
     for s in steps:
         times.append(EventTime(s.seq, s.recorded_at_ns, max(0, s.recorded_at_ns - previous)))
         previous = s.recorded_at_ns
-    from tracedb.reads.rows import outcome_view
-
     return Timeline(
         record_from_rows(row, steps), tuple(times), row.created_at_ns, row.updated_at_ns, bool(row.pinned),
         row.status_note, outcome_view(vars(row)),
@@ -606,8 +598,6 @@ class TimedEvent:
     @property
     def error(self) -> Optional[dict]:
         """{code, message} of the error this event records, else None (`tracedb.records.outcomes`)."""
-        from tracedb.records.outcomes import event_error
-
         return event_error(self.type, self.payload)
 
 
@@ -740,8 +730,6 @@ def _outcome_matches(row: dict, o: dict) -> bool:
 def _merged(rows: list, pending: Pending, where: Filter, before: Optional[str], n: int) -> list:
     """The newest `n` of the database's `rows` (up to `n` of them, none of `pending`'s) and
     `pending`'s matching executions, as summaries."""
-    from tracedb.reads.rows import TraceSummary
-
     items = [TraceSummary.from_row(_mapping(r)) for r in rows]
     if not pending:
         return items
@@ -797,8 +785,6 @@ class Reader:
             conn = sqlite_reads.connect(config.database, busy_timeout_ms=config.busy_timeout_ms)
             if conn is not None:
                 return cls(None, owns_engine=True, config=config, connection=conn)
-        from tracedb.projection import db
-
         engine = db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms)
         return cls(engine, owns_engine=True, config=config)
 
@@ -834,8 +820,6 @@ class Reader:
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            from tracedb.projection import db
-
             self._engine = db.open_store_engine(self._config.database, busy_timeout_ms=self._config.busy_timeout_ms)
         return self._engine
 
@@ -1065,8 +1049,6 @@ class Reader:
         lost = lost_records(note) if view["replayable_reason"] == REASON_RECORDING_FAILURE else None
         if lost is not None:
             view["lost_records"] = lost.to_dict()
-        from tracedb.reads.rows import errored_events, outcome_view
-
         view.update(outcome_view(vars(row)))
         view["errored_events"] = errored_events(record.events)
         return view
@@ -1075,9 +1057,7 @@ class Reader:
         """Counts, failure rate, duration percentiles, tokens and cost of the executions created
         at or after `since_ns`, in SQL, overall and grouped `by` intent, model, outcome, day or
         hour (`tracedb.reads.stats`, whose doc gives the answer's shape)."""
-        from tracedb.reads.stats import stats
-
-        return stats(self.engine, since_ns, by)
+        return read_stats(self.engine, since_ns, by)
 
     def lost_records(self, execution_ids: Sequence[str]) -> dict[str, LostRecords]:
         """{id: what a client that failed open lost of it} for those of `execution_ids` flagged
@@ -1119,9 +1099,7 @@ class Reader:
 
     def verify(self, execution_id: Optional[str] = None) -> VerifyResult:
         """Verify one execution, or all of them and the database itself."""
-        from tracedb.maintenance.verify import verify as verify_traces
-
-        return verify_traces(self.engine, None if execution_id is None else self.resolve(execution_id))
+        return verifying.verify(self.engine, None if execution_id is None else self.resolve(execution_id))
 
 
 class AsyncReader:
@@ -1145,10 +1123,6 @@ class AsyncReader:
     @classmethod
     async def open(cls, config: Config) -> "AsyncReader":
         """A reader of the store `config` names; StoreNotFoundError (exit 3) if there is none."""
-        import asyncio
-
-        from tracedb.projection import db
-
         # Checking the schema is blocking work, done once, off the loop.
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: db.open_store_engine(config.database, busy_timeout_ms=config.busy_timeout_ms).dispose()
@@ -1177,8 +1151,6 @@ class AsyncReader:
 
     async def _in_thread(self, call):
         """`call(reader)` on the blocking `Reader`, in a worker thread: the loop does not wait."""
-        import asyncio
-
         return await asyncio.to_thread(lambda: call(self._reader()))
 
     async def pending(self) -> Pending:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+import orjson
+
 from tracedb.reads.paging import encode_cursor
 from tracedb.records.record import STATUS_RUNNING, utc_iso
 
@@ -102,8 +104,6 @@ def usd(cost: Optional[float]) -> Optional[float]:
 def models_of(value) -> list:
     """The `models` column as a list (SQLite hands its JSON back as text)."""
     if isinstance(value, str):
-        import orjson
-
         value = orjson.loads(value)
     return list(value) if isinstance(value, list) else []
 

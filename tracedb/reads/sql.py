@@ -11,7 +11,7 @@ arguments `sqlite_reads.page_rows` takes (`reads.Filter`); columns are named fro
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -20,7 +20,8 @@ from tracedb.projection import db
 from tracedb.reads import sqlite as sqlite_reads
 from tracedb.projection.checksums import TRACE_VALUE_COLUMNS
 from tracedb.errors import ExecutionNotFoundError
-from tracedb.projection.models import trace_steps, traces
+from tracedb.projection.models import compaction_checkpoint, trace_steps, traces
+from tracedb.records.record import STATUS_RUNNING
 
 _IN_CHUNK = 500  # ids per IN (...) list
 
@@ -214,3 +215,43 @@ def status_notes(engine: Engine, ids: Sequence[str]) -> dict:
             )
             notes.update(conn.execute(q).all())
     return notes
+
+
+# What the WAL's read (`tracedb.reads.wal_tail`) reads of the database through an engine.
+
+
+def rows_by_id(conn, ids: Iterable[str]) -> dict:
+    """The `traces` rows (as dicts) of `ids`, with the time of each one's last event."""
+    ids = list(ids)
+    out: dict = {}
+    last_at = (
+        sa.select(trace_steps.c.recorded_at_ns)
+        .where(trace_steps.c.execution_id == traces.c.execution_id)
+        .where(trace_steps.c.seq == traces.c.last_seq)
+        .scalar_subquery()
+        .label("_last_event_at_ns")
+    )
+    for i in range(0, len(ids), _IN_CHUNK):
+        q = sa.select(traces, last_at).where(traces.c.execution_id.in_(ids[i : i + _IN_CHUNK]))
+        for r in conn.execute(q):
+            out[r.execution_id] = dict(r._mapping)
+    return out
+
+
+def applied_lsn(engine: Engine, recorder_id: str) -> Optional[int]:
+    """The database's applied LSN: this recorder's (all recorders' highest without `recorder_id`)."""
+    with engine.connect() as conn:
+        q = sa.select(sa.func.max(compaction_checkpoint.c.applied_lsn))
+        if recorder_id:
+            q = q.where(compaction_checkpoint.c.recorder_id == recorder_id)
+        return conn.execute(q).scalar()
+
+
+def running_with_rows(engine: Engine, recorder_id: str, ids: Iterable[str]) -> tuple[set, dict]:
+    """The executions of `recorder_id` still running, and the rows of those and of `ids` (`rows_by_id`), read together."""
+    running_q = sa.select(traces.c.execution_id).where(traces.c.status == STATUS_RUNNING)
+    if recorder_id:
+        running_q = running_q.where(traces.c.recorder_id == recorder_id)
+    with engine.connect() as conn, conn.begin():
+        running = set(conn.execute(running_q).scalars())
+        return running, rows_by_id(conn, {*ids, *running})

@@ -20,6 +20,7 @@ from typing import Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import orjson
 
+from tracedb.errors import FileReadError, file_error
 from tracedb.projection.checksums import damaged_columns, of_stored
 from tracedb.projection.schema import BOOL_COLUMNS, HEAD_REVISION, JSON_COLUMNS, TRACES
 
@@ -112,8 +113,6 @@ def access_error(path: str, error: BaseException, data_dir: Optional[str] = None
     database, its -wal or -shm, or their directory); an I/O error no file shows again names the
     database (FileReadError, exit 4). None for any other error, and when no file refuses (a
     connection that refuses writes by itself, a missing directory)."""
-    from tracedb.errors import FileReadError, file_error
-
     orig = getattr(error, "orig", None) or error
     if not isinstance(orig, sqlite3.Error):
         return None

@@ -19,13 +19,14 @@ import errno
 import os
 import sqlite3
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, NamedTuple, Optional, Union
 
 import orjson
 
 import wal
 from wal.dir_lock import LOCK_FILE
 
+from tracedb.imports import on_first_use
 from tracedb.reads import sqlite as sqlite_reads
 from tracedb.config import Config
 from tracedb.errors import file_error, path_exists
@@ -35,9 +36,13 @@ from tracedb.records.record import STATUS_RUNNING
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from tracedb.reads import sql as read_sql
+else:
+    # Lazy seam (`tracedb.imports`): SQLAlchemy, for a database `reads.sqlite` does not serve.
+    read_sql = on_first_use("tracedb.reads.sql")
+
 # What a read says of an execution left running with no recorder (the status note).
 NO_RECORDER_NOTE = "no recorder is running; `tracedb recover` marks it incomplete"
-_IN_CHUNK = 500  # ids per IN (...) list
 
 
 def recorder_id_of(config: Config) -> str:
@@ -134,53 +139,6 @@ class Pending:
         return "\n".join(lines) or None
 
 
-def _rows_by_id(conn, ids: Iterable[str]) -> dict:
-    """The `traces` rows (as dicts) of `ids`, with the time of each one's last event."""
-    import sqlalchemy as sa
-
-    from tracedb.projection.models import trace_steps, traces
-
-    ids = list(ids)
-    out: dict = {}
-    last_at = (
-        sa.select(trace_steps.c.recorded_at_ns)
-        .where(trace_steps.c.execution_id == traces.c.execution_id)
-        .where(trace_steps.c.seq == traces.c.last_seq)
-        .scalar_subquery()
-        .label("_last_event_at_ns")
-    )
-    for i in range(0, len(ids), _IN_CHUNK):
-        q = sa.select(traces, last_at).where(traces.c.execution_id.in_(ids[i : i + _IN_CHUNK]))
-        for r in conn.execute(q):
-            out[r.execution_id] = dict(r._mapping)
-    return out
-
-
-def _applied_lsn(engine: Engine, recorder_id: str) -> Optional[int]:
-    import sqlalchemy as sa
-
-    from tracedb.projection.models import compaction_checkpoint as cp
-
-    with engine.connect() as conn:
-        q = sa.select(sa.func.max(cp.c.applied_lsn))
-        if recorder_id:
-            q = q.where(cp.c.recorder_id == recorder_id)
-        return conn.execute(q).scalar()
-
-
-def _running_with_rows(engine: Engine, recorder_id: str, ids: Iterable[str]) -> tuple[set, dict]:
-    import sqlalchemy as sa
-
-    from tracedb.projection.models import traces
-
-    running_q = sa.select(traces.c.execution_id).where(traces.c.status == STATUS_RUNNING)
-    if recorder_id:
-        running_q = running_q.where(traces.c.recorder_id == recorder_id)
-    with engine.connect() as conn, conn.begin():
-        running = set(conn.execute(running_q).scalars())
-        return running, _rows_by_id(conn, {*ids, *running})
-
-
 def _failing_segment(wal_dir: str, error: OSError) -> OSError:
     """`error` (a read's, which names no file) with the segment that fails to read again, or
     the WAL directory when none does."""
@@ -223,7 +181,7 @@ def _load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
     if not recorder_id:
         if not lite and engine.dialect.name != "sqlite":
             return Pending()  # a shared database: nothing of it is this directory's yet
-    applied = sqlite_reads.applied_lsn(engine, recorder_id) if lite else _applied_lsn(engine, recorder_id)
+    applied = sqlite_reads.applied_lsn(engine, recorder_id) if lite else read_sql.applied_lsn(engine, recorder_id)
     if applied is None:
         if recorder_id:
             # This directory's recorder never opened that database (`--db` names another store):
@@ -254,7 +212,7 @@ def _load(config: Config, engine: Union[Engine, sqlite3.Connection]) -> Pending:
     if lite:
         running, rows = sqlite_reads.running_with_rows(engine, recorder_id, ids)
     else:
-        running, rows = _running_with_rows(engine, recorder_id, ids)
+        running, rows = read_sql.running_with_rows(engine, recorder_id, ids)
     last_at = pending.last_event_at_ns
     for row in rows.values():
         last_at[row["execution_id"]] = row.pop("_last_event_at_ns")

@@ -13,6 +13,8 @@ import os
 import time
 
 PREFIX = "exec-"
+# An execution recorded from OpenTelemetry: otel-<trace id> (`tracedb.otel.mapping`).
+OTEL_PREFIX = "otel-"
 
 
 def uuid7_hex(unix_ms: int | None = None) -> str:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Optional
 
 import orjson
@@ -128,8 +129,6 @@ def lost_records(note: Optional[str]) -> Optional[LostRecords]:
 
 def utc_iso(ns: int, *, timespec: str = "microseconds") -> str:
     """Nanoseconds since the epoch as ISO 8601 UTC with a trailing Z (IntentusNet's form)."""
-    from datetime import datetime, timezone
-
     dt = datetime.fromtimestamp(ns / 1e9, tz=timezone.utc)
     return dt.replace(tzinfo=None).isoformat(timespec=timespec) + "Z"
 
@@ -239,6 +238,7 @@ class ExecutionEvent:
     def error(self) -> Optional[dict]:
         """{code, message} of the error this event records (a failed call), else None
         (`tracedb.records.outcomes.event_error`, computed on read)."""
+        # Lazy seam: `import tracedb` does without the outcomes' price table (decimal, genai-prices).
         from tracedb.records.outcomes import event_error
 
         return event_error(self.type, self.payload)

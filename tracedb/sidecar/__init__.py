@@ -28,6 +28,7 @@ __all__ = [
 
 def __getattr__(name):
     if name in __all__:
+        # The package's lazy seam: the client, and asyncio, at first use.
         from tracedb.sidecar import client
 
         return getattr(client, name)

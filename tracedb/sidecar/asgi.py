@@ -44,12 +44,25 @@ import itertools
 import logging
 import os
 import re
+import resource
 import socket
 import time
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from tracedb.errors import ConfigError
+from tracedb.imports import on_first_use
 from tracedb.sidecar.protocol import DEFAULT_HTTP_HEADER_TIMEOUT_S, DEFAULT_HTTP_IDLE_TIMEOUT_S, DEFAULT_HTTP_MAX_CONNECTIONS
+
+if TYPE_CHECKING:
+    import h11
+    import uvicorn
+    from uvicorn.protocols.http import h11_impl
+else:
+    # Lazy seam (`tracedb.imports`): uvicorn and h11 load with the first HTTP listener, not with
+    # every recorder and command line that reads this module's rules.
+    h11 = on_first_use("h11")
+    uvicorn = on_first_use("uvicorn")
+    h11_impl = on_first_use("uvicorn.protocols.http.h11_impl")
 
 log = logging.getLogger("tracedb.listen")
 
@@ -194,8 +207,6 @@ def bearer_token(headers) -> Optional[str]:
 def raise_fd_limit() -> tuple[int, int]:
     """Raise the soft RLIMIT_NOFILE to the hard limit (systemd leaves services at 1024);
     returns (the soft limit before, the soft limit now)."""
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard
     if hard == resource.RLIM_INFINITY:
@@ -215,8 +226,6 @@ def raise_fd_limit() -> tuple[int, int]:
 
 def fd_limit() -> int:
     """The soft RLIMIT_NOFILE: how many descriptors this process may hold."""
-    import resource
-
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
@@ -633,12 +642,9 @@ def _h11_protocol():
     global _H11
     if _H11 is not None:
         return _H11
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
     idle, send_body, done = h11.IDLE, h11.SEND_BODY, (h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
 
-    class LimitedH11(H11Protocol):
+    class LimitedH11(h11_impl.H11Protocol):
         listener: Listener  # set per endpoint (a subclass each)
 
         def connection_made(self, transport) -> None:
@@ -740,8 +746,6 @@ class HttpEndpoint:
 
     async def start(self) -> int:
         """Listen, and return the bound port. A busy address raises OSError(EADDRINUSE)."""
-        import uvicorn
-
         # Bind here, not inside uvicorn: a busy port is then an OSError the caller turns into
         # one error line, instead of uvicorn's log line and SystemExit.
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET

@@ -50,7 +50,9 @@ from urllib.parse import urlparse
 
 import orjson
 
+import tracedb
 from tracedb import errors as E
+from tracedb.config import DEFAULT_DATA_DIR, find_data_dir, load_config, read_local_token
 from tracedb.errors import (  # noqa: F401 - re-exported: their public home before errors.py
     OutcomeUnknownError,
     RecorderUnavailableError,
@@ -177,8 +179,6 @@ def default_data_dir(data_dir: Optional[str]) -> str:
     or the configuration, else the nearest .tracedb up from the working directory, else ./.tracedb."""
     if data_dir is not None:
         return os.fspath(data_dir)
-    from tracedb.config import DEFAULT_DATA_DIR, find_data_dir, load_config
-
     configured = load_config().data_dir
     if configured != DEFAULT_DATA_DIR:
         return configured
@@ -215,8 +215,6 @@ def _token_for(address: str, token: Optional[str], data_dir: Optional[str]) -> O
     env = os.environ.get("TRACEDB_TOKEN")
     if env or parse_address(address)[0] != "tcp":
         return env or None
-    from tracedb.config import read_local_token
-
     return read_local_token(default_data_dir(data_dir))
 
 
@@ -790,8 +788,6 @@ class Client:
         plan = _plan(sidecar, data_dir, token, timeout_s, reconnect_timeout_s, connect_timeout_s, embedded,
                      on_outage, outage_timeout_s)
         if plan.address is None:
-            import tracedb
-
             self._recorder: Recorder = _Embedded(tracedb.open(plan.data_dir))
         else:
             self._recorder = _ViaSidecar(plan)
@@ -1546,8 +1542,6 @@ class AsyncClient:
         plan = _plan(sidecar, data_dir, token, timeout_s, reconnect_timeout_s, connect_timeout_s, embedded,
                      on_outage, outage_timeout_s)
         if plan.address is None:
-            import tracedb
-
             return cls(_AsyncEmbedded(await tracedb.open_async(plan.data_dir)))
         recorder = _AsyncViaSidecar(plan)
         await recorder.connect()

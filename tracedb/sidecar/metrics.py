@@ -21,10 +21,14 @@ import time
 from typing import Optional
 
 import orjson
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest, make_asgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
 
-from tracedb.sidecar.asgi import fd_limit, open_fds
+from tracedb.reads.stats import totals
+from tracedb.sidecar.asgi import AUTHENTICATED, fd_limit, open_fds
 
 log = logging.getLogger("tracedb.sidecar")
 
@@ -129,8 +133,6 @@ class SidecarMetrics:
         engine = getattr(getattr(self.backend, "store", None), "read_engine", None)
         if engine is None or time.monotonic() - self._totals_at < TOTALS_MAX_AGE_S:
             return
-        from tracedb.reads.stats import totals
-
         try:
             self.totals = await asyncio.to_thread(totals, engine)
         except Exception as e:  # noqa: BLE001 - /metrics still answers with the rest
@@ -307,12 +309,6 @@ def routes(metrics: SidecarMetrics) -> list:
     """Starlette routes: GET /metrics (prometheus-client's ASGI app on the metrics' registry) and
     GET /health (JSON; 200 when the recorder can write, else 503; only the status to a request
     without the token, where a token is needed)."""
-    from prometheus_client import make_asgi_app
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    from tracedb.sidecar.asgi import AUTHENTICATED
-
     async def health(request):
         status, body = metrics.health()
         if not request.scope.get(AUTHENTICATED, True):
@@ -334,8 +330,6 @@ def routes(metrics: SidecarMetrics) -> list:
 
 def metrics_app(metrics: SidecarMetrics):
     """/metrics and /health alone, as a Starlette app (a recorder without the web view)."""
-    from starlette.applications import Starlette
-
     return Starlette(routes=routes(metrics))
 
 

@@ -7,6 +7,7 @@ so the server, the client and the tests share them.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 import orjson
@@ -115,8 +116,6 @@ def check_integers(frame: bytes) -> None:
     read it as a double, which would be stored changed. Reads the frame again, exactly, only
     when it holds a long run of digits (in a number or inside a string)."""
     if _LONG_RUN in frame.translate(_DIGITS_AS_ZERO):
-        import json
-
         json.loads(frame, parse_int=_int_in_range)
 
 

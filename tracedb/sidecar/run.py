@@ -13,24 +13,39 @@ import shlex
 import signal
 import sys
 import time
-from typing import Awaitable, Optional, Sequence
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Awaitable, Optional, Sequence
 
-from tracedb.sidecar.asgi import RESERVED_FDS, descriptor_budget, is_loopback, open_fds, raise_fd_limit
+import wal
+
+from tracedb import reads
+from tracedb.imports import on_first_use
+from tracedb.sidecar.asgi import RESERVED_FDS, HttpEndpoint, descriptor_budget, is_loopback, open_fds, raise_fd_limit
 from tracedb.sidecar.asgi import allowed_hosts as allowed_host_names
 from tracedb.config import ensure_local_token, token_path
 from tracedb.errors import ConfigError, StoreInUseError, file_error
 from tracedb.sidecar import protocol as P
 from tracedb.sidecar.backend import BackendStats, Deferred
-from tracedb.sidecar.metrics import SidecarMetrics, configure_logging, routes, sample_forever
+from tracedb.sidecar.metrics import OPEN_PATHS, SidecarMetrics, configure_logging, routes, sample_forever
 from tracedb.sidecar.server import ServerConfig, SidecarServer, check_config
+from tracedb.sidecar.store_backend import open_backend
+
+if TYPE_CHECKING:
+    from tracedb import web
+    from tracedb.otel import receiver as otlp_receiver
+    from tracedb.web import run as web_run
+else:
+    # Lazy seams (`tracedb.imports`): the web view (Starlette) and the OTLP receiver load only
+    # when their port is given.
+    web = on_first_use("tracedb.web")
+    web_run = on_first_use("tracedb.web.run")
+    otlp_receiver = on_first_use("tracedb.otel.receiver")
 
 log = logging.getLogger("tracedb.sidecar")
 
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("tracedb")
     except Exception:  # noqa: BLE001 - not installed as a distribution
         return "0"
@@ -116,27 +131,21 @@ class HttpServer:
         self._sampler = None
 
     async def start(self) -> int:
-        from tracedb.sidecar.asgi import HttpEndpoint
-        from tracedb.reads.reader import AsyncReader
-        from tracedb.web import create_app
-        from tracedb.web.run import address, replay_command
-        from tracedb.sidecar.metrics import OPEN_PATHS
-
         self._sampler = asyncio.get_running_loop().create_task(sample_forever(self.metrics))
-        self.reader = await AsyncReader.open(self.cfg)
-        app = create_app(
-            self.reader, replay_command=replay_command(self.cfg), extra_routes=routes(self.metrics),
+        self.reader = await reads.AsyncReader.open(self.cfg)
+        app = web.create_app(
+            self.reader, replay_command=web_run.replay_command(self.cfg), extra_routes=routes(self.metrics),
             token=self.token, open_paths=OPEN_PATHS, allowed_hosts=self.allowed_hosts,
         )
         self.endpoint = HttpEndpoint(app, host=self.host, port=self.port, name="http", **self.limits)
         self.metrics.watch(self.endpoint.listener)
         self.port = await self.endpoint.start()
-        fields = {"ui": address(self.host, self.port), "metrics": address(self.host, self.port) + "metrics"}
+        fields = {"ui": web_run.address(self.host, self.port), "metrics": web_run.address(self.host, self.port) + "metrics"}
         if self.token:
             if sys.stderr.isatty():
                 # The owner's terminal: the address to open, as `tracedb ui` prints it. A log
                 # that others may read (a file, the journal) names where the token is instead.
-                fields["ui"] = address(self.host, self.port, self.token)
+                fields["ui"] = web_run.address(self.host, self.port, self.token)
             else:
                 fields["token"] = token_where(self.token_file)
         log.info("http listening", extra=fields)
@@ -270,8 +279,6 @@ class OpeningBackend:
 def _refuse_in_use(cfg) -> None:
     """Refuse a data directory another recorder (or an embedded store) holds before listening:
     a client must not find this server's socket, nor lose it, for a store it cannot open."""
-    import wal
-
     if os.path.isdir(cfg.wal_dir) and wal.is_locked(cfg.wal_dir):
         raise StoreInUseError(
             f"data directory {cfg.data_dir} is in use by a running recorder",
@@ -286,10 +293,6 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
     serve until SIGTERM/SIGINT, shut down cleanly. `otlp` ({"host", "port"}) also serves
     OTLP/HTTP traces there (tracedb.otel.receiver). `allowed_hosts`: Host names the HTTP
     listeners answer to besides the loopback ones."""
-    # Imported before listening: what a request waits for once the socket is there is the
-    # store's opening (recovery), not the interpreter loading SQLAlchemy.
-    from tracedb.sidecar.store_backend import open_backend
-
     hosts = [h for h, on in ((scfg.tcp_host or "127.0.0.1", scfg.tcp_port is not None),
                              (http_host, scfg.metrics_port is not None),
                              (otlp["host"] if otlp else "", otlp is not None)) if on]
@@ -303,14 +306,10 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
     except ValueError as e:
         raise ConfigError(str(e), hint="give a host name or an address, without a port (--allowed-host)") from None
     if scfg.metrics_port is not None:  # --http-port: the web view, /metrics, /health
-        from tracedb.web.run import check_listen as check_http
-
-        check_http(http_host, allow_remote=scfg.allow_remote, token=scfg.token, flag="--http-host")
+        web_run.check_listen(http_host, allow_remote=scfg.allow_remote, token=scfg.token, flag="--http-host")
     if otlp is not None:
-        from tracedb.otel.receiver import check_listen, require_otel
-
-        require_otel()
-        check_listen(otlp["host"], scfg.allow_remote, scfg.token)
+        otlp_receiver.require_otel()
+        otlp_receiver.check_listen(otlp["host"], scfg.allow_remote, scfg.token)
     _refuse_in_use(cfg)
     if local_token:
         scfg = dataclasses.replace(scfg, token=ensure_local_token(cfg.data_dir), token_file=token_path(cfg.data_dir))
@@ -349,18 +348,15 @@ async def serve(cfg, scfg: ServerConfig, otlp: Optional[dict] = None, *, http_ho
         if http is not None:
             _views_stop_first(server, http)
         if otlp is not None:
-            from tracedb.otel.receiver import start_receiver
-            from tracedb.web.run import address
-
             listening = f"the OTLP port {otlp['host']}:{otlp['port']} (--otlp-port)"
             otlp_token = scfg.token if _needs_token(otlp["host"], scfg) else None
-            otlp_http, _receiver = await start_receiver(
+            otlp_http, _receiver = await otlp_receiver.start_receiver(
                 backend.store, host=otlp["host"], port=otlp["port"], token=otlp_token,
                 draining=lambda: server.draining, allowed_hosts=otlp_allowed,
                 connection_limits=_http_limits(scfg, scfg.otlp_max_connections),
             )
             metrics.watch(otlp_http.http.listener)
-            fields = {"otlp": address(otlp["host"], otlp_http.port) + "v1/traces"}
+            fields = {"otlp": web_run.address(otlp["host"], otlp_http.port) + "v1/traces"}
             if otlp_token:
                 fields["token"] = token_where(scfg.token_file)
             log.info("otlp listening", extra=fields)

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import wal
 
+import tracedb
 from tracedb.reads import sqlite as sqlite_reads
 from tracedb.records.codec import OP_RECORDING_FAILURE
 from tracedb.errors import ExecutionClosedError, ExecutionExistsError, ExecutionNotFoundError
@@ -434,7 +435,5 @@ class StoreBackend:
 
 async def open_backend(data_dir: str, *, config=None) -> StoreBackend:
     """Open the store on `data_dir` (recovery runs first) and wrap it for the server."""
-    import tracedb
-
     astore = await tracedb.open_async(data_dir, config=config)
     return StoreBackend(astore)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import secrets
 import shlex
 import signal
 from typing import Callable, Optional, Sequence
@@ -76,8 +77,6 @@ def view_token(cfg: Config) -> str:
     carries."""
     if os.path.isdir(cfg.data_dir):
         return ensure_local_token(cfg.data_dir)
-    import secrets
-
     return secrets.token_urlsafe(32)
 
 
