@@ -51,9 +51,10 @@ def _source(dialect: str, by: Optional[str]) -> tuple[str, str]:
     return "traces", f"+traces.{by}" if dialect == "sqlite" else f"traces.{by}"
 
 
-def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None) -> dict:
+def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None, exact: bool = False) -> dict:
     """The aggregates of the executions created at or after `since_ns` (every one when None),
-    grouped `by` one of BY (module doc)."""
+    grouped `by` one of BY (module doc). Over all time on SQLite they are summed from
+    stats_rollup, percentiles within 2.5%; `exact` reads `traces` instead."""
     import sqlalchemy as sa
 
     from tracedb.errors import InvalidInputError
@@ -66,24 +67,84 @@ def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None) -> d
     params = {} if since_ns is None else {"since": since_ns}
     dialect = engine.dialect.name
     with engine.connect() as conn:
-        grouped = _counts(conn, sa, dialect, by, where, params) if by is not None else []
-        if by is not None and by != "model":
-            # These groups partition the executions: the total is their sum (one scan, not two).
-            # By model an execution counts under each model it called.
-            counted = [(None, *(sum(r[i] or 0 for r in grouped) for i in range(1, len(r0))))
-                       for r0 in grouped[:1]]
+        if since_ns is None and dialect == "sqlite" and not exact:
+            total, groups = _rolled_up(conn, sa, by)
         else:
-            counted = _counts(conn, sa, dialect, None, where, params)
-        total = _groups(conn, sa, dialect, None, where, params, counted, walk=since_ns is None)
-        groups = _groups(conn, sa, dialect, by, where, params, grouped) if by is not None else []
+            total, groups = _exact(conn, sa, dialect, by, where, params, since_ns)
     total = total[0] if total else _group(None, (0,) * 8, {})
     if by in _BUCKET_NS:
-        groups.sort(key=lambda g: g["key"])
+        groups.sort(key=lambda g: int(g["key"]))
         for g in groups:
             g["key"] = datetime.fromtimestamp(int(g["key"]) / 1e9, tz=timezone.utc).isoformat().replace("+00:00", "Z")
     else:
         groups.sort(key=lambda g: (-g["executions"], str(g["key"])))
     return {"since_ns": since_ns, "by": by, "total": total, "groups": groups}
+
+
+def _exact(conn, sa, dialect: str, by: Optional[str], where: str, params: dict, since_ns: Optional[int]):
+    """([total GROUP], [GROUP]) read off `traces`: exact percentiles."""
+    grouped = _counts(conn, sa, dialect, by, where, params) if by is not None else []
+    if by is not None and by != "model":
+        # These groups partition the executions: the total is their sum (one scan, not two).
+        # By model an execution counts under each model it called.
+        counted = [(None, *(sum(r[i] or 0 for r in grouped) for i in range(1, len(r0))))
+                   for r0 in grouped[:1]]
+    else:
+        counted = _counts(conn, sa, dialect, None, where, params)
+    total = _groups(conn, sa, dialect, None, where, params, counted, walk=since_ns is None)
+    groups = _groups(conn, sa, dialect, by, where, params, grouped) if by is not None else []
+    return total, groups
+
+
+# stats_rollup (migration 0007): bucket b >= 0 holds durations d with 1.05^b <= d < 1.05^(b+1) ns,
+# -1 those under 1 ns, -2 the executions not finished.
+_RATIO = 1.05
+_COUNTS = ("executions", "succeeded", "failed", "incomplete", "running", "input_tokens", "output_tokens",
+           "cost_nano_usd", "cost_unknown")
+
+
+def _rolled_up(conn, sa, by: Optional[str]):
+    """([total GROUP], [GROUP]) summed from stats_rollup (SQLite, over all time): a few rows a
+    key, whatever the size of the store. Counts, tokens and cost as exact as `traces` holds them
+    (cost to the nano-USD an execution); a percentile is the geometric middle of the histogram
+    bucket that holds the nearest-rank duration, within 1.05^0.5 - 1 < 2.5% of it."""
+    dims = ("*",) if by is None else ("*", by)
+    bind = sa.bindparam("dims", expanding=True)
+    rows = conn.execute(sa.text(
+        f"SELECT dim, key, bucket, {', '.join(_COUNTS)} FROM stats_rollup WHERE dim IN :dims AND executions <> 0"
+    ).bindparams(bind), {"dims": list(dims)}).all()
+    sums: dict = {}
+    histograms: dict = {}
+    for dim, key, bucket, *counts in rows:
+        at = (dim, key)
+        have = sums.get(at)
+        sums[at] = counts if have is None else [a + b for a, b in zip(have, counts)]
+        if bucket >= -1:
+            histograms.setdefault(at, []).append((bucket, counts[0]))
+    out = {dim: [] for dim in dims}
+    for (dim, key), c in sums.items():
+        if not c[0]:
+            continue
+        c = c[:7] + [c[7] / 1e9, c[8]]
+        out[dim].append(_group(key, c, {key: _percentiles(histograms.get((dim, key), []))}))
+    return out["*"], (out[by] if by is not None else [])
+
+
+def _percentiles(histogram: list) -> tuple:
+    """(p50, p95, p99) in ns of [(bucket, count)]: nearest rank k = ceil(p * n / 100)."""
+    histogram.sort()
+    n = sum(c for _, c in histogram)
+    if not n:
+        return (None,) * len(_PERCENTILES)
+    cuts = []
+    for p in _PERCENTILES:
+        rank, seen = (p * n + 99) // 100, 0
+        for bucket, count in histogram:
+            seen += count
+            if seen >= rank:
+                cuts.append(0 if bucket < 0 else _RATIO ** (bucket + 0.5))
+                break
+    return tuple(cuts)
 
 
 def totals(engine) -> dict:

@@ -1,0 +1,142 @@
+"""stats_rollup: the aggregates of `tracedb stats` over all time, kept by triggers (SQLite)
+
+`tracedb stats` over all time, by model, day or hour, and the web overview, ranked every
+duration of the store (a sort of a million rows took seconds). `stats_rollup` holds, for each
+grouping key (`dim`: '*' the total, 'intent', 'outcome', 'model', 'day', 'hour'; `key` its value,
+NULL for a NULL intent or outcome, the UTC start of the bucket in ns for day and hour) and each
+duration bucket, the executions' counts by outcome, tokens and cost: a few rows a key, summed in
+tracedb.reads.stats instead of a scan of `traces`.
+
+The database keeps it, with triggers on `traces` that run in the transaction of the statement
+that changed the row: AFTER INSERT adds the row's contribution, AFTER UPDATE takes the old one
+away and adds the new, AFTER DELETE takes it away. Every path that writes `traces` (compaction,
+a second start replacing an execution, recovery marking executions incomplete, retention,
+rebuild, backfills) keeps it exact with no code of its own. The writes are plain INSERT, UPDATE
+and DELETE statements; an INSERT OR REPLACE would need recursive_triggers for its DELETE.
+
+A duration bucket b >= 0 holds the finished executions (outcome not 'running', a last event)
+whose duration d in ns has floor(ln(d) / ln(1.05)) = b, that is 1.05^b <= d < 1.05^(b+1); -1
+holds d < 1 ns, -2 the executions not finished. Cost is summed in whole nano-USD
+(`cost_nano_usd`, each execution's rounded), so that adding and taking away leaves no drift.
+
+SQLite only: on PostgreSQL, several recorders compact into one database at once, and triggers
+updating shared rows would serialize them (and deadlock between transactions that touch keys in
+different orders); stats reads `traces` there as before. The rows already stored are summed in
+here, one INSERT ... SELECT a grouping. tracedb.projection.models declares the table.
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-11-28
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+DAY_NS = 86_400 * 10**9
+HOUR_NS = 3_600 * 10**9
+_COUNTS = ("executions", "succeeded", "failed", "incomplete", "running", "input_tokens", "output_tokens",
+           "cost_nano_usd", "cost_unknown")
+
+_TABLE = (
+    "CREATE TABLE stats_rollup ("
+    "dim VARCHAR(8) NOT NULL, key TEXT, bucket INTEGER NOT NULL, "
+    + ", ".join(f"{c} BIGINT NOT NULL" for c in _COUNTS) + ")"
+)
+# NULL is a key of its own (a NULL intent): the unique index names it by char(0), which no intent
+# or model is, so that an upsert finds its row.
+_INDEX = "CREATE UNIQUE INDEX ux_stats_rollup_key ON stats_rollup (dim, COALESCE(key, char(0)), bucket)"
+
+
+def _bucket(r: str) -> str:
+    return (f"CASE WHEN {r}.outcome <> 'running' AND {r}.last_event_ns IS NOT NULL THEN "
+            f"CASE WHEN {r}.last_event_ns - {r}.created_at_ns < 1 THEN -1 "
+            f"ELSE CAST(floor(ln({r}.last_event_ns - {r}.created_at_ns) / ln(1.05)) AS INTEGER) END "
+            "ELSE -2 END")
+
+
+def _keys(r: str) -> str:
+    """(dim, key) rows of one execution `r`: once in each grouping, once a model it called."""
+    return (
+        f"SELECT '*' AS dim, NULL AS key UNION ALL SELECT 'intent', {r}.intent "
+        f"UNION ALL SELECT 'outcome', {r}.outcome "
+        f"UNION ALL SELECT 'day', CAST(({r}.created_at_ns / {DAY_NS}) * {DAY_NS} AS TEXT) "
+        f"UNION ALL SELECT 'hour', CAST(({r}.created_at_ns / {HOUR_NS}) * {HOUR_NS} AS TEXT) "
+        f"UNION ALL SELECT 'model', value FROM json_each({r}.models)"
+    )
+
+
+def _values(r: str) -> tuple[str, ...]:
+    """What execution `r` adds to each of _COUNTS."""
+    return (
+        "1", f"{r}.outcome = 'succeeded'", f"{r}.outcome = 'failed'", f"{r}.outcome = 'incomplete'",
+        f"{r}.outcome = 'running'", f"COALESCE({r}.input_tokens, 0)", f"COALESCE({r}.output_tokens, 0)",
+        f"COALESCE(CAST(round({r}.cost_usd * 1e9) AS INTEGER), 0)", f"{r}.cost_usd IS NULL",
+    )
+
+
+_UPSERT = (
+    " ON CONFLICT (dim, COALESCE(key, char(0)), bucket) DO UPDATE SET "
+    + ", ".join(f"{c} = {c} + excluded.{c}" for c in _COUNTS)
+)
+
+
+def _add(r: str, sign: int) -> str:
+    """One statement: the contribution of row `r` (NEW or OLD) times `sign`; a model listed twice
+    counts twice, as a join with json_each counts it."""
+    values = ", ".join(f"{sign} * COUNT(*) * ({v})" for v in _values(r))
+    return (f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
+            f"SELECT dim, key, {_bucket(r)}, {values} FROM ({_keys(r)}) GROUP BY dim, key" + _UPSERT + ";")
+
+
+# An UPDATE that changes none of what the rollup holds (most of compaction's: the last event of a
+# running execution, its status note, its steps' count) fires nothing.
+_CHANGED = " OR ".join(
+    [f"OLD.{c} IS NOT NEW.{c}" for c in ("intent", "outcome", "models", "input_tokens", "output_tokens",
+                                          "cost_usd", "created_at_ns")]
+    + ["(OLD.last_event_ns IS NOT NEW.last_event_ns AND NEW.outcome <> 'running')"]
+)
+_WATCHED = "intent, outcome, models, input_tokens, output_tokens, cost_usd, created_at_ns, last_event_ns"
+TRIGGERS = {
+    "tr_traces_rollup_insert": f"AFTER INSERT ON traces BEGIN {_add('NEW', 1)} END",
+    "tr_traces_rollup_update": (f"AFTER UPDATE OF {_WATCHED} ON traces WHEN {_CHANGED} "
+                                f"BEGIN {_add('OLD', -1)} {_add('NEW', 1)} END"),
+    "tr_traces_rollup_delete": f"AFTER DELETE ON traces BEGIN {_add('OLD', -1)} END",
+}
+
+
+def _backfill() -> None:
+    values = ", ".join(f"SUM({v})" for v in _values("t"))
+    bucket = _bucket("t")
+    keys = (("'*'", "NULL", "traces AS t"), ("'intent'", "t.intent", "traces AS t"),
+            ("'outcome'", "t.outcome", "traces AS t"),
+            ("'day'", f"CAST((t.created_at_ns / {DAY_NS}) * {DAY_NS} AS TEXT)", "traces AS t"),
+            ("'hour'", f"CAST((t.created_at_ns / {HOUR_NS}) * {HOUR_NS} AS TEXT)", "traces AS t"),
+            ("'model'", "m.value", "traces AS t, json_each(t.models) AS m"))
+    for dim, key, source in keys:
+        # Every key once per statement (GROUP BY): a plain insert, no conflict.
+        op.execute(f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
+                   f"SELECT {dim}, {key}, {bucket}, {values} FROM {source} GROUP BY 1, 2, 3")
+
+
+def upgrade() -> None:
+    if op.get_bind().dialect.name != "sqlite":
+        return
+    op.execute(_TABLE)
+    op.execute(_INDEX)
+    _backfill()
+    for name, body in TRIGGERS.items():
+        op.execute(f"CREATE TRIGGER {name} {body}")
+
+
+def downgrade() -> None:
+    if op.get_bind().dialect.name != "sqlite":
+        return
+    for name in TRIGGERS:
+        op.execute(f"DROP TRIGGER {name}")
+    op.execute("DROP TABLE stats_rollup")
