@@ -14,9 +14,17 @@ draws (`tracedb.reads.reader.Reader.stats`). Its answer:
              "cost_unknown": int}
 
 failure_rate is failed / (succeeded + failed), None when none finished. Durations are creation
-to last event of executions that are no longer running, nearest-rank percentiles: over all
-time read off an index in duration order (an index walk: ix_traces_duration, which holds the
-outcome too, and ix_traces_intent_duration by intent), else ranked with window functions.
+to last event of executions that are no longer running, nearest-rank percentiles.
+
+Over all time on SQLite every grouping is summed from stats_rollup (migration 0007), which
+triggers on `traces` keep in the same transaction as every write: counts and tokens exact, cost
+summed in whole nano-USD (within 1e-9 USD an execution), and each percentile the geometric
+middle of the duration bucket (1.05^b <= d < 1.05^(b+1) ns) holding the nearest-rank duration:
+APPROXIMATE, within 2.5% (1.05^0.5 - 1); a duration under 1 ns counts as 0. `exact=True`, a
+window (`since_ns`) and PostgreSQL (no rollup there: triggers on rows shared by recorders
+compacting at once would serialize them) read `traces`: percentiles over all time read off an
+index in duration order (an index walk: ix_traces_duration, which holds the outcome too, and
+ix_traces_intent_duration by intent), else ranked with window functions.
 cost_usd sums the known costs; cost_unknown counts the executions whose cost is unknown (a
 model the price table does not know). By model, an execution that called several models
 counts under each.
