@@ -4,19 +4,22 @@
 duration of the store (a sort of a million rows took seconds). `stats_rollup` holds, for each
 grouping key (`dim`: '*' the total, 'intent', 'outcome', 'model', 'day', 'hour'; `key` its value,
 NULL for a NULL intent or outcome, the UTC start of the bucket in ns for day and hour) and each
-duration bucket, the executions' counts by outcome, tokens and cost: a few rows a key, summed in
-tracedb.reads.stats instead of a scan of `traces`.
+duration bucket, the counts by outcome, tokens and cost of the executions that are no longer
+running: a few rows a key, summed in tracedb.reads.stats instead of a scan of `traces`. The
+running ones (and any without an outcome) it leaves to `traces`, where the outcome's index finds
+them: what compaction does to a running execution, at every batch, costs the rollup nothing.
 
 The database keeps it, with triggers on `traces` that run in the transaction of the statement
 that changed the row: AFTER INSERT adds the row's contribution, AFTER UPDATE takes the old one
-away and adds the new, AFTER DELETE takes it away. Every path that writes `traces` (compaction,
+away and adds the new, AFTER DELETE takes it away (a running row contributes nothing). Every
+path that writes `traces` (compaction,
 a second start replacing an execution, recovery marking executions incomplete, retention,
 rebuild, backfills) keeps it exact with no code of its own. The writes are plain INSERT, UPDATE
 and DELETE statements; an INSERT OR REPLACE would need recursive_triggers for its DELETE.
 
 A duration bucket b >= 0 holds the finished executions (outcome not 'running', a last event)
 whose duration d in ns has floor(ln(d) / ln(1.05)) = b, that is 1.05^b <= d < 1.05^(b+1); -1
-holds d < 1 ns, -2 the executions not finished. Cost is summed in whole nano-USD
+holds d < 1 ns, -2 those without a last event. Cost is summed in whole nano-USD
 (`cost_nano_usd`, each execution's rounded), so that adding and taking away leaves no drift.
 
 SQLite only: on PostgreSQL, several recorders compact into one database at once, and triggers
@@ -40,8 +43,8 @@ depends_on = None
 
 DAY_NS = 86_400 * 10**9
 HOUR_NS = 3_600 * 10**9
-_COUNTS = ("executions", "succeeded", "failed", "incomplete", "running", "input_tokens", "output_tokens",
-           "cost_nano_usd", "cost_unknown")
+_COUNTS = ("executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
+           "cost_unknown")
 
 _TABLE = (
     "CREATE TABLE stats_rollup ("
@@ -75,7 +78,7 @@ def _values(r: str) -> tuple[str, ...]:
     """What execution `r` adds to each of _COUNTS."""
     return (
         "1", f"{r}.outcome = 'succeeded'", f"{r}.outcome = 'failed'", f"{r}.outcome = 'incomplete'",
-        f"{r}.outcome = 'running'", f"COALESCE({r}.input_tokens, 0)", f"COALESCE({r}.output_tokens, 0)",
+        f"COALESCE({r}.input_tokens, 0)", f"COALESCE({r}.output_tokens, 0)",
         f"COALESCE(CAST(round({r}.cost_usd * 1e9) AS INTEGER), 0)", f"{r}.cost_usd IS NULL",
     )
 
@@ -91,22 +94,23 @@ def _add(r: str, sign: int) -> str:
     counts twice, as a join with json_each counts it."""
     values = ", ".join(f"{sign} * COUNT(*) * ({v})" for v in _values(r))
     return (f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
-            f"SELECT dim, key, {_bucket(r)}, {values} FROM ({_keys(r)}) GROUP BY dim, key" + _UPSERT + ";")
+            f"SELECT dim, key, {_bucket(r)}, {values} FROM ({_keys(r)}) WHERE {r}.outcome <> 'running' "
+            "GROUP BY dim, key" + _UPSERT + ";")
 
 
-# An UPDATE that changes none of what the rollup holds (most of compaction's: the last event of a
-# running execution, its status note, its steps' count) fires nothing.
-_CHANGED = " OR ".join(
+# An UPDATE that changes none of what the rollup holds fires nothing: one of a running execution
+# (most of compaction's), or one that changes its status note, its steps' count.
+_CHANGED = "(OLD.outcome <> 'running' OR NEW.outcome <> 'running') AND (" + " OR ".join(
     [f"OLD.{c} IS NOT NEW.{c}" for c in ("intent", "outcome", "models", "input_tokens", "output_tokens",
                                           "cost_usd", "created_at_ns")]
     + ["(OLD.last_event_ns IS NOT NEW.last_event_ns AND NEW.outcome <> 'running')"]
-)
+) + ")"
 _WATCHED = "intent, outcome, models, input_tokens, output_tokens, cost_usd, created_at_ns, last_event_ns"
 TRIGGERS = {
-    "tr_traces_rollup_insert": f"AFTER INSERT ON traces BEGIN {_add('NEW', 1)} END",
+    "tr_traces_rollup_insert": f"AFTER INSERT ON traces WHEN NEW.outcome <> 'running' BEGIN {_add('NEW', 1)} END",
     "tr_traces_rollup_update": (f"AFTER UPDATE OF {_WATCHED} ON traces WHEN {_CHANGED} "
                                 f"BEGIN {_add('OLD', -1)} {_add('NEW', 1)} END"),
-    "tr_traces_rollup_delete": f"AFTER DELETE ON traces BEGIN {_add('OLD', -1)} END",
+    "tr_traces_rollup_delete": f"AFTER DELETE ON traces WHEN OLD.outcome <> 'running' BEGIN {_add('OLD', -1)} END",
 }
 
 
@@ -121,7 +125,8 @@ def _backfill() -> None:
     for dim, key, source in keys:
         # Every key once per statement (GROUP BY): a plain insert, no conflict.
         op.execute(f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
-                   f"SELECT {dim}, {key}, {bucket}, {values} FROM {source} GROUP BY 1, 2, 3")
+                   f"SELECT {dim}, {key}, {bucket}, {values} FROM {source} WHERE t.outcome <> 'running' "
+                   "GROUP BY 1, 2, 3")
 
 
 def upgrade() -> None:

@@ -122,19 +122,28 @@ def test_stats_from_the_rollup_equal_stats_from_traces_through_every_write(open_
     assert check_rollup_equals_exact(rebuilt.engine) > 20
 
 
-def test_an_update_that_changes_nothing_counted_leaves_the_rollup_alone(open_store, clock):
+def test_a_running_execution_is_counted_from_traces_and_rolled_up_once_it_finishes(open_store, clock):
     store = open_store()
     ex = store.start("Ask", {"intent": "Ask"})
-    ex.event("tool.requested", {})
+    ex.event("llm.responded", {"response": {"model": "gpt-4o", "usage": {"input_tokens": 10, "output_tokens": 2}}})
     store.compact()
+    rolled = "SELECT dim, bucket, executions, succeeded, input_tokens FROM stats_rollup WHERE executions <> 0 ORDER BY 1"
     with store.engine.begin() as conn:
-        before = conn.execute(sa.text("SELECT * FROM stats_rollup ORDER BY 1, 2, 3")).all()
-        # A running execution's last event moves: no bucket of a running execution changes.
-        conn.execute(sa.text("UPDATE traces SET last_event_ns = last_event_ns + 5, status_note = 'x'"))
-        assert conn.execute(sa.text("SELECT * FROM stats_rollup ORDER BY 1, 2, 3")).all() == before
-        # It finishes: its contribution moves from 'not finished' (-2) to a duration bucket.
-        conn.execute(sa.text("UPDATE traces SET outcome = 'succeeded'"))
-        buckets = conn.execute(sa.text(
-            "SELECT bucket, executions, succeeded, running FROM stats_rollup WHERE dim = '*' AND executions <> 0")).all()
-    assert len(buckets) == 1 and buckets[0][0] >= -1 and tuple(buckets[0][1:]) == (1, 1, 0)
+        # Running: nothing in the rollup, whatever compaction changes of it.
+        assert conn.execute(sa.text(rolled)).all() == []
+        conn.execute(sa.text("UPDATE traces SET last_event_ns = last_event_ns + 5, input_tokens = 11"))
+        assert conn.execute(sa.text(rolled)).all() == []
+    total = stats(store.engine)["total"]
+    assert (total["executions"], total["running"], total["input_tokens"], total["p50_ms"]) == (1, 1, 11, None)
+    clock.advance(2)
+    ex.finish({"status": "success", "payload": {}})
+    store.compact()
+    with store.engine.connect() as conn:
+        got = conn.execute(sa.text(rolled)).all()
+    # Finished: once in each grouping (one model), in the bucket of its duration, with its tokens.
+    assert sorted(r[0] for r in got) == ["*", "day", "hour", "intent", "model", "outcome"]
+    assert {tuple(r[1:]) for r in got} == {(got[0][1], 1, 1, 11)} and got[0][1] >= 0
+    total = stats(store.engine)["total"]
+    assert (total["executions"], total["running"], total["succeeded"], total["input_tokens"]) == (1, 0, 1, 11)
+    assert abs(total["p50_ms"] - 2000) <= 0.025 * 2000
     check_rollup_equals_exact(store.engine)

@@ -142,7 +142,8 @@ compaction_checkpoint: sa.Table = CompactionCheckpoint.__table__
 TERMINAL_STATUSES = ("completed", "incomplete", "invalidated")
 
 # SQLite only (migration 0007): the aggregates of `tracedb stats` by grouping key and duration
-# bucket, kept by triggers on `traces` (their SQL is the migration's). Declared on a MetaData of
+# bucket of the executions no longer running, kept by triggers on `traces` (their SQL is the
+# migration's). Declared on a MetaData of
 # its own, because PostgreSQL has no such table; tracedb.reads.stats reads it.
 sqlite_metadata: sa.MetaData = sa.MetaData()
 stats_rollup: sa.Table = sa.Table(
@@ -152,10 +153,10 @@ stats_rollup: sa.Table = sa.Table(
     # The group's key: NULL for a NULL intent or outcome (and for '*'), the UTC start of the
     # bucket in ns for day and hour.
     sa.Column("key", sa.Text, nullable=True),
-    # floor(ln(duration ns) / ln(1.05)); -1 below 1 ns; -2 not finished.
+    # floor(ln(duration ns) / ln(1.05)); -1 below 1 ns; -2 no last event.
     sa.Column("bucket", sa.Integer, nullable=False),
     *(sa.Column(c, sa.BigInteger, nullable=False) for c in (
-        "executions", "succeeded", "failed", "incomplete", "running", "input_tokens", "output_tokens",
-        "cost_nano_usd", "cost_unknown")),
+        "executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
+        "cost_unknown")),
     sa.Index("ux_stats_rollup_key", "dim", sa.text("COALESCE(key, char(0))"), "bucket", unique=True),
 )

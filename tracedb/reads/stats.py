@@ -76,7 +76,7 @@ def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None, exac
     dialect = engine.dialect.name
     with engine.connect() as conn:
         if since_ns is None and dialect == "sqlite" and not exact:
-            total, groups = _rolled_up(conn, sa, by)
+            total, groups = _rolled_up(conn, sa, dialect, by)
         else:
             total, groups = _exact(conn, sa, dialect, by, where, params, since_ns)
     total = total[0] if total else _group(None, (0,) * 8, {})
@@ -107,34 +107,46 @@ def _exact(conn, sa, dialect: str, by: Optional[str], where: str, params: dict, 
 # stats_rollup (migration 0007): bucket b >= 0 holds durations d with 1.05^b <= d < 1.05^(b+1) ns,
 # -1 those under 1 ns, -2 the executions not finished.
 _RATIO = 1.05
-_COUNTS = ("executions", "succeeded", "failed", "incomplete", "running", "input_tokens", "output_tokens",
-           "cost_nano_usd", "cost_unknown")
+_COUNTS = ("executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
+           "cost_unknown")
+# What stats_rollup leaves to `traces`: the running executions, and any without an outcome (neither
+# finished: no duration); ix_traces_outcome_created_id finds them.
+_NOT_ROLLED_UP = "WHERE (traces.outcome = 'running' OR traces.outcome IS NULL)"
 
 
-def _rolled_up(conn, sa, by: Optional[str]):
-    """([total GROUP], [GROUP]) summed from stats_rollup (SQLite, over all time): a few rows a
-    key, whatever the size of the store. Counts, tokens and cost as exact as `traces` holds them
-    (cost to the nano-USD an execution); a percentile is the geometric middle of the histogram
-    bucket that holds the nearest-rank duration, within 1.05^0.5 - 1 < 2.5% of it."""
+def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
+    """([total GROUP], [GROUP]) summed from stats_rollup (SQLite, over all time), a few rows a
+    key whatever the size of the store, and the running executions read off `traces`. Counts and
+    tokens exact, cost to the nano-USD an execution; a percentile is the geometric middle of the
+    histogram bucket that holds the nearest-rank duration, within 1.05^0.5 - 1 < 2.5% of it."""
     dims = ("*",) if by is None else ("*", by)
     bind = sa.bindparam("dims", expanding=True)
     rows = conn.execute(sa.text(
         f"SELECT dim, key, bucket, {', '.join(_COUNTS)} FROM stats_rollup WHERE dim IN :dims AND executions <> 0"
     ).bindparams(bind), {"dims": list(dims)}).all()
-    sums: dict = {}
+    # key -> [executions, succeeded, failed, incomplete, running, tokens in, tokens out, cost, unknown]
+    sums: dict = {dim: {} for dim in dims}
     histograms: dict = {}
-    for dim, key, bucket, *counts in rows:
-        at = (dim, key)
-        have = sums.get(at)
-        sums[at] = counts if have is None else [a + b for a, b in zip(have, counts)]
+    for dim, key, bucket, n, ok, failed, incomplete, t_in, t_out, nano, unknown in rows:
+        if dim in _BUCKET_NS:
+            key = int(key)
+        add = (n, ok, failed, incomplete, 0, t_in, t_out, nano / 1e9, unknown)
+        have = sums[dim].get(key)
+        sums[dim][key] = list(add) if have is None else [a + b for a, b in zip(have, add)]
         if bucket >= -1:
-            histograms.setdefault(at, []).append((bucket, counts[0]))
-    out = {dim: [] for dim in dims}
-    for (dim, key), c in sums.items():
-        if not c[0]:
-            continue
-        c = c[:7] + [c[7] / 1e9, c[8]]
-        out[dim].append(_group(key, c, {key: _percentiles(histograms.get((dim, key), []))}))
+            histograms.setdefault((dim, key), []).append((bucket, n))
+    for dim in dims:
+        for key, *c in _counts(conn, sa, dialect, None if dim == "*" else dim, _NOT_ROLLED_UP, {}):
+            if not c[0]:
+                continue
+            have = sums[dim].get(key)
+            add = c[:-1]  # not finished: no duration
+            sums[dim][key] = list(add) if have is None else [a + (b or 0) for a, b in zip(have, add)]
+    out = {
+        dim: [_group(key, c, {key: _percentiles(histograms.get((dim, key), []))})
+              for key, c in groups.items() if c[0]]
+        for dim, groups in sums.items()
+    }
     return out["*"], (out[by] if by is not None else [])
 
 
