@@ -147,3 +147,22 @@ def test_a_running_execution_is_counted_from_traces_and_rolled_up_once_it_finish
     assert (total["executions"], total["running"], total["succeeded"], total["input_tokens"]) == (1, 0, 1, 11)
     assert abs(total["p50_ms"] - 2000) <= 0.025 * 2000
     check_rollup_equals_exact(store.engine)
+
+
+def test_the_running_executions_are_found_by_the_outcome_index(tmp_path):
+    """What stats over all time reads of `traces` on SQLite: the running executions alone, off
+    ix_traces_outcome_created_id, never a scan of the table, whatever the grouping."""
+    from tracedb.reads import stats as module
+
+    engine = db.create_engine(str(tmp_path / "traces.db"), write=True)
+    try:
+        db.migrate(engine)
+        with engine.connect() as conn:
+            for by in (None, *BY):
+                source, key = module._source("sqlite", by)
+                plan = str(conn.exec_driver_sql(
+                    f"EXPLAIN QUERY PLAN SELECT {key}, COUNT(*) FROM {source} {module._NOT_ROLLED_UP}"
+                    + (f" GROUP BY {key}" if by else "")).all())
+                assert "ix_traces_outcome_created_id" in plan and "SCAN traces" not in plan, (by, plan)
+    finally:
+        engine.dispose()

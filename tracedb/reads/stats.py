@@ -17,7 +17,8 @@ failure_rate is failed / (succeeded + failed), None when none finished. Duration
 to last event of executions that are no longer running, nearest-rank percentiles.
 
 Over all time on SQLite every grouping is summed from stats_rollup (migration 0007), which
-triggers on `traces` keep in the same transaction as every write: counts and tokens exact, cost
+triggers on `traces` keep in the same transaction as every write, plus the running executions,
+which the rollup leaves out, counted off `traces`: counts and tokens exact, cost
 summed in whole nano-USD (within 1e-9 USD an execution), and each percentile the geometric
 middle of the duration bucket (1.05^b <= d < 1.05^(b+1) ns) holding the nearest-rank duration:
 APPROXIMATE, within 2.5% (1.05^0.5 - 1); a duration under 1 ns counts as 0. `exact=True`, a
