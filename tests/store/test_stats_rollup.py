@@ -150,19 +150,31 @@ def test_a_running_execution_is_counted_from_traces_and_rolled_up_once_it_finish
 
 
 def test_the_running_executions_are_found_by_the_outcome_index(tmp_path):
-    """What stats over all time reads of `traces` on SQLite: the running executions alone, off
-    ix_traces_outcome_created_id, never a scan of the table, whatever the grouping."""
+    """What stats over all time reads of `traces` on SQLite: the running executions (and those
+    without an outcome) alone, each a search of ix_traces_outcome_created_id, never a scan,
+    whatever the grouping, even where ANALYZE saw none running."""
     from tracedb.reads import stats as module
 
     engine = db.create_engine(str(tmp_path / "traces.db"), write=True)
     try:
         db.migrate(engine)
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO traces (execution_id, recorder_id, intent, status, replayable, envelope, envelope_hash, "
+                "last_seq, created_at_ns, updated_at_ns, pinned, outcome, models, last_event_ns) VALUES "
+                "(:id, 'r', 'I', 'completed', 0, '{}', 'h', 1, :t, :t, 0, 'succeeded', '[\"m\"]', :t)"),
+                [{"id": f"e{i}", "t": 10**18 + i} for i in range(300)])
+            conn.exec_driver_sql("ANALYZE")
         with engine.connect() as conn:
             for by in (None, *BY):
                 source, key = module._source("sqlite", by)
-                plan = str(conn.exec_driver_sql(
-                    f"EXPLAIN QUERY PLAN SELECT {key}, COUNT(*) FROM {source} {module._NOT_ROLLED_UP}"
-                    + (f" GROUP BY {key}" if by else "")).all())
-                assert "ix_traces_outcome_created_id" in plan and "SCAN traces" not in plan, (by, plan)
+                source = source.replace("traces", module._INDEXED, 1)
+                for where in module._NOT_ROLLED_UP:
+                    plan = str(conn.exec_driver_sql(
+                        f"EXPLAIN QUERY PLAN SELECT {key}, COUNT(*) FROM {source} WHERE {where}"
+                        + (f" GROUP BY {key}" if by else "")).all())
+                    assert "SEARCH traces USING INDEX ix_traces_outcome_created_id (outcome=?)" in plan or \
+                        "SEARCH traces USING COVERING INDEX ix_traces_outcome_created_id (outcome=?)" in plan, (by, plan)
+        assert stats(engine, by="model")["groups"][0]["executions"] == 300
     finally:
         engine.dispose()

@@ -111,8 +111,11 @@ _RATIO = 1.05
 _COUNTS = ("executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
            "cost_unknown")
 # What stats_rollup leaves to `traces`: the running executions, and any without an outcome (neither
-# finished: no duration); ix_traces_outcome_created_id finds them.
-_NOT_ROLLED_UP = "WHERE (traces.outcome = 'running' OR traces.outcome IS NULL)"
+# finished: no duration), each found on ix_traces_outcome_created_id. Named: ANALYZE's statistics
+# know no running execution in a store where none runs, and the planner would scan for them.
+_NOT_ROLLED_UP = ("traces.outcome = 'running'", "traces.outcome IS NULL")
+_INDEXED = "traces INDEXED BY ix_traces_outcome_created_id"
+_NO_KEY = object()
 
 
 def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
@@ -121,51 +124,47 @@ def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
     tokens exact, cost to the nano-USD an execution; a percentile is the geometric middle of the
     histogram bucket that holds the nearest-rank duration, within 1.05^0.5 - 1 < 2.5% of it."""
     dims = ("*",) if by is None else ("*", by)
-    bind = sa.bindparam("dims", expanding=True)
-    rows = conn.execute(sa.text(
-        f"SELECT dim, key, bucket, {', '.join(_COUNTS)} FROM stats_rollup WHERE dim IN :dims AND executions <> 0"
-    ).bindparams(bind), {"dims": list(dims)}).all()
+    key = "COALESCE(key, char(0))"  # the unique index's: its order, no sort
+    sums = ", ".join(f"SUM({c})" for c in _COUNTS)
     # key -> [executions, succeeded, failed, incomplete, running, tokens in, tokens out, cost, unknown]
-    sums: dict = {dim: {} for dim in dims}
-    histograms: dict = {}
-    for dim, key, bucket, n, ok, failed, incomplete, t_in, t_out, nano, unknown in rows:
-        if dim in _BUCKET_NS:
-            key = int(key)
-        add = (n, ok, failed, incomplete, 0, t_in, t_out, nano / 1e9, unknown)
-        have = sums[dim].get(key)
-        sums[dim][key] = list(add) if have is None else [a + b for a, b in zip(have, add)]
-        if bucket >= -1:
-            histograms.setdefault((dim, key), []).append((bucket, n))
+    groups: dict = {dim: {} for dim in dims}
+    finished: dict = {}
     for dim in dims:
-        for key, *c in _counts(conn, sa, dialect, None if dim == "*" else dim, _NOT_ROLLED_UP, {}):
-            if not c[0]:
-                continue
-            have = sums[dim].get(key)
-            add = c[:-1]  # not finished: no duration
-            sums[dim][key] = list(add) if have is None else [a + (b or 0) for a, b in zip(have, add)]
+        for k, n, ok, failed, incomplete, t_in, t_out, nano, unknown, done in conn.execute(sa.text(
+                f"SELECT key, {sums}, SUM(CASE WHEN bucket >= -1 THEN executions ELSE 0 END) FROM stats_rollup "
+                f"WHERE dim = :dim GROUP BY {key}"), {"dim": dim}):
+            k = int(k) if dim in _BUCKET_NS else k
+            groups[dim][k] = [n, ok, failed, incomplete, 0, t_in, t_out, nano / 1e9, unknown]
+            finished[(dim, k)] = done
+        source, expr = _source(dialect, None if dim == "*" else dim)
+        source = source.replace("traces", _INDEXED, 1)
+        for where in _NOT_ROLLED_UP:
+            for k, *c in _counts(conn, sa, dialect, None if dim == "*" else dim, f"WHERE {where}", {}, source):
+                if c[0]:
+                    have = groups[dim].get(k)
+                    # Not finished: no duration.
+                    groups[dim][k] = list(c[:-1]) if have is None else [a + (b or 0) for a, b in zip(have, c[:-1])]
+    durations: dict = {dim: {} for dim in dims}
+    for dim in dims:
+        # The buckets of each key in order (the index's), walked once: the bucket where the
+        # running count reaches the nearest rank k = ceil(p * n / 100), that is count * 100 >= p * n.
+        at, seen, cuts, n = _NO_KEY, 0, [], 0
+        for k, bucket, count in conn.execute(sa.text(
+                f"SELECT key, bucket, executions FROM stats_rollup WHERE dim = :dim AND bucket >= -1 "
+                f"AND executions <> 0 ORDER BY {key}, bucket"), {"dim": dim}):
+            k = int(k) if dim in _BUCKET_NS else k
+            if at is _NO_KEY or k != at:
+                at, seen, cuts, n = k, 0, [], finished.get((dim, k), 0)
+                durations[dim][k] = cuts
+            seen += count
+            while len(cuts) < len(_PERCENTILES) and seen * 100 >= _PERCENTILES[len(cuts)] * n:
+                cuts.append(0 if bucket < 0 else _RATIO ** (bucket + 0.5))
     out = {
-        dim: [_group(key, c, {key: _percentiles(histograms.get((dim, key), []))})
-              for key, c in groups.items() if c[0]]
-        for dim, groups in sums.items()
+        dim: [_group(k, c, {k: tuple(durations[dim].get(k) or (None,) * len(_PERCENTILES))})
+              for k, c in found.items() if c[0]]
+        for dim, found in groups.items()
     }
     return out["*"], (out[by] if by is not None else [])
-
-
-def _percentiles(histogram: list) -> tuple:
-    """(p50, p95, p99) in ns of [(bucket, count)]: nearest rank k = ceil(p * n / 100)."""
-    histogram.sort()
-    n = sum(c for _, c in histogram)
-    if not n:
-        return (None,) * len(_PERCENTILES)
-    cuts = []
-    for p in _PERCENTILES:
-        rank, seen = (p * n + 99) // 100, 0
-        for bucket, count in histogram:
-            seen += count
-            if seen >= rank:
-                cuts.append(0 if bucket < 0 else _RATIO ** (bucket + 0.5))
-                break
-    return tuple(cuts)
 
 
 def totals(engine) -> dict:
@@ -215,10 +214,11 @@ def _walked(conn, sa, dialect: str, finished: dict, by: Optional[str]) -> dict:
     return out
 
 
-def _counts(conn, sa, dialect: str, by: Optional[str], where: str, params: dict) -> list:
+def _counts(conn, sa, dialect: str, by: Optional[str], where: str, params: dict, source: Optional[str] = None) -> list:
     """One row per group: key, executions, succeeded, failed, incomplete, running, input and
     output tokens, known cost, executions of unknown cost, finished executions (one scan)."""
-    source, key = _source(dialect, by)
+    default, key = _source(dialect, by)
+    source = source or default
     return conn.execute(sa.text(
         f"SELECT {key} AS k, COUNT(*), "
         "SUM(CASE WHEN outcome = 'succeeded' THEN 1 ELSE 0 END), "
