@@ -3,7 +3,7 @@
 `tracedb stats` over all time, by model, day or hour, and the web overview, ranked every
 duration of the store (a sort of a million rows took seconds). `stats_rollup` holds, for each
 grouping key (`dim`: '*' the total, 'intent', 'outcome', 'model', 'day', 'hour'; `key` its value,
-NULL for a NULL intent or outcome, the UTC start of the bucket in ns for day and hour) and each
+char(0) for a NULL intent or outcome and for '*', the UTC start of the bucket in ns for day and hour) and each
 duration bucket, the counts by outcome, tokens and cost of the executions that are no longer
 running: a few rows a key, summed in tracedb.reads.stats instead of a scan of `traces`. The
 running ones (and any without an outcome) it leaves to `traces`, where the outcome's index finds
@@ -46,14 +46,14 @@ HOUR_NS = 3_600 * 10**9
 _COUNTS = ("executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
            "cost_unknown")
 
+# Stored in key order (WITHOUT ROWID): a grouping's rows are one range, read without a lookup a row.
+# NULL is a key of its own (a NULL intent), stored as char(0), which no intent or model is.
 _TABLE = (
     "CREATE TABLE stats_rollup ("
-    "dim VARCHAR(8) NOT NULL, key TEXT, bucket INTEGER NOT NULL, "
-    + ", ".join(f"{c} BIGINT NOT NULL" for c in _COUNTS) + ")"
+    "dim VARCHAR(8) NOT NULL, key TEXT NOT NULL, bucket INTEGER NOT NULL, "
+    + ", ".join(f"{c} BIGINT NOT NULL" for c in _COUNTS)
+    + ", CONSTRAINT pk_stats_rollup PRIMARY KEY (dim, key, bucket)) WITHOUT ROWID"
 )
-# NULL is a key of its own (a NULL intent): the unique index names it by char(0), which no intent
-# or model is, so that an upsert finds its row.
-_INDEX = "CREATE UNIQUE INDEX ux_stats_rollup_key ON stats_rollup (dim, COALESCE(key, char(0)), bucket)"
 
 
 def _bucket(r: str) -> str:
@@ -66,11 +66,11 @@ def _bucket(r: str) -> str:
 def _keys(r: str) -> str:
     """(dim, key) rows of one execution `r`: once in each grouping, once a model it called."""
     return (
-        f"SELECT '*' AS dim, NULL AS key UNION ALL SELECT 'intent', {r}.intent "
-        f"UNION ALL SELECT 'outcome', {r}.outcome "
+        f"SELECT '*' AS dim, char(0) AS key UNION ALL SELECT 'intent', COALESCE({r}.intent, char(0)) "
+        f"UNION ALL SELECT 'outcome', COALESCE({r}.outcome, char(0)) "
         f"UNION ALL SELECT 'day', CAST(({r}.created_at_ns / {DAY_NS}) * {DAY_NS} AS TEXT) "
         f"UNION ALL SELECT 'hour', CAST(({r}.created_at_ns / {HOUR_NS}) * {HOUR_NS} AS TEXT) "
-        f"UNION ALL SELECT 'model', value FROM json_each({r}.models)"
+        f"UNION ALL SELECT 'model', COALESCE(value, char(0)) FROM json_each({r}.models)"
     )
 
 
@@ -84,7 +84,7 @@ def _values(r: str) -> tuple[str, ...]:
 
 
 _UPSERT = (
-    " ON CONFLICT (dim, COALESCE(key, char(0)), bucket) DO UPDATE SET "
+    " ON CONFLICT (dim, key, bucket) DO UPDATE SET "
     + ", ".join(f"{c} = {c} + excluded.{c}" for c in _COUNTS)
 )
 
@@ -117,11 +117,11 @@ TRIGGERS = {
 def _backfill() -> None:
     values = ", ".join(f"SUM({v})" for v in _values("t"))
     bucket = _bucket("t")
-    keys = (("'*'", "NULL", "traces AS t"), ("'intent'", "t.intent", "traces AS t"),
-            ("'outcome'", "t.outcome", "traces AS t"),
+    keys = (("'*'", "char(0)", "traces AS t"), ("'intent'", "COALESCE(t.intent, char(0))", "traces AS t"),
+            ("'outcome'", "COALESCE(t.outcome, char(0))", "traces AS t"),
             ("'day'", f"CAST((t.created_at_ns / {DAY_NS}) * {DAY_NS} AS TEXT)", "traces AS t"),
             ("'hour'", f"CAST((t.created_at_ns / {HOUR_NS}) * {HOUR_NS} AS TEXT)", "traces AS t"),
-            ("'model'", "m.value", "traces AS t, json_each(t.models) AS m"))
+            ("'model'", "COALESCE(m.value, char(0))", "traces AS t, json_each(t.models) AS m"))
     for dim, key, source in keys:
         # Every key once per statement (GROUP BY): a plain insert, no conflict.
         op.execute(f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
@@ -133,7 +133,6 @@ def upgrade() -> None:
     if op.get_bind().dialect.name != "sqlite":
         return
     op.execute(_TABLE)
-    op.execute(_INDEX)
     _backfill()
     for name, body in TRIGGERS.items():
         op.execute(f"CREATE TRIGGER {name} {body}")

@@ -150,13 +150,15 @@ stats_rollup: sa.Table = sa.Table(
     "stats_rollup", sqlite_metadata,
     # '*' (every execution), 'intent', 'outcome', 'model', 'day' or 'hour'.
     sa.Column("dim", sa.String(8), nullable=False),
-    # The group's key: NULL for a NULL intent or outcome (and for '*'), the UTC start of the
+    # The group's key: char(0) for a NULL intent or outcome (and for '*'), the UTC start of the
     # bucket in ns for day and hour.
-    sa.Column("key", sa.Text, nullable=True),
+    sa.Column("key", sa.Text, nullable=False),
     # floor(ln(duration ns) / ln(1.05)); -1 below 1 ns; -2 no last event.
     sa.Column("bucket", sa.Integer, nullable=False),
     *(sa.Column(c, sa.BigInteger, nullable=False) for c in (
         "executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
         "cost_unknown")),
-    sa.Index("ux_stats_rollup_key", "dim", sa.text("COALESCE(key, char(0))"), "bucket", unique=True),
+    sa.PrimaryKeyConstraint("dim", "key", "bucket", name="pk_stats_rollup"),
+    # Stored in key order: a grouping's rows are one range of the table.
+    sqlite_with_rowid=False,
 )

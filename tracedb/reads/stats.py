@@ -118,13 +118,19 @@ _INDEXED = "traces INDEXED BY ix_traces_outcome_created_id"
 _NO_KEY = object()
 
 
+def _key(dim: str, stored: str):
+    """A stats_rollup key as `traces` has it: char(0) is NULL; day and hour are ns."""
+    if stored == "\x00":
+        return None
+    return int(stored) if dim in _BUCKET_NS else stored
+
+
 def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
     """([total GROUP], [GROUP]) summed from stats_rollup (SQLite, over all time), a few rows a
     key whatever the size of the store, and the running executions read off `traces`. Counts and
     tokens exact, cost to the nano-USD an execution; a percentile is the geometric middle of the
     histogram bucket that holds the nearest-rank duration, within 1.05^0.5 - 1 < 2.5% of it."""
     dims = ("*",) if by is None else ("*", by)
-    key = "COALESCE(key, char(0))"  # the unique index's: its order, no sort
     sums = ", ".join(f"SUM({c})" for c in _COUNTS)
     # key -> [executions, succeeded, failed, incomplete, running, tokens in, tokens out, cost, unknown]
     groups: dict = {dim: {} for dim in dims}
@@ -132,8 +138,8 @@ def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
     for dim in dims:
         for k, n, ok, failed, incomplete, t_in, t_out, nano, unknown, done in conn.execute(sa.text(
                 f"SELECT key, {sums}, SUM(CASE WHEN bucket >= -1 THEN executions ELSE 0 END) FROM stats_rollup "
-                f"WHERE dim = :dim GROUP BY {key}"), {"dim": dim}):
-            k = int(k) if dim in _BUCKET_NS else k
+                "WHERE dim = :dim GROUP BY key"), {"dim": dim}):
+            k = _key(dim, k)
             groups[dim][k] = [n, ok, failed, incomplete, 0, t_in, t_out, nano / 1e9, unknown]
             finished[(dim, k)] = done
         source, expr = _source(dialect, None if dim == "*" else dim)
@@ -151,8 +157,8 @@ def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
         at, seen, cuts, n = _NO_KEY, 0, [], 0
         for k, bucket, count in conn.execute(sa.text(
                 f"SELECT key, bucket, executions FROM stats_rollup WHERE dim = :dim AND bucket >= -1 "
-                f"AND executions <> 0 ORDER BY {key}, bucket"), {"dim": dim}):
-            k = int(k) if dim in _BUCKET_NS else k
+                "AND executions <> 0 ORDER BY key, bucket"), {"dim": dim}):
+            k = _key(dim, k)
             if at is _NO_KEY or k != at:
                 at, seen, cuts, n = k, 0, [], finished.get((dim, k), 0)
                 durations[dim][k] = cuts
