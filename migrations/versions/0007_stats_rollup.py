@@ -19,7 +19,8 @@ and DELETE statements; an INSERT OR REPLACE would need recursive_triggers for it
 
 A duration bucket b >= 0 holds the finished executions (outcome not 'running', a last event)
 whose duration d in ns has floor(ln(d) / ln(1.05)) = b, that is 1.05^b <= d < 1.05^(b+1); -1
-holds d < 1 ns, -2 those without a last event. Cost is summed in whole nano-USD
+holds d < 1 ns, -2 those without a last event; by hour, b is a multiple of 4 and the bucket 4 times as
+wide (a histogram a hour at 1.05 would be most of the rows). Cost is summed in whole nano-USD
 (`cost_nano_usd`, each execution's rounded), so that adding and taking away leaves no drift.
 
 SQLite only: on PostgreSQL, several recorders compact into one database at once, and triggers
@@ -63,6 +64,17 @@ def _bucket(r: str) -> str:
             "ELSE -2 END")
 
 
+# By hour the buckets are 4 times as wide (1.05^4 apart): a histogram per hour would be most of the
+# table's rows.
+HOUR_WIDTH = 4
+
+
+def _bucket_of(dim: str, r: str) -> str:
+    """The bucket of `r` in grouping `dim` (an SQL expression or a column naming one)."""
+    b = _bucket(r)
+    return f"CASE WHEN {dim} = 'hour' AND {b} >= 0 THEN ({b} / {HOUR_WIDTH}) * {HOUR_WIDTH} ELSE {b} END"
+
+
 def _keys(r: str) -> str:
     """(dim, key) rows of one execution `r`: once in each grouping, once a model it called."""
     return (
@@ -94,7 +106,7 @@ def _add(r: str, sign: int) -> str:
     counts twice, as a join with json_each counts it."""
     values = ", ".join(f"{sign} * COUNT(*) * ({v})" for v in _values(r))
     return (f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
-            f"SELECT dim, key, {_bucket(r)}, {values} FROM ({_keys(r)}) WHERE {r}.outcome <> 'running' "
+            f"SELECT dim, key, {_bucket_of('dim', r)}, {values} FROM ({_keys(r)}) WHERE {r}.outcome <> 'running' "
             "GROUP BY dim, key" + _UPSERT + ";")
 
 
@@ -116,7 +128,6 @@ TRIGGERS = {
 
 def _backfill() -> None:
     values = ", ".join(f"SUM({v})" for v in _values("t"))
-    bucket = _bucket("t")
     keys = (("'*'", "char(0)", "traces AS t"), ("'intent'", "COALESCE(t.intent, char(0))", "traces AS t"),
             ("'outcome'", "COALESCE(t.outcome, char(0))", "traces AS t"),
             ("'day'", f"CAST((t.created_at_ns / {DAY_NS}) * {DAY_NS} AS TEXT)", "traces AS t"),
@@ -125,7 +136,7 @@ def _backfill() -> None:
     for dim, key, source in keys:
         # Every key once per statement (GROUP BY): a plain insert, no conflict.
         op.execute(f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
-                   f"SELECT {dim}, {key}, {bucket}, {values} FROM {source} WHERE t.outcome <> 'running' "
+                   f"SELECT {dim}, {key}, {_bucket_of(dim, 't')}, {values} FROM {source} WHERE t.outcome <> 'running' "
                    "GROUP BY 1, 2, 3")
 
 

@@ -433,7 +433,8 @@ def stats(ctx, since, all_time, by, as_json):
     whose cost is unknown (a model the price table does not know). By model, an execution that
     called several models counts under each. Without --since or --all: the last 24 hours.
     With --all on SQLite the percentiles come from a duration histogram (buckets 5% apart) and
-    are within 2.5% of the exact ones; counts, tokens and cost are exact (docs/outcomes.md).
+    are within 2.5% of the exact ones (10.3% by hour); counts, tokens and cost are exact
+    (docs/outcomes.md).
 
     \b
     Example:
