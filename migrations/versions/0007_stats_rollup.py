@@ -18,9 +18,11 @@ rebuild, backfills) keeps it exact with no code of its own. The writes are plain
 and DELETE statements; an INSERT OR REPLACE would need recursive_triggers for its DELETE.
 
 A duration bucket b >= 0 holds the finished executions (outcome not 'running', a last event)
-whose duration d in ns has floor(ln(d) / ln(1.05)) = b, that is 1.05^b <= d < 1.05^(b+1); -1
-holds d < 1 ns, -2 those without a last event; by hour, b is a multiple of 4 and the bucket 4 times as
-wide (a histogram a hour at 1.05 would be most of the rows). Cost is summed in whole nano-USD
+whose duration d in ns, with e = floor(log2(d)), has b = 16 * e + floor(16 * d / 2^e) - 16: 16
+buckets an octave, each at most 1/16 of its lower bound wide, worked out with integers alone (no
+math functions, which not every SQLite has, and the same bucket on every build); -1 holds d < 1
+ns, -2 those without a last event; by hour four neighbouring buckets are one (b a multiple of 4:
+a histogram an hour at 1/16 would be most of the rows). Cost is summed in whole nano-USD
 (`cost_nano_usd`, each execution's rounded), so that adding and taking away leaves no drift.
 
 SQLite only: on PostgreSQL, several recorders compact into one database at once, and triggers
@@ -57,22 +59,41 @@ _TABLE = (
 )
 
 
-def _bucket(r: str) -> str:
-    return (f"CASE WHEN {r}.outcome <> 'running' AND {r}.last_event_ns IS NOT NULL THEN "
-            f"CASE WHEN {r}.last_event_ns - {r}.created_at_ns < 1 THEN -1 "
-            f"ELSE CAST(floor(ln({r}.last_event_ns - {r}.created_at_ns) / ln(1.05)) AS INTEGER) END "
-            "ELSE -2 END")
-
-
-# By hour the buckets are 4 times as wide (1.05^4 apart): a histogram per hour would be most of the
-# table's rows.
+# Durations are capped at 2^58 ns (nine years) so that 16 * d stays a 64-bit integer.
+_CAP = 1 << 58
+SUB = 16  # buckets an octave
+# By hour four neighbouring buckets are one: a histogram an hour at 1/16 would be most of the rows.
 HOUR_WIDTH = 4
 
 
-def _bucket_of(dim: str, r: str) -> str:
-    """The bucket of `r` in grouping `dim` (an SQL expression or a column naming one)."""
-    b = _bucket(r)
+def _duration(r: str) -> str:
+    """The duration of finished execution `r` in ns (capped), NULL for one not finished."""
+    return (f"CASE WHEN {r}.outcome <> 'running' AND {r}.last_event_ns IS NOT NULL "
+            f"THEN min({r}.last_event_ns - {r}.created_at_ns, {_CAP}) END")
+
+
+def _log2(d: str, lo: int = 0, hi: int = 59) -> str:
+    """floor(log2(d)) for 2^lo <= d < 2^hi, in integers: a binary search, six comparisons."""
+    if hi - lo == 1:
+        return str(lo)
+    mid = (lo + hi) // 2
+    return f"CASE WHEN {d} >= {1 << mid} THEN {_log2(d, mid, hi)} ELSE {_log2(d, lo, mid)} END"
+
+
+def _bucket(d: str, e: str) -> str:
+    """The bucket of duration `d` (module doc), `e` its floor(log2)."""
+    return f"CASE WHEN {d} IS NULL THEN -2 WHEN {d} < 1 THEN -1 ELSE {SUB} * {e} + (({d} * {SUB}) >> {e}) - {SUB} END"
+
+
+def _bucket_of(dim: str, b: str) -> str:
+    """Bucket `b` as grouping `dim` keeps it (an SQL expression or a column naming one)."""
     return f"CASE WHEN {dim} = 'hour' AND {b} >= 0 THEN ({b} / {HOUR_WIDTH}) * {HOUR_WIDTH} ELSE {b} END"
+
+
+def _bucket_table(r: str) -> str:
+    """A one-row table of row `r`'s bucket `b`, each step worked out once."""
+    return (f"(SELECT {_bucket('d', 'e')} AS b FROM (SELECT d, {_log2('d')} AS e "
+            f"FROM (SELECT {_duration(r)} AS d)))")
 
 
 def _keys(r: str) -> str:
@@ -106,7 +127,8 @@ def _add(r: str, sign: int) -> str:
     counts twice, as a join with json_each counts it."""
     values = ", ".join(f"{sign} * COUNT(*) * ({v})" for v in _values(r))
     return (f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
-            f"SELECT dim, key, {_bucket_of('dim', r)}, {values} FROM ({_keys(r)}) WHERE {r}.outcome <> 'running' "
+            f"SELECT dim, key, {_bucket_of('dim', 'b')}, {values} FROM ({_keys(r)}), {_bucket_table(r)} "
+            f"WHERE {r}.outcome <> 'running' "
             "GROUP BY dim, key" + _UPSERT + ";")
 
 
@@ -133,10 +155,12 @@ def _backfill() -> None:
             ("'day'", f"CAST((t.created_at_ns / {DAY_NS}) * {DAY_NS} AS TEXT)", "traces AS t"),
             ("'hour'", f"CAST((t.created_at_ns / {HOUR_NS}) * {HOUR_NS} AS TEXT)", "traces AS t"),
             ("'model'", "COALESCE(m.value, char(0))", "traces AS t, json_each(t.models) AS m"))
+    d = _duration("t")
+    bucket = _bucket(d, _log2(d))
     for dim, key, source in keys:
         # Every key once per statement (GROUP BY): a plain insert, no conflict.
         op.execute(f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
-                   f"SELECT {dim}, {key}, {_bucket_of(dim, 't')}, {values} FROM {source} WHERE t.outcome <> 'running' "
+                   f"SELECT {dim}, {key}, {_bucket_of(dim, bucket)}, {values} FROM {source} WHERE t.outcome <> 'running' "
                    "GROUP BY 1, 2, 3")
 
 

@@ -210,10 +210,10 @@ def check_percentiles(engine) -> None:
         return [g["p50_ms"], g["p95_ms"], g["p99_ms"]]
 
     assert got(stats(engine, exact=True)["total"]) == nearest_rank(d for _, _, d, _ in finished)
-    # Over all time on SQLite, summed from stats_rollup: within the histogram's bound (2.5%,
+    # Over all time on SQLite, summed from stats_rollup: within the histogram's bound (3.1%,
     # plus the rounding to the microsecond).
     for p_got, p_exact in zip(got(stats(engine)["total"]), nearest_rank(d for _, _, d, _ in finished)):
-        assert abs(p_got - p_exact) <= 0.025 * p_exact + 0.001, (p_got, p_exact)
+        assert abs(p_got - p_exact) <= 0.031 * p_exact + 0.001, (p_got, p_exact)
     since = T0 + 400 * 10**9
     assert got(stats(engine, since)["total"]) == nearest_rank(d for c, _, d, _ in finished if c >= since)
     for g in stats(engine, by="outcome", exact=True)["groups"]:

@@ -1,6 +1,6 @@
 """stats_rollup (migration 0007): `stats` over all time summed from the rollup the triggers on
 `traces` keep equals `stats` read off `traces` (counts and tokens exactly, cost to the nano-USD an
-execution, percentiles within the histogram's 2.5%, 10.3% by hour), through every path that writes `traces`."""
+execution, percentiles within the histogram's 3.1%, 11.8% by hour), through every path that writes `traces`."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def check_rollup_equals_exact(engine) -> int:
                 if e[p] is None:
                     assert f[p] is None, (by, f["key"], p)
                 else:
-                    bound = 0.103 if by == "hour" else 0.025  # by hour the buckets are 4 times as wide
+                    bound = 0.118 if by == "hour" else 0.031  # by hour the buckets are 4 times as wide
                     assert abs(f[p] - e[p]) <= bound * e[p] + 0.001, (by, f["key"], p, f[p], e[p])
     with engine.connect() as conn:
         stored = conn.execute(sa.text("SELECT COUNT(*) FROM traces")).scalar_one()

@@ -153,7 +153,7 @@ stats_rollup: sa.Table = sa.Table(
     # The group's key: char(0) for a NULL intent or outcome (and for '*'), the UTC start of the
     # bucket in ns for day and hour.
     sa.Column("key", sa.Text, nullable=False),
-    # floor(ln(duration ns) / ln(1.05)); -1 below 1 ns; -2 no last event.
+    # The duration's bucket, 16 an octave (migration 0007); -1 below 1 ns; -2 no last event.
     sa.Column("bucket", sa.Integer, nullable=False),
     *(sa.Column(c, sa.BigInteger, nullable=False) for c in (
         "executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",

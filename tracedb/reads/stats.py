@@ -20,8 +20,9 @@ Over all time on SQLite every grouping is summed from stats_rollup (migration 00
 triggers on `traces` keep in the same transaction as every write, plus the running executions,
 which the rollup leaves out, counted off `traces`: counts and tokens exact, cost
 summed in whole nano-USD (within 1e-9 USD an execution), and each percentile the geometric
-middle of the duration bucket (1.05^b <= d < 1.05^(b+1) ns) holding the nearest-rank duration:
-APPROXIMATE, within 2.5% (1.05^0.5 - 1), by hour within 10.3% (buckets 4 times as wide); a
+middle of the duration bucket (16 an octave, each at most 1/16 of its start wide) holding the
+nearest-rank duration: APPROXIMATE, within 3.1% (sqrt(1 + 1/16) - 1), by hour within 11.8%
+(buckets 4 times as wide); a
 duration under 1 ns counts as 0. `exact=True`, a
 window (`since_ns`) and PostgreSQL (no rollup there: triggers on rows shared by recorders
 compacting at once would serialize them) read `traces`: percentiles over all time read off an
@@ -64,7 +65,7 @@ def _source(dialect: str, by: Optional[str]) -> tuple[str, str]:
 def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None, exact: bool = False) -> dict:
     """The aggregates of the executions created at or after `since_ns` (every one when None),
     grouped `by` one of BY (module doc). Over all time on SQLite they are summed from
-    stats_rollup, percentiles within 2.5%; `exact` reads `traces` instead."""
+    stats_rollup, percentiles within 3.1%; `exact` reads `traces` instead."""
     import sqlalchemy as sa
 
     from tracedb.errors import InvalidInputError
@@ -106,11 +107,18 @@ def _exact(conn, sa, dialect: str, by: Optional[str], where: str, params: dict, 
     return total, groups
 
 
-# stats_rollup (migration 0007): bucket b >= 0 holds durations d with 1.05^b <= d < 1.05^(b+1) ns,
-# -1 those under 1 ns, -2 the executions not finished.
-_RATIO = 1.05
-# By hour the buckets are 4 times as wide (migration 0007): percentiles within 1.05^2 - 1 < 10.3%.
+# stats_rollup (migration 0007): bucket b = 16 e + r >= 0 holds durations d (ns) from
+# (16 + r) 2^e / 16 up to the next bucket's start, -1 those under 1 ns, -2 the executions not
+# finished. By hour four neighbouring buckets are one.
+_SUB = 16
 _WIDTH = {"hour": 4}
+
+
+def _middle(bucket: int, width: int) -> float:
+    """The geometric middle of a bucket `width` buckets wide: within sqrt(1 + width / 16) - 1 of
+    any duration in it (3.1%; 11.8% by hour)."""
+    e, r = divmod(bucket, _SUB)
+    return ((_SUB + r) * (_SUB + r + width)) ** 0.5 * 2.0 ** e / _SUB
 _COUNTS = ("executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
            "cost_unknown")
 # What stats_rollup leaves to `traces`: the running executions, and any without an outcome (neither
@@ -132,7 +140,7 @@ def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
     """([total GROUP], [GROUP]) summed from stats_rollup (SQLite, over all time), a few rows a
     key whatever the size of the store, and the running executions read off `traces`. Counts and
     tokens exact, cost to the nano-USD an execution; a percentile is the geometric middle of the
-    histogram bucket that holds the nearest-rank duration, within 1.05^0.5 - 1 < 2.5% of it."""
+    histogram bucket that holds the nearest-rank duration, within 3.1% of it (11.8% by hour)."""
     dims = ("*",) if by is None else ("*", by)
     sums = ", ".join(f"SUM({c})" for c in _COUNTS)
     # key -> [executions, succeeded, failed, incomplete, running, tokens in, tokens out, cost, unknown]
@@ -167,7 +175,7 @@ def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
                 durations[dim][k] = cuts
             seen += count
             while len(cuts) < len(_PERCENTILES) and seen * 100 >= _PERCENTILES[len(cuts)] * n:
-                cuts.append(0 if bucket < 0 else _RATIO ** (bucket + _WIDTH.get(dim, 1) / 2))
+                cuts.append(0 if bucket < 0 else _middle(bucket, _WIDTH.get(dim, 1)))
     out = {
         dim: [_group(k, c, {k: tuple(durations[dim].get(k) or (None,) * len(_PERCENTILES))})
               for k, c in found.items() if c[0]]
