@@ -142,8 +142,13 @@ def test_migrated_schema_equals_the_models(tmp_path):
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from tracedb.projection.models import metadata
+    from tracedb.projection.models import metadata as shared
+    from tracedb.projection.models import sqlite_metadata
 
+    # The tables of both databases, and SQLite's own (stats_rollup, migration 0007).
+    metadata = sa.MetaData()
+    for table in (*shared.tables.values(), *sqlite_metadata.tables.values()):
+        table.to_metadata(metadata)
     engine = db.create_engine(str(tmp_path / "t.db"), write=True)
     db.migrate(engine)
     with engine.connect() as conn:
@@ -160,6 +165,10 @@ def test_migrated_schema_equals_the_models(tmp_path):
             for part in parts:
                 assert part in normal, (name, part, normal)
             assert (" WHERE " in normal) == ("sqlite_where" in ix.dialect_kwargs and ix.dialect_kwargs["sqlite_where"] is not None), name
+        # The triggers that keep stats_rollup, as the migration wrote them.
+        triggers = dict(conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").all())
+        assert {n: " ".join(t.split()) for n, t in triggers.items()} == {
+            n: " ".join(f"CREATE TRIGGER {n} {body}".split()) for n, body in _rollup_migration().TRIGGERS.items()}
         pragmas = {
             p: conn.exec_driver_sql(f"PRAGMA {p}").scalar()
             for p in ("foreign_keys", "journal_mode", "synchronous", "auto_vacuum")
@@ -167,6 +176,19 @@ def test_migrated_schema_equals_the_models(tmp_path):
     assert pragmas == {"foreign_keys": 1, "journal_mode": "wal", "synchronous": 2, "auto_vacuum": 2}
     assert db.migrate(engine) == db.HEAD_REVISION  # idempotent
     engine.dispose()
+
+
+def _rollup_migration():
+    import importlib.util
+    import pathlib
+
+    import tracedb.migrations
+
+    path = next(pathlib.Path(tracedb.migrations.__path__[0], "versions").glob("0007_*.py"))
+    spec = importlib.util.spec_from_file_location("migration_0007", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_deleting_a_trace_deletes_its_steps(open_store):

@@ -140,3 +140,25 @@ trace_steps: sa.Table = TraceStep.__table__
 compaction_checkpoint: sa.Table = CompactionCheckpoint.__table__
 
 TERMINAL_STATUSES = ("completed", "incomplete", "invalidated")
+
+# SQLite only (migration 0007): the aggregates of `tracedb stats` by grouping key and duration
+# bucket of the executions no longer running, kept by triggers on `traces` (their SQL is the
+# migration's). Declared on a MetaData of
+# its own, because PostgreSQL has no such table; tracedb.reads.stats reads it.
+sqlite_metadata: sa.MetaData = sa.MetaData()
+stats_rollup: sa.Table = sa.Table(
+    "stats_rollup", sqlite_metadata,
+    # '*' (every execution), 'intent', 'outcome', 'model', 'day' or 'hour'.
+    sa.Column("dim", sa.String(8), nullable=False),
+    # The group's key: char(0) for a NULL intent or outcome (and for '*'), the UTC start of the
+    # bucket in ns for day and hour.
+    sa.Column("key", sa.Text, nullable=False),
+    # The duration's bucket, 16 an octave (migration 0007); -1 below 1 ns; -2 no last event.
+    sa.Column("bucket", sa.Integer, nullable=False),
+    *(sa.Column(c, sa.BigInteger, nullable=False) for c in (
+        "executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
+        "cost_unknown")),
+    sa.PrimaryKeyConstraint("dim", "key", "bucket", name="pk_stats_rollup"),
+    # Stored in key order: a grouping's rows are one range of the table.
+    sqlite_with_rowid=False,
+)

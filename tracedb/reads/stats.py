@@ -14,9 +14,20 @@ draws (`tracedb.reads.reader.Reader.stats`). Its answer:
              "cost_unknown": int}
 
 failure_rate is failed / (succeeded + failed), None when none finished. Durations are creation
-to last event of executions that are no longer running, nearest-rank percentiles: over all
-time read off an index in duration order (an index walk: ix_traces_duration, which holds the
-outcome too, and ix_traces_intent_duration by intent), else ranked with window functions.
+to last event of executions that are no longer running, nearest-rank percentiles.
+
+Over all time on SQLite every grouping is summed from stats_rollup (migration 0007), which
+triggers on `traces` keep in the same transaction as every write, plus the running executions,
+which the rollup leaves out, counted off `traces`: counts and tokens exact, cost
+summed in whole nano-USD (within 1e-9 USD an execution), and each percentile the geometric
+middle of the duration bucket (16 an octave, each at most 1/16 of its start wide) holding the
+nearest-rank duration: APPROXIMATE, within 3.1% (sqrt(1 + 1/16) - 1), by hour within 11.8%
+(buckets 4 times as wide); a
+duration under 1 ns counts as 0. `exact=True`, a
+window (`since_ns`) and PostgreSQL (no rollup there: triggers on rows shared by recorders
+compacting at once would serialize them) read `traces`: percentiles over all time read off an
+index in duration order (an index walk: ix_traces_duration, which holds the outcome too, and
+ix_traces_intent_duration by intent), else ranked with window functions.
 cost_usd sums the known costs; cost_unknown counts the executions whose cost is unknown (a
 model the price table does not know). By model, an execution that called several models
 counts under each.
@@ -51,9 +62,10 @@ def _source(dialect: str, by: Optional[str]) -> tuple[str, str]:
     return "traces", f"+traces.{by}" if dialect == "sqlite" else f"traces.{by}"
 
 
-def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None) -> dict:
+def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None, exact: bool = False) -> dict:
     """The aggregates of the executions created at or after `since_ns` (every one when None),
-    grouped `by` one of BY (module doc)."""
+    grouped `by` one of BY (module doc). Over all time on SQLite they are summed from
+    stats_rollup, percentiles within 3.1%; `exact` reads `traces` instead."""
     import sqlalchemy as sa
 
     from tracedb.errors import InvalidInputError
@@ -66,24 +78,110 @@ def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None) -> d
     params = {} if since_ns is None else {"since": since_ns}
     dialect = engine.dialect.name
     with engine.connect() as conn:
-        grouped = _counts(conn, sa, dialect, by, where, params) if by is not None else []
-        if by is not None and by != "model":
-            # These groups partition the executions: the total is their sum (one scan, not two).
-            # By model an execution counts under each model it called.
-            counted = [(None, *(sum(r[i] or 0 for r in grouped) for i in range(1, len(r0))))
-                       for r0 in grouped[:1]]
+        if since_ns is None and dialect == "sqlite" and not exact:
+            total, groups = _rolled_up(conn, sa, dialect, by)
         else:
-            counted = _counts(conn, sa, dialect, None, where, params)
-        total = _groups(conn, sa, dialect, None, where, params, counted, walk=since_ns is None)
-        groups = _groups(conn, sa, dialect, by, where, params, grouped) if by is not None else []
+            total, groups = _exact(conn, sa, dialect, by, where, params, since_ns)
     total = total[0] if total else _group(None, (0,) * 8, {})
     if by in _BUCKET_NS:
-        groups.sort(key=lambda g: g["key"])
+        groups.sort(key=lambda g: int(g["key"]))
         for g in groups:
             g["key"] = datetime.fromtimestamp(int(g["key"]) / 1e9, tz=timezone.utc).isoformat().replace("+00:00", "Z")
     else:
         groups.sort(key=lambda g: (-g["executions"], str(g["key"])))
     return {"since_ns": since_ns, "by": by, "total": total, "groups": groups}
+
+
+def _exact(conn, sa, dialect: str, by: Optional[str], where: str, params: dict, since_ns: Optional[int]):
+    """([total GROUP], [GROUP]) read off `traces`: exact percentiles."""
+    grouped = _counts(conn, sa, dialect, by, where, params) if by is not None else []
+    if by is not None and by != "model":
+        # These groups partition the executions: the total is their sum (one scan, not two).
+        # By model an execution counts under each model it called.
+        counted = [(None, *(sum(r[i] or 0 for r in grouped) for i in range(1, len(r0))))
+                   for r0 in grouped[:1]]
+    else:
+        counted = _counts(conn, sa, dialect, None, where, params)
+    total = _groups(conn, sa, dialect, None, where, params, counted, walk=since_ns is None)
+    groups = _groups(conn, sa, dialect, by, where, params, grouped) if by is not None else []
+    return total, groups
+
+
+# stats_rollup (migration 0007): bucket b = 16 e + r >= 0 holds durations d (ns) from
+# (16 + r) 2^e / 16 up to the next bucket's start, -1 those under 1 ns, -2 the executions not
+# finished. By hour four neighbouring buckets are one.
+_SUB = 16
+_WIDTH = {"hour": 4}
+
+
+def _middle(bucket: int, width: int) -> float:
+    """The geometric middle of a bucket `width` buckets wide: within sqrt(1 + width / 16) - 1 of
+    any duration in it (3.1%; 11.8% by hour)."""
+    e, r = divmod(bucket, _SUB)
+    return ((_SUB + r) * (_SUB + r + width)) ** 0.5 * 2.0 ** e / _SUB
+_COUNTS = ("executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
+           "cost_unknown")
+# What stats_rollup leaves to `traces`: the running executions, and any without an outcome (neither
+# finished: no duration), each found on ix_traces_outcome_created_id. Named: ANALYZE's statistics
+# know no running execution in a store where none runs, and the planner would scan for them.
+_NOT_ROLLED_UP = ("traces.outcome = 'running'", "traces.outcome IS NULL")
+_INDEXED = "traces INDEXED BY ix_traces_outcome_created_id"
+_NO_KEY = object()
+
+
+def _key(dim: str, stored: str):
+    """A stats_rollup key as `traces` has it: char(0) is NULL; day and hour are ns."""
+    if stored == "\x00":
+        return None
+    return int(stored) if dim in _BUCKET_NS else stored
+
+
+def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
+    """([total GROUP], [GROUP]) summed from stats_rollup (SQLite, over all time), a few rows a
+    key whatever the size of the store, and the running executions read off `traces`. Counts and
+    tokens exact, cost to the nano-USD an execution; a percentile is the geometric middle of the
+    histogram bucket that holds the nearest-rank duration, within 3.1% of it (11.8% by hour)."""
+    dims = ("*",) if by is None else ("*", by)
+    sums = ", ".join(f"SUM({c})" for c in _COUNTS)
+    # key -> [executions, succeeded, failed, incomplete, running, tokens in, tokens out, cost, unknown]
+    groups: dict = {dim: {} for dim in dims}
+    finished: dict = {}
+    for dim in dims:
+        for k, n, ok, failed, incomplete, t_in, t_out, nano, unknown, done in conn.execute(sa.text(
+                f"SELECT key, {sums}, SUM(CASE WHEN bucket >= -1 THEN executions ELSE 0 END) FROM stats_rollup "
+                "WHERE dim = :dim GROUP BY key"), {"dim": dim}):
+            k = _key(dim, k)
+            groups[dim][k] = [n, ok, failed, incomplete, 0, t_in, t_out, nano / 1e9, unknown]
+            finished[(dim, k)] = done
+        source, expr = _source(dialect, None if dim == "*" else dim)
+        source = source.replace("traces", _INDEXED, 1)
+        for where in _NOT_ROLLED_UP:
+            for k, *c in _counts(conn, sa, dialect, None if dim == "*" else dim, f"WHERE {where}", {}, source):
+                if c[0]:
+                    have = groups[dim].get(k)
+                    # Not finished: no duration.
+                    groups[dim][k] = list(c[:-1]) if have is None else [a + (b or 0) for a, b in zip(have, c[:-1])]
+    durations: dict = {dim: {} for dim in dims}
+    for dim in dims:
+        # The buckets of each key in order (the index's), walked once: the bucket where the
+        # running count reaches the nearest rank k = ceil(p * n / 100), that is count * 100 >= p * n.
+        at, seen, cuts, n = _NO_KEY, 0, [], 0
+        for k, bucket, count in conn.execute(sa.text(
+                f"SELECT key, bucket, executions FROM stats_rollup WHERE dim = :dim AND bucket >= -1 "
+                "AND executions <> 0 ORDER BY key, bucket"), {"dim": dim}):
+            k = _key(dim, k)
+            if at is _NO_KEY or k != at:
+                at, seen, cuts, n = k, 0, [], finished.get((dim, k), 0)
+                durations[dim][k] = cuts
+            seen += count
+            while len(cuts) < len(_PERCENTILES) and seen * 100 >= _PERCENTILES[len(cuts)] * n:
+                cuts.append(0 if bucket < 0 else _middle(bucket, _WIDTH.get(dim, 1)))
+    out = {
+        dim: [_group(k, c, {k: tuple(durations[dim].get(k) or (None,) * len(_PERCENTILES))})
+              for k, c in found.items() if c[0]]
+        for dim, found in groups.items()
+    }
+    return out["*"], (out[by] if by is not None else [])
 
 
 def totals(engine) -> dict:
@@ -133,10 +231,11 @@ def _walked(conn, sa, dialect: str, finished: dict, by: Optional[str]) -> dict:
     return out
 
 
-def _counts(conn, sa, dialect: str, by: Optional[str], where: str, params: dict) -> list:
+def _counts(conn, sa, dialect: str, by: Optional[str], where: str, params: dict, source: Optional[str] = None) -> list:
     """One row per group: key, executions, succeeded, failed, incomplete, running, input and
     output tokens, known cost, executions of unknown cost, finished executions (one scan)."""
-    source, key = _source(dialect, by)
+    default, key = _source(dialect, by)
+    source = source or default
     return conn.execute(sa.text(
         f"SELECT {key} AS k, COUNT(*), "
         "SUM(CASE WHEN outcome = 'succeeded' THEN 1 ELSE 0 END), "
