@@ -4,7 +4,11 @@ filters scale from 100k to 1M executions.
 Derivation: the recorder's own live compaction (the staging API, `store.compact()` timed, as
 `bench_compaction_live` in run.py) of agent-shaped executions (model calls with usage, tool
 calls, one execution in ten failing), with the fold on and with it replaced by no-ops, rounds
-interleaved so that the machine's load falls on both alike; the row is their ratio.
+interleaved so that the machine's load falls on both alike; the row is their ratio. Both arms
+collect garbage before each timed `compact()`: a full collection is owed to the whole heap (the
+recording just done, the price table), and which timed call it falls in depends only on where
+the collector's counters happen to stand (profiled: the arms ran the same number of full
+collections, one arm's inside a timed call, the other's in the untimed recording).
 
 Scale: stores of 100k and 1M executions at a fixed rate of 10,000 a day (a fleet whose store
 grows with its retention), built with direct inserts into `traces` and one step each (compacting
@@ -15,6 +19,7 @@ timed best of 5 through the read API (`Reader.stats`, `Reader.page` with a `Filt
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import shutil
@@ -103,6 +108,7 @@ def _compact_live(workdir: str, executions: int, events_per: int, derive: bool) 
     try:
         for lo in range(0, executions, chunk):
             asyncio.run(record(lo, min(executions, lo + chunk)))
+            gc.collect()  # module doc
             t0, c0 = time.perf_counter(), time.process_time()
             steps += store.compact().steps
             elapsed += time.perf_counter() - t0
