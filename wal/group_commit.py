@@ -56,15 +56,20 @@ class GroupCommit:
       append is acknowledged only once `durable_lsn` covers it;
     - `failed`: the error that closed the log for appends (never cleared: an fsync is never
       retried), and `closed`;
-    - `rotation`: a rotation the flusher thread is to carry out for the attached loop.
+    - `rotation`: a rotation the flusher thread is to carry out for the attached loop;
+    - `callers`: the blocking calls framed into the open group (`writing_callers`: into the
+      group in flight), and `want`/`fill_until`: how many the flusher thread waits for in the
+      open group before it takes it, and until when (see `expect_locked`).
 
     `synced` (a condition on the lock) is notified when `durable_lsn` moves, the owner goes
     back to IDLE after a rotation, or the log fails or closes; `watch` is where the flusher
-    thread waits while the loop flushes."""
+    thread waits while the loop flushes; `filled` is notified when the open group holds the
+    blocking calls the flusher thread waits for."""
 
     __slots__ = (
         "name", "lock", "synced", "watch", "owner", "data", "waiters", "gate", "last_lsn",
-        "writing_lsn", "durable_lsn", "failed", "closed", "rotation",
+        "writing_lsn", "durable_lsn", "failed", "closed", "rotation", "filled", "callers",
+        "writing_callers", "want", "fill_until",
     )
 
     def __init__(self, name: str) -> None:
@@ -82,6 +87,11 @@ class GroupCommit:
         self.failed: Optional[WalFailedError] = None
         self.closed = False
         self.rotation = None
+        self.filled = threading.Condition(self.lock)
+        self.callers = 0
+        self.writing_callers = 0
+        self.want = 0
+        self.fill_until = 0.0
 
     def check_open(self) -> None:
         """Raise why appends are refused (the failure, or the close), if they are."""
@@ -93,6 +103,9 @@ class GroupCommit:
     def gate_locked(self) -> tuple[GroupGate, bool]:
         """The open group's gate, for a blocking caller whose records were just framed into it
         (under the lock); and whether it was made just now."""
+        self.callers += 1
+        if self.callers == self.want:
+            self.filled.notify()
         gate = self.gate
         if gate is not None:
             return gate, False
@@ -105,10 +118,32 @@ class GroupCommit:
         becomes the group being written (`writing_lsn`), and a new group opens."""
         data, waiters, last = self.data, self.waiters, self.last_lsn
         self.writing_lsn = last
+        self.writing_callers, self.callers, self.want = self.callers, 0, 0
         self.data = bytearray()
         self.waiters = []
         self.gate = None
         return data, waiters, last
+
+    def expect_locked(self, now: float, bound_s: float) -> None:
+        """The flusher thread acknowledged a group of `writing_callers` blocking calls: before
+        it takes the next group, let it wait (until `now + bound_s` at most) for the open
+        group to hold those callers again as well as the ones already in it. The threads a
+        group releases leave its gate one after another; without the wait the next
+        fdatasync starts with the first few of them, and the rest wait a whole fdatasync
+        more. A lone caller (or asyncio producers, which are not counted) never waits."""
+        released = self.writing_callers
+        if released > 1 and bound_s > 0:
+            self.want = self.callers + released
+            self.fill_until = now + bound_s
+        else:
+            self.want = 0
+
+    def filling_locked(self, now: float) -> float:
+        """How long the flusher thread is still to wait for the open group to fill (0: take
+        it now)."""
+        if self.callers >= self.want or self.closed or self.failed is not None:
+            return 0.0
+        return max(0.0, self.fill_until - now)
 
     def synced_locked(self, last_lsn: int) -> None:
         """A group's fdatasync succeeded: every LSN up to `last_lsn` is durable."""
@@ -127,7 +162,9 @@ class GroupCommit:
         self.waiters = []
         self.gate = None
         self.data = bytearray()
+        self.callers = self.want = 0
         self.synced.notify_all()
+        self.filled.notify()
         return rest
 
 

@@ -47,6 +47,10 @@ MIN_SPARE_BYTES = 1 << 20
 SPARE_SECONDS = 2.0
 # The rate is measured over at least this long: a burst of a few milliseconds is not a rate.
 _RATE_MIN_SECONDS = 0.25
+# How long the flusher thread may wait for the blocking callers a group released to append
+# again before it takes the next group: this fraction of the last fdatasync, at most this long.
+FILL_FRACTION = 0.5
+FILL_MAX_S = 0.001
 _frame_record = fmt.frame_record  # the single async append's framing, looked up once
 _monotonic = time.monotonic  # the clock fill rates are measured with (tests set their own)
 
@@ -591,6 +595,9 @@ class Wal:
                     thread.idle = True
                 elif looper.alive() and looper.request_locked():
                     taken = FlusherStep.WATCH  # the loop flushes the group; watch that it does
+                elif commit.want and (wait := commit.filling_locked(time.perf_counter())):
+                    commit.filled.wait(wait)  # see GroupCommit.expect_locked
+                    continue
                 else:
                     taken = self.take_group_locked()
                     commit.owner = Owner.THREAD
@@ -643,6 +650,8 @@ class Wal:
             with commit.lock:
                 self._segment_bytes += nbytes
                 commit.owner = Owner.IDLE
+                if loop is None:
+                    commit.expect_locked(time.perf_counter(), min(FILL_FRACTION * dt, FILL_MAX_S))
                 if self._spare_at is not None and self._segment_bytes >= self._spare_at:
                     spare = self._spare_due_locked()
             if spare:
@@ -828,6 +837,7 @@ class Wal:
                 return
             self._commit.closed = True
             self._thread_flusher.ring_locked()
+            self._commit.filled.notify()  # a flusher thread waiting for a group to fill
         if self._spares is not None:
             self._spares.stop()
         self._thread_flusher.join()
