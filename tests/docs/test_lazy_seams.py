@@ -27,7 +27,7 @@ FUNCTION_IMPORTS = {
     ("tracedb/config.py", "ensure_local_token"): "secrets and tempfile, for a listener's token only",
     ("tracedb/errors.py", "__init__"): "tracedb.program (shutil), for a missing extra's hint only",
     ("tracedb/records/record.py", "error"): "the outcomes' price table (decimal, genai-prices)",
-    # Modules outside this change's reach, as they were.
+    # The compactor's driver, stats' SQLAlchemy, the recorder's compactor process, the price table.
     ("tracedb/projection/compactor.py", "execute"): "psycopg, on PostgreSQL only",
     ("tracedb/reads/stats.py", "stats"): "SQLAlchemy, which a read command on SQLite does without",
     ("tracedb/reads/stats.py", "totals"): "SQLAlchemy, as above",

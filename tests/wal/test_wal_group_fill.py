@@ -81,19 +81,21 @@ def test_taking_the_group_resets_the_wait_and_counts_its_callers_as_in_flight():
         assert commit.filling_locked(1.0) == 0.0
 
 
-def test_a_failed_or_closed_log_is_never_waited_for():
+def _close(commit):
+    commit.closed = True
+
+
+def _fail(commit):
+    commit.fail_locked(WalFailedError("fdatasync", OSError(5, "EIO")), from_flusher=False)
+
+
+@pytest.mark.parametrize("end", [_close, _fail], ids=["closed", "failed"])
+def test_a_failed_or_closed_log_is_never_waited_for(end):
     commit = GroupCommit("d")
     _group_of(commit, 4)
     with commit.lock:
         commit.expect_locked(now=1.0, bound_s=0.001)
-        commit.closed = True
-        assert commit.filling_locked(1.0) == 0.0
-    commit = GroupCommit("d")
-    _group_of(commit, 4)
-    with commit.lock:
-        commit.expect_locked(now=1.0, bound_s=0.001)
-        commit.fail_locked(WalFailedError("fdatasync", OSError(5, "EIO")), from_flusher=False)
-        assert commit.want == 0
+        end(commit)
         assert commit.filling_locked(1.0) == 0.0
 
 
