@@ -12,11 +12,12 @@ from tests.waiting import wait_until
 from tracedb.cli import main
 from tracedb.sidecar.client import Client
 
-from .test_e2e import _free_port, _owner_get
+from .helpers import free_port
+from .test_e2e import _owner_get
 
 
 def test_the_sidecar_client_records_outcomes_that_list_and_show_in_metrics(serve_process):
-    port = _free_port()
+    port = free_port()
     srv = serve_process("--http-port", str(port))
     with Client("unix:" + srv.socket) as client:
         ex = client.start("Summarize", {"intent": "Summarize"})
