@@ -15,6 +15,7 @@ import tracedb
 from tracedb.projection import db
 from tracedb.cli import main
 from tracedb.projection.models import traces
+from tracedb.projection.schema import HEAD_REVISION
 
 from tests.fresh_python import run_fresh
 
@@ -201,7 +202,7 @@ def test_compact_prune_pin_migrate_wal_scan(seeded, run, data_dir):
     assert json.loads(run("prune", "--older-than", "1s", "--json").stdout)["deleted_traces"] == 0
     assert run("unpin", "exec-a1b2c3d4").exit_code == 0
     assert "deleted 1 trace(s)" in run("prune", "--older-than", "1s").stdout
-    assert run("migrate").stdout.startswith("schema at 0006")
+    assert run("migrate").stdout.startswith(f"schema at {HEAD_REVISION}")
     assert run("prune", "--older-than", "soon").exit_code == 2  # a bad option value is a usage error
     assert run("inspect", "--list", "--limit", "0").exit_code == 2  # a page of nothing is no page
 
@@ -374,7 +375,7 @@ def test_maintenance_refuses_a_data_directory_that_does_not_exist(tmp_path, args
 def test_migrate_create_makes_a_new_store(tmp_path):
     target = tmp_path / "new"
     r = CliRunner().invoke(main, ["--data-dir", str(target), "migrate", "--create"])
-    assert r.exit_code == 0 and r.output.startswith("schema at 0006")
+    assert r.exit_code == 0 and r.output.startswith(f"schema at {HEAD_REVISION}")
     assert (target / "traces.db").exists()
 
 

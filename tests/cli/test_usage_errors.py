@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from tracedb.cli import main
+from tracedb.projection.schema import HEAD_REVISION
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -119,7 +120,7 @@ def test_migrate_on_a_new_directory_creates_the_store(tmp_path):
     target = tmp_path / "new" / "data"
     r = _invoke("--data-dir", str(target), "migrate")
     assert r.exit_code == 0, r.output
-    assert r.stdout.startswith("schema at 0006 (was empty)")
+    assert r.stdout.startswith(f"schema at {HEAD_REVISION} (was empty)")
     conn = sqlite3.connect(str(target / "traces.db"))
     try:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -128,5 +129,5 @@ def test_migrate_on_a_new_directory_creates_the_store(tmp_path):
     assert {"traces", "trace_steps", "compaction_checkpoint", "alembic_version"} <= tables
     assert _invoke("--data-dir", str(target), "inspect", "--list", "--json").stdout.strip() == "[]"
     again = _invoke("--data-dir", str(target), "migrate", "--create")  # the older flag is still taken
-    assert again.exit_code == 0 and again.stdout.strip() == "schema at 0006"
+    assert again.exit_code == 0 and again.stdout.strip() == f"schema at {HEAD_REVISION}"
     assert os.listdir(target)  # and nothing else was asked for

@@ -12,6 +12,7 @@ import tracedb
 from tracedb.cli import main
 from tracedb.config import load_config
 from tracedb.reads.reader import Reader
+from tracedb.projection.schema import HEAD_REVISION
 
 from tests.cli.conftest import page_queries
 
@@ -109,8 +110,8 @@ def test_maintenance_replay_and_fork_against_postgresql(seeded_pg, pg_url):
 @pytest.mark.postgres
 def test_migrate_creates_the_schema_on_a_new_database(pg_url):
     first = run("--db", pg_url, "migrate")
-    assert first.exit_code == 0 and first.stdout.strip() == "schema at 0006 (was empty)"
-    assert run("--db", pg_url, "migrate").stdout.strip() == "schema at 0006"
+    assert first.exit_code == 0 and first.stdout.strip() == f"schema at {HEAD_REVISION} (was empty)"
+    assert run("--db", pg_url, "migrate").stdout.strip() == f"schema at {HEAD_REVISION}"
 
 
 def test_an_unreachable_server_is_named_without_its_password_with_what_to_check(tmp_path):
