@@ -90,17 +90,20 @@ def _bucket_of(dim: str, b: str) -> str:
     return f"CASE WHEN {dim} = 'hour' AND {b} >= 0 THEN ({b} / {HOUR_WIDTH}) * {HOUR_WIDTH} ELSE {b} END"
 
 
-HOUR = "'hour'"
+def _bucket_table(r: str) -> str:
+    """A one-row table of row `r`'s bucket `b`, each step worked out once."""
+    return (f"(SELECT {_bucket('d', 'e')} AS b FROM (SELECT d, {_log2('d')} AS e "
+            f"FROM (SELECT {_duration(r)} AS d)))")
 
 
-def _keys(r: str) -> tuple[tuple[str, str], ...]:
-    """(dim, key expression) of one execution `r` in each grouping but the models'."""
+def _keys(r: str) -> str:
+    """(dim, key) rows of one execution `r`: once in each grouping, once a model it called."""
     return (
-        ("'*'", "char(0)"),
-        ("'intent'", f"COALESCE({r}.intent, char(0))"),
-        ("'outcome'", f"COALESCE({r}.outcome, char(0))"),
-        ("'day'", f"CAST(({r}.created_at_ns / {DAY_NS}) * {DAY_NS} AS TEXT)"),
-        ("'hour'", f"CAST(({r}.created_at_ns / {HOUR_NS}) * {HOUR_NS} AS TEXT)"),
+        f"SELECT '*' AS dim, char(0) AS key UNION ALL SELECT 'intent', COALESCE({r}.intent, char(0)) "
+        f"UNION ALL SELECT 'outcome', COALESCE({r}.outcome, char(0)) "
+        f"UNION ALL SELECT 'day', CAST(({r}.created_at_ns / {DAY_NS}) * {DAY_NS} AS TEXT) "
+        f"UNION ALL SELECT 'hour', CAST(({r}.created_at_ns / {HOUR_NS}) * {HOUR_NS} AS TEXT) "
+        f"UNION ALL SELECT 'model', COALESCE(value, char(0)) FROM json_each({r}.models)"
     )
 
 
@@ -120,23 +123,13 @@ _UPSERT = (
 
 
 def _add(r: str, sign: int) -> str:
-    """The statements that add row `r`'s contribution (NEW or OLD) times `sign`: one upsert a
-    grouping, and one a model it called (a model listed twice counts twice, as a join with
-    json_each counts it). Each is a single-row upsert, the cheapest write SQLite has; a row
-    still running contributes nothing."""
-    d = _duration(r)
-    bucket = _bucket(d, _log2(d))
-    hour_bucket = f"CASE WHEN {bucket} >= 0 THEN ({bucket} / {HOUR_WIDTH}) * {HOUR_WIDTH} ELSE {bucket} END"
-    values = ", ".join(f"{sign} * ({v})" for v in _values(r))
-    into = f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
-    running = f"{r}.outcome <> 'running'"
-    out = [
-        f"{into}SELECT {dim}, {key}, {hour_bucket if dim == HOUR else bucket}, {values} WHERE {running}{_UPSERT};"
-        for dim, key in _keys(r)
-    ]
-    out.append(f"{into}SELECT 'model', COALESCE(value, char(0)), {bucket}, {values} FROM json_each({r}.models) "
-               f"WHERE {running}{_UPSERT};")
-    return " ".join(out)
+    """One statement: the contribution of row `r` (NEW or OLD) times `sign`; a model listed twice
+    counts twice, as a join with json_each counts it."""
+    values = ", ".join(f"{sign} * COUNT(*) * ({v})" for v in _values(r))
+    return (f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
+            f"SELECT dim, key, {_bucket_of('dim', 'b')}, {values} FROM ({_keys(r)}), {_bucket_table(r)} "
+            f"WHERE {r}.outcome <> 'running' "
+            "GROUP BY dim, key" + _UPSERT + ";")
 
 
 # An UPDATE that changes none of what the rollup holds fires nothing: one of a running execution
