@@ -158,20 +158,22 @@ def _backfill() -> None:
             ("'model'", "COALESCE(m.value, char(0))", "traces AS t, json_each(t.models) AS m"))
     d = _duration("t")
     bucket = _bucket(d, _log2(d))
+    execute = op.get_bind().exec_driver_sql  # no bind parameters to look for in these long texts
     for dim, key, source in keys:
         # Every key once per statement (GROUP BY): a plain insert, no conflict.
-        op.execute(f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
-                   f"SELECT {dim}, {key}, {_bucket_of(dim, bucket)}, {values} FROM {source} WHERE t.outcome <> 'running' "
-                   "GROUP BY 1, 2, 3")
+        execute(f"INSERT INTO stats_rollup (dim, key, bucket, {', '.join(_COUNTS)}) "
+                f"SELECT {dim}, {key}, {_bucket_of(dim, bucket)}, {values} FROM {source} WHERE t.outcome <> 'running' "
+                "GROUP BY 1, 2, 3")
 
 
 def upgrade() -> None:
     if op.get_bind().dialect.name != "sqlite":
         return
-    op.execute(_TABLE)
+    execute = op.get_bind().exec_driver_sql  # the SQL as written: no bind parameters in it
+    execute(_TABLE)
     _backfill()
     for name, body in TRIGGERS.items():
-        op.execute(f"CREATE TRIGGER {name} {body}")
+        execute(f"CREATE TRIGGER {name} {body}")
 
 
 def downgrade() -> None:
