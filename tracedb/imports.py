@@ -20,17 +20,22 @@ from types import ModuleType
 class OnFirstUse:
     """Stands for the module `name`, which it imports at its first attribute read."""
 
-    __slots__ = ("_name",)
+    __slots__ = ("_name", "_module")
 
     def __init__(self, name: str):
         self._name = name
+        self._module = None
 
     def __getattr__(self, attr: str):
         return getattr(self.module(), attr)
 
     def module(self) -> ModuleType:
-        """The module itself, imported now if it was not yet."""
-        return importlib.import_module(self._name)
+        """The module itself, imported now if it was not yet (once: later reads skip the import
+        machinery, which the read path would otherwise go through at every call)."""
+        module = self._module
+        if module is None:
+            module = self._module = importlib.import_module(self._name)
+        return module
 
     def __repr__(self) -> str:
         return f"<module {self._name!r}, imported at its first use>"
