@@ -165,7 +165,7 @@ def test_migrated_schema_equals_the_models(tmp_path):
             for part in parts:
                 assert part in normal, (name, part, normal)
             assert (" WHERE " in normal) == ("sqlite_where" in ix.dialect_kwargs and ix.dialect_kwargs["sqlite_where"] is not None), name
-        # The triggers that keep stats_rollup, as the migration wrote them.
+        # The triggers that keep stats_rollup, as the migrations wrote them.
         triggers = dict(conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").all())
         assert {n: " ".join(t.split()) for n, t in triggers.items()} == {
             n: " ".join(f"CREATE TRIGGER {n} {body}".split()) for n, body in _rollup_migration().TRIGGERS.items()}
@@ -179,13 +179,14 @@ def test_migrated_schema_equals_the_models(tmp_path):
 
 
 def _rollup_migration():
+    """Migration 0008, whose triggers keep stats_rollup (0007 made the table)."""
     import importlib.util
     import pathlib
 
     import tracedb.migrations
 
-    path = next(pathlib.Path(tracedb.migrations.__path__[0], "versions").glob("0007_*.py"))
-    spec = importlib.util.spec_from_file_location("migration_0007", path)
+    path = next(pathlib.Path(tracedb.migrations.__path__[0], "versions").glob("0008_*.py"))
+    spec = importlib.util.spec_from_file_location("migration_0008", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -130,7 +130,7 @@ def compact(engine, wal_dir: str, recorder: str, from_lsn: int, to_lsn: int, hin
                 if is_event(raw):  # as the store hands it over: frame and derived facts
                     frame = split_event(raw)
                     body = raw[frame.payload_offset :]
-                    frame = frame._replace(facts=event_facts(frame.type, body, orjson.loads(body)))
+                    frame = frame._replace(facts=event_facts(frame.type, body, orjson.loads(body), frame.t))
                 out.append((lsn, raw, frame))
             return out
     comp = Compactor(engine, wal_dir, recorder, from_lsn, batch_records=4, source=source)

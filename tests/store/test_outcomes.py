@@ -200,7 +200,10 @@ def check_percentiles(engine) -> None:
             "INSERT INTO traces (execution_id, recorder_id, intent, status, replayable, envelope, envelope_hash, "
             "last_seq, created_at_ns, updated_at_ns, pinned, outcome, models, input_tokens, output_tokens, "
             "cost_usd, last_event_ns) VALUES (:id, 'p', :intent, 'completed', false, '{}', 'sha256:x', 1, :created, "
-            ":created, false, :outcome, '[]', 0, 0, 0.0, :last)"), rows_)
+            ":created, false, 'running', '[]', 0, 0, 0.0, :last)"), rows_)
+        # The outcomes set by UPDATE, whose trigger keeps stats_rollup on SQLite (tracedb inserts
+        # rows only by compaction, which keeps it itself).
+        conn.execute(sa.text("UPDATE traces SET outcome = :outcome WHERE execution_id = :id"), rows_)
 
     def nearest_rank(durs) -> list:
         durs = sorted(durs)

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine
 
 import wal
 
-from tracedb.projection import db
+from tracedb.projection import db, rollup
 from tracedb.backoff import Backoff
 from tracedb.records.fold import fork_parent
 from tracedb.errors import ExecutionNotFoundError, InvalidInputError
@@ -170,7 +170,12 @@ def _run_batch(conn, cutoff_ns: int, after: tuple[int, str], limit: int, dry_run
         b.deleted = len(ids)
     else:
         b.steps = conn.execute(_DELETE_STEPS, {"ids": ids}).rowcount
-        b.deleted = conn.execute(_DELETE_TRACES, {"ids": ids}).rowcount
+        # stats_rollup loses the batch's executions in one upsert a key (SQLite), not six a row.
+        with rollup.deferred(conn, rollup.present(conn)) as delta:
+            if delta is not None:
+                for row in rollup.read(conn, ids).values():
+                    delta.add_stored(row, -1)
+            b.deleted = conn.execute(_DELETE_TRACES, {"ids": ids}).rowcount
     return b
 
 

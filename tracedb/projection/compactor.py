@@ -52,7 +52,7 @@ from sqlalchemy.engine import Engine
 import wal
 from wal.format import crc32c
 
-from tracedb.projection import db
+from tracedb.projection import db, rollup
 from tracedb.records import outcomes
 from tracedb.projection.checksums import TRACE_VALUE_COLUMNS, crc_column
 from tracedb.errors import IntegrityError
@@ -268,6 +268,9 @@ class Compactor:
             )
         self._insert_traces = _Raw(engine, traces.insert(), TRACES, column_keys=list(TRACES))
         self._updates: dict = {}
+        # Whether this database keeps stats_rollup by batch (SQLite since migration 0008); known
+        # at the first batch.
+        self._rollup: Optional[bool] = False if self._server else None
         cp = compaction_checkpoint
         self._checkpoint = (
             sa.update(cp)
@@ -495,11 +498,30 @@ class Compactor:
                     sa.delete(traces).where(traces.c.execution_id.in_(sorted(replace)))
                     .where(traces.c.recorder_id == self.recorder_id)
                 )
-            if new:
-                self._insert_traces.execute(conn, [self._trace_tuple(r) for r in new.values()])
-            if upd:
-                self._run_updates(conn, upd)
-            self._insert_steps.execute(conn, steps)
+            if self._rollup is None:
+                self._rollup = rollup.present(conn)
+            with rollup.deferred(conn, self._rollup) as delta:
+                held = None
+                if delta is not None:
+                    # What the rows to change hold now, taken away; what they hold after, added.
+                    held = rollup.read(conn, sorted(upd)) if upd else {}
+                    for row in held.values():
+                        delta.add_stored(row, -1)
+                    for r in new.values():
+                        delta.add(r["intent"], r["outcome"], r["models"], r["input_tokens"], r["output_tokens"],
+                                  r["cost_usd"], r["created_at_ns"], r["last_event_ns"])
+                if new:
+                    self._insert_traces.execute(conn, [self._trace_tuple(r) for r in new.values()])
+                if upd:
+                    self._run_updates(conn, upd, held)
+                self._insert_steps.execute(conn, steps)
+                if delta is not None:
+                    # Read back what is or was finished: a row that was running and that this
+                    # batch gave no outcome is running still, and contributes nothing.
+                    again = [eid for eid, row in held.items()
+                             if row[1] not in (None, outcomes.RUNNING) or "outcome" in upd[eid]]
+                    for row in rollup.read(conn, sorted(again)).values():
+                        delta.add_stored(row)
             res = conn.execute(
                 self._checkpoint,
                 {"b_recorder": self.recorder_id, "b_old": self.applied_lsn, "b_new": last_lsn, "b_t": self.clock()},
@@ -597,8 +619,9 @@ class Compactor:
                 out[k] = v
         return out
 
-    def _run_updates(self, conn, upd: dict) -> None:
-        _merge_models(conn, upd)
+    def _run_updates(self, conn, upd: dict, held: Optional[dict] = None) -> None:
+        """`held`: the rows' rollup columns (`rollup.read`), read already, else None."""
+        _merge_models(conn, upd, held)
         groups: dict[tuple, list] = {}
         # In execution-id order: every writer locks trace rows in the same order, so two
         # compactors (or a compactor and prune) cannot deadlock on them.
@@ -635,18 +658,23 @@ def _log_restart(lsn: int, eid: str) -> None:
     )
 
 
-def _merge_models(conn, upd: dict) -> None:
+def _merge_models(conn, upd: dict, held: Optional[dict] = None) -> None:
     """Make each change's `models` (the names this batch saw) the whole list: the row's, then
     the new names. A JSON list cannot be extended in SQL alike on SQLite and PostgreSQL, so the
-    rows that need it are read, in the transaction that writes them."""
+    rows that need it are read, in the transaction that writes them, unless `held` has them
+    (`rollup.read`'s rows: their models JSON text third)."""
     ids = sorted(eid for eid, delta in upd.items() if delta.get("models"))
-    for i in range(0, len(ids), 500):
-        rows = conn.execute(
-            sa.select(traces.c.execution_id, traces.c.models).where(traces.c.execution_id.in_(ids[i : i + 500]))
-        )
-        for eid, stored in rows:
-            stored = list(stored or ())
-            upd[eid]["models"] = stored + [m for m in upd[eid]["models"] if m not in stored]
+    if held is not None:
+        stored_models = [(eid, orjson.loads(held[eid][2] or "null")) for eid in ids if eid in held]
+    else:
+        stored_models = []
+        for i in range(0, len(ids), 500):
+            stored_models += conn.execute(
+                sa.select(traces.c.execution_id, traces.c.models).where(traces.c.execution_id.in_(ids[i : i + 500]))
+            ).all()
+    for eid, stored in stored_models:
+        stored = list(stored or ())
+        upd[eid]["models"] = stored + [m for m in upd[eid]["models"] if m not in stored]
     for delta in upd.values():
         if "models" in delta and not delta["models"]:
             del delta["models"]  # nothing new: leave the row's list as it is

@@ -142,9 +142,10 @@ compaction_checkpoint: sa.Table = CompactionCheckpoint.__table__
 TERMINAL_STATUSES = ("completed", "incomplete", "invalidated")
 
 # SQLite only (migration 0007): the aggregates of `tracedb stats` by grouping key and duration
-# bucket of the executions no longer running, kept by triggers on `traces` (their SQL is the
-# migration's). Declared on a MetaData of
-# its own, because PostgreSQL has no such table; tracedb.reads.stats reads it.
+# bucket of the executions no longer running, kept by compaction a batch at a time
+# (tracedb.projection.rollup) and by triggers on `traces` for every other write (their SQL is the
+# migrations'). Declared on a MetaData of its own, because PostgreSQL has no such table;
+# tracedb.reads.stats reads it.
 sqlite_metadata: sa.MetaData = sa.MetaData()
 stats_rollup: sa.Table = sa.Table(
     "stats_rollup", sqlite_metadata,
@@ -161,4 +162,13 @@ stats_rollup: sa.Table = sa.Table(
     sa.PrimaryKeyConstraint("dim", "key", "bucket", name="pk_stats_rollup"),
     # Stored in key order: a grouping's rows are one range of the table.
     sqlite_with_rowid=False,
+)
+
+# SQLite only (migration 0008): a row here, only ever inside compaction's own transaction, says
+# that this transaction keeps stats_rollup itself (tracedb.projection.rollup), and the triggers
+# do nothing.
+stats_rollup_deferred: sa.Table = sa.Table(
+    "stats_rollup_deferred", sqlite_metadata,
+    sa.Column("one", sa.Integer, nullable=False),
+    sa.PrimaryKeyConstraint("one", name="pk_stats_rollup_deferred"),
 )

@@ -16,8 +16,9 @@ draws (`tracedb.reads.reader.Reader.stats`). Its answer:
 failure_rate is failed / (succeeded + failed), None when none finished. Durations are creation
 to last event of executions that are no longer running, nearest-rank percentiles.
 
-Over all time on SQLite every grouping is summed from stats_rollup (migration 0007), which
-triggers on `traces` keep in the same transaction as every write, plus the running executions,
+Over all time on SQLite every grouping is summed from stats_rollup (migrations 0007 and 0008),
+kept in the same transaction as every write of `traces` (by compaction and prune a batch at a
+time, tracedb.projection.rollup; by triggers otherwise), plus the running executions,
 which the rollup leaves out, counted off `traces`: counts and tokens exact, cost
 summed in whole nano-USD (within 1e-9 USD an execution), and each percentile the geometric
 middle of the duration bucket (16 an octave, each at most 1/16 of its start wide) holding the
@@ -136,6 +137,17 @@ def _key(dim: str, stored: str):
     return int(stored) if dim in _BUCKET_NS else stored
 
 
+def _rollup_dim(dim: str) -> str:
+    """The grouping of stats_rollup a grouping is read from: the total ('*') sums the outcomes'
+    (migration 0008: every execution the rollup holds has one)."""
+    return "outcome" if dim == "*" else dim
+
+
+def _rollup_key(dim: str) -> str:
+    """The key column as a grouping reads it: the total's is one, char(0)."""
+    return "char(0)" if dim == "*" else "key"
+
+
 def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
     """([total GROUP], [GROUP]) summed from stats_rollup (SQLite, over all time), a few rows a
     key whatever the size of the store, and the running executions read off `traces`. Counts and
@@ -148,8 +160,8 @@ def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
     finished: dict = {}
     for dim in dims:
         for k, n, ok, failed, incomplete, t_in, t_out, nano, unknown, done in conn.execute(sa.text(
-                f"SELECT key, {sums}, SUM(CASE WHEN bucket >= -1 THEN executions ELSE 0 END) FROM stats_rollup "
-                "WHERE dim = :dim GROUP BY key"), {"dim": dim}):
+                f"SELECT {_rollup_key(dim)}, {sums}, SUM(CASE WHEN bucket >= -1 THEN executions ELSE 0 END) "
+                f"FROM stats_rollup WHERE dim = :dim GROUP BY 1"), {"dim": _rollup_dim(dim)}):
             k = _key(dim, k)
             groups[dim][k] = [n, ok, failed, incomplete, 0, t_in, t_out, nano / 1e9, unknown]
             finished[(dim, k)] = done
@@ -167,8 +179,8 @@ def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
         # running count reaches the nearest rank k = ceil(p * n / 100), that is count * 100 >= p * n.
         at, seen, cuts, n = _NO_KEY, 0, [], 0
         for k, bucket, count in conn.execute(sa.text(
-                f"SELECT key, bucket, executions FROM stats_rollup WHERE dim = :dim AND bucket >= -1 "
-                "AND executions <> 0 ORDER BY key, bucket"), {"dim": dim}):
+                f"SELECT {_rollup_key(dim)}, bucket, SUM(executions) FROM stats_rollup WHERE dim = :dim "
+                "AND bucket >= -1 GROUP BY 1, 2 HAVING SUM(executions) <> 0 ORDER BY 1, 2"), {"dim": _rollup_dim(dim)}):
             k = _key(dim, k)
             if at is _NO_KEY or k != at:
                 at, seen, cuts, n = k, 0, [], finished.get((dim, k), 0)

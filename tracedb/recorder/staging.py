@@ -377,7 +377,7 @@ class Staging:
         if len(data) > wal.MAX_PAYLOAD_BYTES:
             check_record_size(data)
         hint = EventFrame(execution_id, seq, type_, event_payload_offset(data, pj), now,
-                          event_facts(type_, pj, parsed)) if self.hinting else None
+                          event_facts(type_, pj, parsed, now)) if self.hinting else None
         return data, hint
 
     @staticmethod

@@ -264,35 +264,63 @@ def fold_event(row: dict, seq: int, event_type: str, payload: Any, t: int) -> No
     err = event_error(event_type, payload)
     used = event_usage(event_type, payload)
     if err is not None or used is not None:
-        fold_facts(row, seq, event_type, (err, used), t)
+        fold_facts(row, seq, event_type, (err, None if used is None else (*used, call_price(used, t))), t)
 
 
 NO_FACTS = ()  # what `event_facts` says of an event that changes no derived column
 
 
-def event_facts(event_type: str, payload_json: bytes, payload: Any) -> tuple:
-    """What an event adds to the derived columns: (error or None, usage or None), NO_FACTS when
-    nothing; `payload` is `payload_json` decoded. The store has the payload decoded at hand when
-    it writes the record, and hands this to the compactor with it (`codec.EventFrame.facts`), so
-    that compaction decodes no payload."""
+def event_facts(event_type: str, payload_json: bytes, payload: Any, t: int) -> tuple:
+    """What an event recorded at `t` adds to the derived columns: (error or None, usage and
+    price or None: `event_usage` and `call_price`), NO_FACTS when nothing; `payload` is
+    `payload_json` decoded. The store has the payload decoded at hand when it writes the record,
+    and hands this to the compactor with it (`codec.EventFrame.facts`), so that compaction
+    decodes no payload and prices no call."""
     if not may_matter(event_type, payload_json):
         return NO_FACTS
     err = event_error(event_type, payload)
     used = event_usage(event_type, payload)
     if err is None and used is None:
         return NO_FACTS
-    return err, used
+    return err, None if used is None else (*used, call_price(used, t))
+
+
+# (model, day, its `_rates`) of the last model call `call_price` priced.
+_last_rates: list = [None, None, None]
+
+
+def call_price(used: tuple, t: int) -> Optional[float]:
+    """The price in USD of a model call recorded at `t`, `used` its `event_usage`: 0.0 with no
+    tokens, None when the table does not know the model. `price_usd` written out for the linear
+    prices (nearly every model), the last model's rates kept at hand: this runs for every model
+    call recorded."""
+    model, n_in, n_out, cached = used
+    if not (n_in or n_out):
+        return 0.0
+    if not model:
+        return None
+    day = t // _DAY_NS
+    last = _last_rates
+    if last[0] == model and last[1] == day:
+        rates = last[2]
+    else:
+        rates = _rates(model, day)
+        _last_rates[:] = (model, day, rates)
+    if type(rates) is tuple:
+        cached = cached if cached < n_in else n_in
+        return (n_in - cached) * rates[0] + cached * rates[1] + n_out * rates[2]
+    return price_usd(model, n_in, n_out, cached, t)
 
 
 def fold_facts(row: dict, seq: int, event_type: str, facts: tuple, t: int) -> None:
     """Fold an event's `event_facts` (not NO_FACTS) into the derived columns of `row`, as
-    `fold_event` folds its payload."""
+    `fold_event` folds its payload. Written for speed: compaction runs it for every model call."""
     err, used = facts
     if err is not None:
         _note_error(row, seq, event_type, err)
     if used is None:
         return
-    model, n_in, n_out, cached = used
+    model, n_in, n_out, _cached, price = used
     models = row.get("models")
     if models is None:
         models = row["models"] = []
@@ -303,16 +331,7 @@ def fold_facts(row: dict, seq: int, event_type: str, facts: tuple, t: int) -> No
     if n_in or n_out:
         cost = row.get("cost_usd", 0.0)
         if cost is not None:
-            # price_usd written out for the linear prices (nearly every model): this runs for
-            # every model call compaction applies.
-            rates = _rates(model, t // _DAY_NS) if model else None
-            if type(rates) is tuple:
-                cached = cached if cached < n_in else n_in
-                cost += (n_in - cached) * rates[0] + cached * rates[1] + n_out * rates[2]
-            else:
-                call = price_usd(model, n_in, n_out, cached, t)
-                cost = None if call is None else cost + call
-            row["cost_usd"] = cost
+            row["cost_usd"] = None if price is None else cost + price
         row["prices_version"] = _PRICES_VERSION or prices_version()
 
 
