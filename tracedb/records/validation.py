@@ -299,8 +299,9 @@ _decoded: list = [None]
 
 
 def set_decoded(value: Any) -> None:
-    """Tell `payload_parsed` that `value` was just decoded from JSON text by orjson (the sidecar, around
-    the staging of one request): its checks run on it as it is, without a second decoding.
+    """Tell `payload_parsed` that `value` was just decoded from JSON text by orjson (the
+    sidecar, around the staging of one request): its checks run on it as it is, without a
+    second decoding.
     `set_decoded(None)` when done. Any other value (another thread's) is parsed back as ever."""
     _decoded[0] = value
 
