@@ -52,3 +52,25 @@ def test_secret_found_through_the_text():
     assert RULES.might_match({"headers": [["Authorization", "Bearer x"]]})
     assert RULES.might_match({"http.request.header.x-api-key": "v"})
     assert not RULES.might_match({"usage": {"prompt_tokens": 3}, "content": "hello"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUES)
+def test_text_given_by_the_caller_is_searched_as_written(value):
+    """`might_match(value, text)` searches the JSON text the caller has (the stored payload's,
+    or one a client wrote with other spacing and escapes) and never hides what the walk finds."""
+    import json
+
+    plain = orjson.loads(orjson.dumps(value))
+    _, changed = redact(plain, RULES)
+    if changed:
+        assert RULES.might_match(plain, orjson.dumps(plain))
+        assert RULES.might_match(plain, json.dumps(plain, indent=1).replace("/", "\\/").encode())
+        assert RULES.might_match(plain, json.dumps(plain, ensure_ascii=False).encode())
+
+
+def test_shared_start_searched_once():
+    rules = Redactor(keys=("password", "passwd"), patterns=()).for_intent(None)
+    assert rules.might_match({"PassWD": 1}, b'{"PassWD":1}')
+    assert rules.might_match({"pass-word": 1}, b'{"pass-word":1}')
+    assert not rules.might_match({"passport": 1}, b'{"passport":1}')

@@ -368,7 +368,7 @@ class Staging:
         look at the payload as parsed back from its JSON: what is stored, the contents of any
         orjson.Fragment inside it included."""
         pj, parsed = payload_parsed(payload, type_)
-        if rules is not None and rules.might_match(parsed):
+        if rules is not None and rules.might_match(parsed, pj):
             value, changed = redact(parsed, rules)
             if changed:
                 pj = payload_json(value, type_)

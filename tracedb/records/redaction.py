@@ -167,7 +167,11 @@ def _has_key(value: Any, secret: dict, keys: frozenset) -> bool:
 
 # Beyond this many keys the text search costs more than the walk it saves.
 _NEEDLES_MAX = 64
-_SQUEEZE = bytes.maketrans(b"", b"")
+# One pass over the text: ASCII capitals lowered, "-" and "_" taken out (`_norm`'s normalisation).
+_LOWER = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
+# Needles sharing a first part this long are searched for once by it ("passw": "password",
+# "passwd"): each search is a pass over the whole text, whatever the needle.
+_SHARED_PREFIX = 5
 
 
 def _plain_name(key: str) -> bool:
@@ -176,23 +180,39 @@ def _plain_name(key: str) -> bool:
     return key.isascii() and key.isprintable() and not any(c in key for c in '"\\/')
 
 
-def _names_absent(value: Any, needles: tuple) -> bool:
-    """True when no key can name a secret anywhere in `value`: its JSON text, lowered and with
-    "-" and "_" taken out (the normalisation of `_norm`), holds none of the keys. A key that
+def _search_plan(needles: tuple) -> tuple:
+    """(anchor, needles) pairs: the needles whose first `_SHARED_PREFIX` bytes are the same are
+    looked for only when that shared start is in the text; a needle on its own is its anchor."""
+    groups: dict = {}
+    for k in needles:
+        groups.setdefault(k[:_SHARED_PREFIX] if len(k) > _SHARED_PREFIX else k, []).append(k)
+    return tuple((a, tuple(ks)) if len(ks) > 1 else (ks[0], ()) for a, ks in groups.items())
+
+
+def _names_absent(value: Any, plan: tuple, text: Optional[bytes] = None) -> bool:
+    """True when no key can name a secret anywhere in `value`: its JSON text (`text` when the
+    caller has it), lowered and with "-" and "_" taken out (the
+    normalisation of `_norm`), holds none of the keys. A key that
     matches, as a whole, by its last dotted part or after a header prefix, inside a [name,
     value] pair or inside a string holding a document, has its normalised name in that text.
     Only ASCII text without escapes is read so (a \\u escape, or a non-ASCII letter whose lower
     case is ASCII, could spell a key otherwise); anything else is left to the walk (False)."""
-    try:
-        text = orjson.dumps(value)
-    except (TypeError, orjson.JSONEncodeError):
-        return False
-    if not text.isascii() or b"\\u" in text:
-        return False
-    text = text.lower().translate(_SQUEEZE, b"-_")
-    for k in needles:
-        if k in text:
+    if text is None:
+        try:
+            text = orjson.dumps(value)
+        except (TypeError, orjson.JSONEncodeError):
             return False
+    # A backslash is found by memchr; the two-byte search runs only on text that has one.
+    if not text.isascii() or (b"\\" in text and b"\\u" in text):
+        return False
+    text = text.translate(_LOWER, b"-_")
+    for anchor, group in plan:
+        if anchor in text:
+            if not group:
+                return False
+            for k in group:
+                if k in text:
+                    return False
     return True
 
 
@@ -206,19 +226,23 @@ class Rules:
     seen: dict = field(default_factory=dict, compare=False, repr=False)
     # `needles`, once worked out (None: not yet; False: the keys cannot be searched as text)
     _needles: Any = field(default=None, compare=False, repr=False, init=False)
+    # `needles` grouped for the search (`_search_plan`), set with them
+    _plan: tuple = field(default=(), compare=False, repr=False, init=False)
 
     @property
     def empty(self) -> bool:
         return not self.keys and not self.patterns
 
-    def might_match(self, value: Any) -> bool:
+    def might_match(self, value: Any, text: Optional[bytes] = None) -> bool:
         """False when redaction cannot change `value` (the common case: it is then recorded
-        without being copied); with patterns, every string has to be tried."""
+        without being copied); with patterns, every string has to be tried. `text`: JSON text
+        that `value` was written as or decoded from, when the caller has it (saves writing it
+        again): in ASCII text without a \\u escape, a key's characters are its own bytes."""
         if self.patterns:
             return True
         if not self.keys:
             return False
-        if self.needles is not None and _names_absent(value, self.needles):
+        if self.needles is not None and _names_absent(value, self._plan, text):
             return False
         return _has_key(value, self.seen, self.keys)
 
@@ -232,6 +256,7 @@ class Rules:
             # A key that holds another is found through it ("xapikey" through "apikey").
             got = tuple(k.encode() for k in self.keys if not any(o != k and o in k for o in self.keys)) if ok else False
             object.__setattr__(self, "_needles", got)
+            object.__setattr__(self, "_plan", _search_plan(got) if got else ())
         return got or None
 
 

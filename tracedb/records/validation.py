@@ -299,8 +299,9 @@ _decoded: list = [None]
 
 
 def set_decoded(value: Any) -> None:
-    """Tell `payload_parsed` that `value` was just decoded from JSON text (the sidecar, around
-    the staging of one request): its checks run on it as it is, without a second decoding.
+    """Tell `payload_parsed` that `value` was just decoded from JSON text by orjson (the
+    sidecar, around the staging of one request): its checks run on it as it is, without a
+    second decoding.
     `set_decoded(None)` when done. Any other value (another thread's) is parsed back as ever."""
     _decoded[0] = value
 
@@ -317,10 +318,9 @@ def payload_parsed(payload: Any, type_: str) -> tuple[bytes, Any]:
     if what is None:
         what = _payload_what(type_)
     if payload is _decoded[0] and (t is dict or t is list):
-        pj = dumps(payload, what)
-        if b"null" in pj:
-            check_finite(payload, what)
-        out = (pj, payload)
+        # orjson refuses NaN, infinities and numbers that read as one (1e999): a value it
+        # decoded holds none, and needs no check_finite.
+        out = (dumps(payload, what), payload)
     else:
         out = dumps_parsed(payload, what)
     check_depth(payload, out[0], what)

@@ -884,15 +884,15 @@ def connect(sidecar: Optional[str] = None, **kwargs) -> Client:
 class _Pending:
     __slots__ = ("rid", "op", "resend_safe", "frame", "future", "execution_id", "deadline", "sent_at", "sent")
 
-    def __init__(self, rid, req, frame, future, execution_id):
+    def __init__(self, rid, op, resend_safe, frame, future, execution_id, now):
         self.rid = rid
-        self.op = req["op"]
-        self.resend_safe = _resend_safe(req)
+        self.op = op
+        self.resend_safe = resend_safe
         self.frame = frame
         self.future = future
         self.execution_id = execution_id
         self.deadline: Optional[float] = None
-        self.sent_at = time.monotonic()  # when last written to a connection
+        self.sent_at = now  # when last written to a connection
         self.sent = False  # written to a connection at least once
 
 
@@ -1009,8 +1009,17 @@ class _AsyncSidecar:
                     rest = chunk
                     continue
                 rest = chunk[end + 1:]
+                loads = orjson.loads
                 for line in chunk[:end].split(b"\n"):
-                    self._answer(line)
+                    resp = loads(line)
+                    # The common answer, inline: a success for a request still pending.
+                    p = self.pending.get(resp.get("id")) if resp.get("ok") is True else None
+                    if p is None:
+                        self._answer(resp)
+                        continue
+                    del self.pending[p.rid]
+                    if not p.future.done():
+                        p.future.set_result(resp)
         except (OSError, ValueError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -1020,9 +1029,8 @@ class _AsyncSidecar:
                 if not self._closed and self.pending:
                     self._start_reconnect()
 
-    def _answer(self, line: bytes) -> None:
-        """One response line: resolve (or fail, or schedule the resend of) its request."""
-        resp = orjson.loads(line)
+    def _answer(self, resp: dict) -> None:
+        """One response: resolve (or fail, or schedule the resend of) its request."""
         p = self.pending.get(resp.get("id"))
         if p is None:
             if resp.get("id") is None and not resp.get("ok"):
@@ -1123,15 +1131,19 @@ class _AsyncSidecar:
         self.next_id += 1
         rid = req["id"] = self.next_id
         frame = _encode(req, self.max_frame_bytes)
-        fut = asyncio.get_running_loop().create_future()
-        p = self.pending[rid] = _Pending(rid, req, frame, fut, execution_id)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        op = req["op"]
+        # `_resend_safe`, inline: the hot path's events always carry their seq.
+        safe = (op != "event" and op != "finish") or req.get("seq") is not None
+        p = self.pending[rid] = _Pending(rid, op, safe, frame, fut, execution_id, time.monotonic())
         if self._writer is not None:
             # Frames sent in one turn of the loop leave in one write: one system call for all
             # of them, and the server reads them as one batch.
             out = self._outbox
             out.append(p)
             if len(out) == 1:
-                asyncio.get_running_loop().call_soon(self._flush)
+                loop.call_soon(self._flush)
         else:
             self._start_reconnect()  # sent with the rest once connected
         if self._watchdog is None:
