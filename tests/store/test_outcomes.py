@@ -257,3 +257,17 @@ def test_stats_percentiles_are_exact_on_sqlite(tmp_path):
         assert "COVERING INDEX ix_traces_duration" in str(plan) and "TEMP B-TREE" not in str(plan)
     finally:
         engine.dispose()
+
+
+def test_a_call_priced_when_recorded_costs_what_the_price_table_says():
+    from tracedb.records.outcomes import call_price, price_usd
+
+    day = 1_764_000_000 * 10**9
+    # Alternating models and days: the rates kept at hand are those of the call being priced.
+    for model, n_in, n_out, cached, t in [("gpt-4o-mini", 1000, 100, 0, day), ("gpt-4o", 1000, 100, 400, day),
+                                          ("gpt-4o-mini", 900, 10, 2000, day), ("gpt-4o", 5, 5, 0, day - 400 * 86_400 * 10**9),
+                                          ("claude-sonnet-4-5", 20_000, 800, 5_000, day)]:
+        assert call_price((model, n_in, n_out, cached), t) == price_usd(model, n_in, n_out, cached, t) is not None
+    assert call_price(("a-model-nobody-prices", 10, 10, 0), day) is None  # cost unknown, never a guess
+    assert call_price((None, 10, 10, 0), day) is None
+    assert call_price(("gpt-4o", 0, 0, 0), day) == 0.0

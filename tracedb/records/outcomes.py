@@ -285,8 +285,9 @@ def event_facts(event_type: str, payload_json: bytes, payload: Any, t: int) -> t
     return err, None if used is None else (*used, call_price(used, t))
 
 
-# (model, day, its `_rates`) of the last model call `call_price` priced.
-_last_rates: list = [None, None, None]
+# (model, day, its `_rates`) of the last model call `call_price` priced: one tuple, read and
+# replaced whole, since threads recording at once price their calls side by side.
+_last_rates: tuple = (None, None, None)
 
 
 def call_price(used: tuple, t: int) -> Optional[float]:
@@ -299,13 +300,14 @@ def call_price(used: tuple, t: int) -> Optional[float]:
         return 0.0
     if not model:
         return None
+    global _last_rates
     day = t // _DAY_NS
     last = _last_rates
     if last[0] == model and last[1] == day:
         rates = last[2]
     else:
         rates = _rates(model, day)
-        _last_rates[:] = (model, day, rates)
+        _last_rates = (model, day, rates)
     if type(rates) is tuple:
         cached = cached if cached < n_in else n_in
         return (n_in - cached) * rates[0] + cached * rates[1] + n_out * rates[2]
