@@ -68,17 +68,6 @@ def _div(a: int, b: int) -> int:
     return a // b if a >= 0 else -((-a) // b)
 
 
-def bucket(created_at_ns: int, last_event_ns: Optional[int]) -> int:
-    """The duration bucket of a finished execution (migration 0007's module doc)."""
-    if last_event_ns is None:
-        return -2
-    d = min(last_event_ns - created_at_ns, _CAP)
-    if d < 1:
-        return -1
-    e = d.bit_length() - 1
-    return SUB * e + ((d * SUB) >> e) - SUB
-
-
 class Delta:
     """What a batch adds to `stats_rollup`.
 
@@ -99,7 +88,7 @@ class Delta:
             return
         if last_event_ns is None:
             b = -2
-        else:  # bucket(), written out
+        else:  # the duration's bucket (migration 0007's module doc)
             d = last_event_ns - created_at_ns
             if d < 1:
                 b = -1
