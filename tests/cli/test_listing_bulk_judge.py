@@ -1,7 +1,8 @@
 """A page of a SQLite store is judged in bulk (its rows' `traces` values and steps read by two
 queries, payloads checked as text, never decoded), and each row's verdict is the one
 `inspect ID` gives: the same (replayable, reason) as its record judged whole, and as a page read
-through SQLAlchemy, which judges row by row. Over every kind of damage a row can carry."""
+through SQLAlchemy (`tracedb.reads.sql.judged_rows`, as on PostgreSQL). Over every kind of damage
+a row can carry."""
 
 from __future__ import annotations
 
@@ -115,12 +116,12 @@ def test_a_bulk_verdict_is_the_verdict_of_the_whole_record(damaged):
                  for eid, r in ((eid, reader.get(eid)) for eid in bulk)}
     engine = db.open_store_engine(cfg.database)
     try:
-        per_record = _verdicts(Reader(engine).page(limit=100).items)
+        through_engine = _verdicts(Reader(engine).page(limit=100).items)
     finally:
         engine.dispose()
 
     assert set(bulk) == {*DAMAGE, "running"}
-    assert bulk == whole == per_record
+    assert bulk == whole == through_engine
     corrupted = {eid for eid, (_, reason) in bulk.items() if reason == "record_corrupted"}
     assert corrupted == {eid for eid, (_, bad) in DAMAGE.items() if bad}
     assert all(not replayable for eid, (replayable, _) in bulk.items() if eid in corrupted)

@@ -30,11 +30,24 @@ def test_the_same_migrations_build_the_models_schema_on_postgresql(pg_engine, pg
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from tracedb.projection.models import metadata
+    from tracedb.projection.models import metadata as shared
+    from tracedb.projection.models import postgresql_metadata
 
+    # The tables of both databases, and PostgreSQL's own (stats_rollup, migration 0009).
+    metadata = sa.MetaData()
+    for table in (*shared.tables.values(), *postgresql_metadata.tables.values()):
+        table.to_metadata(metadata)
     assert db.migrate(pg_engine) is None  # was empty
     with pg_engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+        # The triggers that keep stats_rollup, as migration 0009 wrote them.
+        triggers = {r[0] for r in conn.exec_driver_sql(
+            "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal AND tgrelid = 'traces'::regclass")}
+        assert triggers == {"tr_traces_rollup_update", "tr_traces_rollup_delete"}
+        # The planner's statistics on the text of `models` (migration 0010).
+        assert conn.exec_driver_sql(
+            "SELECT stxname FROM pg_statistic_ext WHERE stxnamespace = current_schema()::regnamespace").scalars().all() \
+            == ["st_traces_models_text"]
     assert db.migrate(pg_engine) == db.HEAD_REVISION  # idempotent
     assert db.current_revision(pg_engine) == db.HEAD_REVISION
     tables = {
@@ -42,7 +55,7 @@ def test_the_same_migrations_build_the_models_schema_on_postgresql(pg_engine, pg
             "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (pg_schema,)
         )
     }
-    assert tables == {"traces", "trace_steps", "compaction_checkpoint", "alembic_version"}
+    assert tables == {"traces", "trace_steps", "compaction_checkpoint", "stats_rollup", "alembic_version"}
     assert db.integrity_check(pg_engine) == []
 
 

@@ -272,6 +272,8 @@ def prune(
 
     Idempotent: a second run deletes nothing more. Then reclaims space (incremental vacuum, and
     a truncating checkpoint of SQLite's own WAL; a plain VACUUM, without ANALYZE, on PostgreSQL).
+    On PostgreSQL it also merges the recorders' stats_rollup shards of the days and hours that
+    are over (`rollup.merge_shards`), dry run or not deleting anything aside.
     """
     if older_than_s < 0:
         raise InvalidInputError(f"older_than must not be negative, got {older_than_s}")
@@ -308,6 +310,8 @@ def prune(
             _reclaim(conn)  # on the walk's connection: its checkpoint interval too
     if dry_run:
         return PruneResult(deleted, steps, pinned, parents, 0, 0, True)
+    if engine.dialect.name == "postgresql":
+        _merge_rollup_shards(engine, now_ns)
     freed = 0
     if engine.dialect.name == "sqlite" and deleted:
         freed = max(0, before - _size(files))
@@ -315,6 +319,15 @@ def prune(
         _vacuum_pg(engine)
         freed = max(0, before - _pg_size(engine))
     return PruneResult(deleted, steps, pinned, parents, batches, freed, False)
+
+
+def _merge_rollup_shards(engine: Engine, now_ns: int) -> None:
+    """PostgreSQL: stats_rollup's shards of the days and hours over an hour ago, one row a key
+    and bucket (`rollup.merge_shards`): what `stats` by hour over all time reads. Each prune does
+    it, whether or not it deleted anything."""
+    with engine.begin() as conn:
+        if rollup.present(conn):
+            rollup.merge_shards(conn, now_ns - rollup.HOUR_NS)
 
 
 def _analyze_if_unknown(engine: Engine) -> None:

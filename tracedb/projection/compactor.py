@@ -268,9 +268,9 @@ class Compactor:
             )
         self._insert_traces = _Raw(engine, traces.insert(), TRACES, column_keys=list(TRACES))
         self._updates: dict = {}
-        # Whether this database keeps stats_rollup by batch (SQLite since migration 0008); known
-        # at the first batch.
-        self._rollup: Optional[bool] = False if self._server else None
+        # Whether this database keeps stats_rollup by batch (SQLite since migration 0008,
+        # PostgreSQL since 0009); known at the first batch.
+        self._rollup: Optional[bool] = None
         cp = compaction_checkpoint
         self._checkpoint = (
             sa.update(cp)
@@ -509,7 +509,7 @@ class Compactor:
                         delta.add_stored(row, -1)
                     for r in new.values():
                         delta.add(r["intent"], r["outcome"], r["models"], r["input_tokens"], r["output_tokens"],
-                                  r["cost_usd"], r["created_at_ns"], r["last_event_ns"])
+                                  r["cost_usd"], r["created_at_ns"], r["last_event_ns"], self.recorder_id)
                 if new:
                     self._insert_traces.execute(conn, [self._trace_tuple(r) for r in new.values()])
                 if upd:
@@ -662,10 +662,10 @@ def _merge_models(conn, upd: dict, held: Optional[dict] = None) -> None:
     """Make each change's `models` (the names this batch saw) the whole list: the row's, then
     the new names. A JSON list cannot be extended in SQL alike on SQLite and PostgreSQL, so the
     rows that need it are read, in the transaction that writes them, unless `held` has them
-    (`rollup.read`'s rows: their models JSON text third)."""
+    (`rollup.read`'s rows: their models third)."""
     ids = sorted(eid for eid, delta in upd.items() if delta.get("models"))
     if held is not None:
-        stored_models = [(eid, orjson.loads(held[eid][2] or "null")) for eid in ids if eid in held]
+        stored_models = [(eid, rollup.models_of(held[eid][2])) for eid in ids if eid in held]
     else:
         stored_models = []
         for i in range(0, len(ids), 500):

@@ -141,18 +141,19 @@ compaction_checkpoint: sa.Table = CompactionCheckpoint.__table__
 
 TERMINAL_STATUSES = ("completed", "incomplete", "invalidated")
 
-# SQLite only (migration 0007): the aggregates of `tracedb stats` by grouping key and duration
+# SQLite's (migration 0007): the aggregates of `tracedb stats` by grouping key and duration
 # bucket of the executions no longer running, kept by compaction a batch at a time
 # (tracedb.projection.rollup) and by triggers on `traces` for every other write (their SQL is the
-# migrations'). Declared on a MetaData of its own, because PostgreSQL has no such table;
+# migrations'). Declared on a MetaData of its own, because PostgreSQL's differs (below);
 # tracedb.reads.stats reads it.
 sqlite_metadata: sa.MetaData = sa.MetaData()
 stats_rollup: sa.Table = sa.Table(
     "stats_rollup", sqlite_metadata,
-    # '*' (every execution), 'intent', 'outcome', 'model', 'day' or 'hour'.
+    # 'intent', 'outcome', 'model', 'day' or 'hour' (the total, '*' until migration 0008, is
+    # summed from 'outcome').
     sa.Column("dim", sa.String(8), nullable=False),
-    # The group's key: char(0) for a NULL intent or outcome (and for '*'), the UTC start of the
-    # bucket in ns for day and hour.
+    # The group's key: char(0) for a NULL intent or model, the UTC start of the bucket in ns for
+    # day and hour.
     sa.Column("key", sa.Text, nullable=False),
     # The duration's bucket, 16 an octave (migration 0007); -1 below 1 ns; -2 no last event.
     sa.Column("bucket", sa.Integer, nullable=False),
@@ -162,6 +163,22 @@ stats_rollup: sa.Table = sa.Table(
     sa.PrimaryKeyConstraint("dim", "key", "bucket", name="pk_stats_rollup"),
     # Stored in key order: a grouping's rows are one range of the table.
     sqlite_with_rowid=False,
+)
+
+# PostgreSQL's (migration 0009): the same, one shard a recorder (`recorder_id`, the executions'
+# own), so that recorders compacting at once never update each other's rows; `stats` sums the
+# shards. The NULL key is '' there (PostgreSQL's text holds no char(0)).
+postgresql_metadata: sa.MetaData = sa.MetaData()
+stats_rollup_shards: sa.Table = sa.Table(
+    "stats_rollup", postgresql_metadata,
+    sa.Column("dim", sa.String(8), nullable=False),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("bucket", sa.Integer, nullable=False),
+    sa.Column("recorder_id", sa.String(64), nullable=False),
+    *(sa.Column(c, sa.BigInteger, nullable=False) for c in (
+        "executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
+        "cost_unknown")),
+    sa.PrimaryKeyConstraint("dim", "key", "bucket", "recorder_id", name="pk_stats_rollup"),
 )
 
 # SQLite only (migration 0008): a row here, only ever inside compaction's own transaction, says

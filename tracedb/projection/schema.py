@@ -7,7 +7,7 @@ Every SELECT of `tracedb.reads.sqlite` and `tracedb.reads.reader` names its colu
 builds its rows by name from them. The tables themselves are `tracedb.projection.models` and the migrations;
 a test holds these tuples to both (SQLite and PostgreSQL)."""
 
-HEAD_REVISION = "0008"
+HEAD_REVISION = "0010"
 
 # Every column of `traces`, in the order of tracedb.projection.models.
 TRACES = (

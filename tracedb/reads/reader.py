@@ -877,10 +877,10 @@ class Reader:
         The filters run in SQL. The position is a keyset (created_at_ns, execution_id), served by
         an index ending in those columns, so a page costs the same however deep it is.
 
-        Each row is judged as `get` judges its record (`judged`): on a SQLite file, the page's
-        rows together, from two queries that check the payloads against their checksums
-        without decoding them (`sqlite_reads.judged_rows`, the rules of `unsound`); elsewhere,
-        one record read per row. A row that fails verification reads not replayable,
+        Each row is judged as `get` judges its record (`judged`): the page's rows together,
+        from two queries that check the payloads against their checksums without decoding them
+        (`sqlite_reads.judged_rows`, the rules of `unsound`; `read_sql.judged_rows` through an
+        engine); a row the WAL holds beyond the database, from its record. A row that fails verification reads not replayable,
         `record_corrupted`, and `Filter(replayable=True)` leaves it out, and reads on to fill
         the page (up to REFILLS reads: past that, the page is short and `next_cursor`
         continues after the rows read).
@@ -913,15 +913,18 @@ class Reader:
         return _merged(rows, pending, where, before, n)
 
     def _judged_rows(self, items: list, pending: Optional[Pending] = None) -> list:
-        """`items` as `get` judges their records (`_as_judged`). On SQLite the rows the
-        database holds are judged together, from two queries that decode no event
-        (`sqlite_reads.judged_rows`); the WAL's rows, and every row elsewhere, record by record."""
+        """`items` as `get` judges their records (`_as_judged`). The rows the database holds
+        are judged together, from two queries that decode no event (`sqlite_reads.judged_rows`,
+        `read_sql.judged_rows` through an engine); the WAL's rows record by record."""
         pending = self.pending if pending is None else pending
-        read: dict = {}
-        if self._lite is not None:
-            ids = [i.execution_id for i in items if i.execution_id not in pending.rows]
+        ids = [i.execution_id for i in items if i.execution_id not in pending.rows]
+        if not ids:
+            read: dict = {}
+        elif self._lite is not None:
             with self._reading_lite():
                 read = sqlite_reads.judged_rows(self._lite, ids)
+        else:
+            read = read_sql.judged_rows(self.engine, ids)
         return [self._judged_row(item, read.get(item.execution_id), pending) for item in items]
 
     def _judged_row(self, item: TraceSummary, read: Optional[sqlite_reads.Judged], pending: Pending) -> TraceSummary:

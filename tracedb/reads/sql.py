@@ -104,6 +104,30 @@ def load(engine: Engine, execution_id: str):
     return SimpleNamespace(**sqlite_reads.checked_row(dict(row._mapping))), steps
 
 
+def judged_rows(engine: Engine, ids: Sequence[str]) -> dict:
+    """`sqlite_reads.judged_rows` through an engine (PostgreSQL): what a verdict on each of
+    `ids` the database has reads, from one snapshot (REPEATABLE READ), two queries for a page of
+    rows instead of a record read a row; payloads checked against their checksums as stored text."""
+    t, s = traces.c, trace_steps.c
+    dialect = engine.dialect.name
+    json_columns = {"envelope", *TRACE_VALUE_COLUMNS}
+    cols = [db.undecoded(t[n], dialect) if n in json_columns else t[n] for n in sqlite_reads.JUDGED_COLUMNS]
+    step_cols = [db.undecoded(s[n], dialect) if n == "payload" else s[n] for n in sqlite_reads.JUDGED_STEP_COLUMNS]
+    ids = list(ids)
+    rows: list = []
+    step_rows: list = []
+    options = {"isolation_level": "REPEATABLE READ"} if dialect == "postgresql" else {}
+    with engine.connect().execution_options(**options) as conn, conn.begin():
+        for i in range(0, len(ids), _IN_CHUNK):
+            rows += conn.execute(sa.select(*cols).where(t.execution_id.in_(ids[i : i + _IN_CHUNK]))).all()
+        found = [r[0] for r in rows]
+        for i in range(0, len(found), _IN_CHUNK):
+            step_rows += conn.execute(
+                sa.select(*step_cols).where(s.execution_id.in_(found[i : i + _IN_CHUNK])).order_by(s.execution_id, s.seq)
+            ).all()
+    return sqlite_reads.judged_from(rows, step_rows)
+
+
 def trace_status(engine: Engine, execution_id: str) -> Optional[str]:
     """The stored status of an execution, None if the database has no such execution."""
     with engine.connect() as conn:

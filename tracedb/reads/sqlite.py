@@ -351,21 +351,29 @@ def judged_rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, Judge
     """For each of `ids` the database has: what a verdict on it reads (`Judged`), from one
     snapshot: one query of `traces` and one of the steps of every id, their payloads checked
     against their checksums as text, never decoded."""
-    found: dict[str, dict] = {}
-    steps: dict[str, tuple[list, bool]] = {}
+    rows: list = []
+    step_rows: list = []
     conn.execute("BEGIN")
     try:
         for marks, chunk in _in_lists(ids):
             sql = f"SELECT {', '.join(JUDGED_COLUMNS)} FROM traces WHERE execution_id IN ({marks})"
-            for r in conn.execute(sql, chunk):
-                d = dict(zip(JUDGED_COLUMNS, r))
-                found[d["execution_id"]] = d
-        for marks, chunk in _in_lists(list(found)):
+            rows += conn.execute(sql, chunk)
+        for marks, chunk in _in_lists([r[0] for r in rows]):
             sql = (f"SELECT {', '.join(JUDGED_STEP_COLUMNS)} FROM trace_steps "
                    f"WHERE execution_id IN ({marks}) ORDER BY execution_id, seq")
-            _checked_steps_into(steps, conn.execute(sql, chunk))
+            step_rows += conn.execute(sql, chunk)
     finally:
         conn.execute("COMMIT")
+    return judged_from(rows, step_rows)
+
+
+def judged_from(rows: Iterable[Sequence], step_rows: Iterable[Sequence]) -> dict[str, Judged]:
+    """`judged_rows`' answer from rows of JUDGED_COLUMNS (JSON as stored, text) and of
+    JUDGED_STEP_COLUMNS in execution id and seq order, each execution's steps together: of
+    SQLite here, of PostgreSQL in `tracedb.reads.sql.judged_rows`."""
+    found = {r[0]: dict(zip(JUDGED_COLUMNS, r)) for r in rows}
+    steps: dict[str, tuple[list, bool]] = {}
+    _checked_steps_into(steps, step_rows)
     return {eid: _judged(d, *steps.get(eid, ([], True))) for eid, d in found.items()}
 
 

@@ -16,7 +16,8 @@ draws (`tracedb.reads.reader.Reader.stats`). Its answer:
 failure_rate is failed / (succeeded + failed), None when none finished. Durations are creation
 to last event of executions that are no longer running, nearest-rank percentiles.
 
-Over all time on SQLite every grouping is summed from stats_rollup (migrations 0007 and 0008),
+Over all time every grouping is summed from stats_rollup (migrations 0007 and 0008 on SQLite,
+0009 on PostgreSQL, where each recorder keeps a shard of its own and the shards are summed),
 kept in the same transaction as every write of `traces` (by compaction and prune a batch at a
 time, tracedb.projection.rollup; by triggers otherwise), plus the running executions,
 which the rollup leaves out, counted off `traces`: counts and tokens exact, cost
@@ -24,9 +25,8 @@ summed in whole nano-USD (within 1e-9 USD an execution), and each percentile the
 middle of the duration bucket (16 an octave, each at most 1/16 of its start wide) holding the
 nearest-rank duration: APPROXIMATE, within 3.1% (sqrt(1 + 1/16) - 1), by hour within 11.8%
 (buckets 4 times as wide); a
-duration under 1 ns counts as 0. `exact=True`, a
-window (`since_ns`) and PostgreSQL (no rollup there: triggers on rows shared by recorders
-compacting at once would serialize them) read `traces`: percentiles over all time read off an
+duration under 1 ns counts as 0. `exact=True` and a
+window (`since_ns`) read `traces`: percentiles over all time read off an
 index in duration order (an index walk: ix_traces_duration, which holds the outcome too, and
 ix_traces_intent_duration by intent), else ranked with window functions.
 cost_usd sums the known costs; cost_unknown counts the executions whose cost is unknown (a
@@ -79,7 +79,7 @@ def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None, exac
     params = {} if since_ns is None else {"since": since_ns}
     dialect = engine.dialect.name
     with engine.connect() as conn:
-        if since_ns is None and dialect == "sqlite" and not exact:
+        if since_ns is None and not exact and (dialect == "sqlite" or _rollup_present(conn)):
             total, groups = _rolled_up(conn, sa, dialect, by)
         else:
             total, groups = _exact(conn, sa, dialect, by, where, params, since_ns)
@@ -130,9 +130,21 @@ _INDEXED = "traces INDEXED BY ix_traces_outcome_created_id"
 _NO_KEY = object()
 
 
-def _key(dim: str, stored: str):
-    """A stats_rollup key as `traces` has it: char(0) is NULL; day and hour are ns."""
-    if stored == "\x00":
+# The key of a NULL intent or model in stats_rollup, in SQL and as read: char(0) on SQLite, ''
+# on PostgreSQL (whose text holds no char(0); an intent is never empty).
+_NULL_KEY = {"sqlite": "char(0)", "postgresql": "''"}
+_NULL_READ = {"sqlite": "\x00", "postgresql": ""}
+
+
+def _rollup_present(conn) -> bool:
+    """Whether PostgreSQL's schema has stats_rollup (migration 0009); SQLite's always has."""
+    return conn.exec_driver_sql("SELECT to_regclass('stats_rollup') IS NOT NULL").scalar() is True
+
+
+def _key(dim: str, stored: str, dialect: str):
+    """A stats_rollup key as `traces` has it: char(0) (SQLite) or '' (PostgreSQL) is NULL; day
+    and hour are ns."""
+    if stored == _NULL_READ[dialect]:
         return None
     return int(stored) if dim in _BUCKET_NS else stored
 
@@ -143,14 +155,15 @@ def _rollup_dim(dim: str) -> str:
     return "outcome" if dim == "*" else dim
 
 
-def _rollup_key(dim: str) -> str:
-    """The key column as a grouping reads it: the total's is one, char(0)."""
-    return "char(0)" if dim == "*" else "key"
+def _rollup_key(dim: str, dialect: str) -> str:
+    """The key column as a grouping reads it: the total's is one, NULL's."""
+    return _NULL_KEY[dialect] if dim == "*" else "key"
 
 
 def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
-    """([total GROUP], [GROUP]) summed from stats_rollup (SQLite, over all time), a few rows a
-    key whatever the size of the store, and the running executions read off `traces`. Counts and
+    """([total GROUP], [GROUP]) summed from stats_rollup (over all time), a few rows a key (and
+    a recorder, on PostgreSQL) whatever the size of the store, and the running executions read
+    off `traces`. Counts and
     tokens exact, cost to the nano-USD an execution; a percentile is the geometric middle of the
     histogram bucket that holds the nearest-rank duration, within 3.1% of it (11.8% by hour)."""
     dims = ("*",) if by is None else ("*", by)
@@ -160,13 +173,16 @@ def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
     finished: dict = {}
     for dim in dims:
         for k, n, ok, failed, incomplete, t_in, t_out, nano, unknown, done in conn.execute(sa.text(
-                f"SELECT {_rollup_key(dim)}, {sums}, SUM(CASE WHEN bucket >= -1 THEN executions ELSE 0 END) "
+                f"SELECT {_rollup_key(dim, dialect)}, {sums}, SUM(CASE WHEN bucket >= -1 THEN executions ELSE 0 END) "
                 f"FROM stats_rollup WHERE dim = :dim GROUP BY 1"), {"dim": _rollup_dim(dim)}):
-            k = _key(dim, k)
-            groups[dim][k] = [n, ok, failed, incomplete, 0, t_in, t_out, nano / 1e9, unknown]
-            finished[(dim, k)] = done
+            k = _key(dim, k, dialect)
+            # int(): PostgreSQL sums BIGINT columns as NUMERIC.
+            groups[dim][k] = [int(n), int(ok), int(failed), int(incomplete), 0, int(t_in), int(t_out),
+                              int(nano) / 1e9, int(unknown)]
+            finished[(dim, k)] = int(done)
         source, expr = _source(dialect, None if dim == "*" else dim)
-        source = source.replace("traces", _INDEXED, 1)
+        if dialect == "sqlite":
+            source = source.replace("traces", _INDEXED, 1)
         for where in _NOT_ROLLED_UP:
             for k, *c in _counts(conn, sa, dialect, None if dim == "*" else dim, f"WHERE {where}", {}, source):
                 if c[0]:
@@ -179,13 +195,13 @@ def _rolled_up(conn, sa, dialect: str, by: Optional[str]):
         # running count reaches the nearest rank k = ceil(p * n / 100), that is count * 100 >= p * n.
         at, seen, cuts, n = _NO_KEY, 0, [], 0
         for k, bucket, count in conn.execute(sa.text(
-                f"SELECT {_rollup_key(dim)}, bucket, SUM(executions) FROM stats_rollup WHERE dim = :dim "
+                f"SELECT {_rollup_key(dim, dialect)}, bucket, SUM(executions) FROM stats_rollup WHERE dim = :dim "
                 "AND bucket >= -1 GROUP BY 1, 2 HAVING SUM(executions) <> 0 ORDER BY 1, 2"), {"dim": _rollup_dim(dim)}):
-            k = _key(dim, k)
+            k = _key(dim, k, dialect)
             if at is _NO_KEY or k != at:
                 at, seen, cuts, n = k, 0, [], finished.get((dim, k), 0)
                 durations[dim][k] = cuts
-            seen += count
+            seen += int(count)
             while len(cuts) < len(_PERCENTILES) and seen * 100 >= _PERCENTILES[len(cuts)] * n:
                 cuts.append(0 if bucket < 0 else _middle(bucket, _WIDTH.get(dim, 1)))
     out = {
