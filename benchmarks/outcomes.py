@@ -210,22 +210,9 @@ def build_store(path: str, executions: int, now_ns: int, seed: int = 7) -> None:
     step_sql = ("INSERT INTO trace_steps (execution_id, seq, type, payload, recorded_at_ns, lsn, payload_crc) "
                 "VALUES (?, 1, 'FINAL_RESPONSE', ?, ?, 0, ?)")
     batch_t, batch_s = [], []
-    for n in range(executions):
-        created = now_ns - (executions - n) * gap
-        duration = int(rng.lognormvariate(22, 1.0))  # median ~3.6 s
-        roll = rng.random()
-        outcome = "failed" if roll < 0.08 else "incomplete" if roll < 0.10 else "succeeded"
-        err = outcome == "failed" or rng.random() < 0.05
-        code = rng.choice(CODES) if err else None
-        model = rng.choice(MODELS)
-        tokens_in, tokens_out = rng.randint(500, 20_000), rng.randint(50, 2_000)
-        cost = None if model == "local-llama" else round((tokens_in * 2.5 + tokens_out * 10) / 1e6, 6)
-        eid = f"exec-{n:09d}"
-        batch_t.append((eid, f"intent-{n % 20}", "incomplete" if outcome == "incomplete" else "completed", created,
-                        created + duration, outcome, 1 if err else None, "tool.responded" if err else None, code,
-                        "it failed" if err else None, orjson.dumps([model]).decode(), tokens_in, tokens_out, cost,
-                        created + duration))
-        batch_s.append((eid, payload.decode(), created + duration, crc))
+    for row in _rows(rng, executions, now_ns, gap):
+        batch_t.append(row)
+        batch_s.append((row[0], payload.decode(), row[-1], crc))
         if len(batch_t) == 20_000:
             conn.executemany(trace_sql, batch_t)
             conn.executemany(step_sql, batch_s)
@@ -242,6 +229,64 @@ def build_store(path: str, executions: int, now_ns: int, seed: int = 7) -> None:
     conn.close()
 
 
+def build_pg_store(url: str, executions: int, now_ns: int, seed: int = 7) -> None:
+    """`build_store`'s rows in the PostgreSQL schema of `url` (COPY), put in at revision 0008 so
+    that migration 0009's backfill sums them into stats_rollup, as an existing store's upgrade
+    does; then ANALYZE."""
+    import psycopg
+
+    from tracedb.projection import db
+
+    engine = db.create_engine(url)
+    db.migrate(engine, "0008")
+    rng = random.Random(seed)
+    gap = 86_400 * 10**9 // PER_DAY
+    raw = engine.raw_connection()
+    try:
+        conn: psycopg.Connection = raw.driver_connection
+        with conn.cursor() as cur:
+            with cur.copy("COPY traces (execution_id, recorder_id, intent, status, replayable, envelope, "
+                          "envelope_hash, last_seq, created_at_ns, updated_at_ns, pinned, outcome, error_seq, "
+                          "error_type, error_code, error_message, models, input_tokens, output_tokens, cost_usd, "
+                          "prices_version, last_event_ns) FROM STDIN") as copy:
+                for n, row in enumerate(_rows(rng, executions, now_ns, gap)):
+                    eid, intent, status, created, updated, outcome, err_seq, err_type, code, msg, models, t_in, \
+                        t_out, cost, last = row
+                    copy.write_row((eid, f"bench-{n % 4}", intent, status, True, "{}", "sha256:x", 1, created,
+                                    updated, False, outcome, err_seq, err_type, code, msg, models, t_in, t_out,
+                                    cost, "0.2.3", last))
+            with cur.copy("COPY trace_steps (execution_id, seq, type, payload, recorded_at_ns, lsn) "
+                          "FROM STDIN") as copy:
+                for n in range(executions):
+                    copy.write_row((f"exec-{n:09d}", 1, "FINAL_RESPONSE", '{"status": "success"}',
+                                    now_ns - (executions - n) * gap, 0))
+        conn.commit()
+    finally:
+        raw.close()
+    db.migrate(engine)
+    with engine.connect() as c:
+        c.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("ANALYZE")
+    engine.dispose()
+
+
+def _rows(rng, executions: int, now_ns: int, gap: int):
+    """`build_store`'s `traces` rows, in its order and with its figures."""
+    for n in range(executions):
+        created = now_ns - (executions - n) * gap
+        duration = int(rng.lognormvariate(22, 1.0))  # median ~3.6 s
+        roll = rng.random()
+        outcome = "failed" if roll < 0.08 else "incomplete" if roll < 0.10 else "succeeded"
+        err = outcome == "failed" or rng.random() < 0.05
+        code = rng.choice(CODES) if err else None
+        model = rng.choice(MODELS)
+        tokens_in, tokens_out = rng.randint(500, 20_000), rng.randint(50, 2_000)
+        cost = None if model == "local-llama" else round((tokens_in * 2.5 + tokens_out * 10) / 1e6, 6)
+        yield (f"exec-{n:09d}", f"intent-{n % 20}", "incomplete" if outcome == "incomplete" else "completed", created,
+               created + duration, outcome, 1 if err else None, "tool.responded" if err else None, code,
+               "it failed" if err else None, orjson.dumps([model]).decode(), tokens_in, tokens_out, cost,
+               created + duration)
+
+
 def _best_of(fn, n: int = 3) -> float:
     best = float("inf")
     for _ in range(n):
@@ -251,8 +296,9 @@ def _best_of(fn, n: int = 3) -> float:
     return best
 
 
-def queries(reader, now_ns: int) -> dict:
-    """The timed reads: label -> seconds (best of 5)."""
+def queries(reader, now_ns: int, exact: bool = True) -> dict:
+    """The timed reads: label -> seconds (best of 5); `exact`: with the exact grouping by model
+    over all time (read off `traces`, seconds at 1M)."""
     from tracedb.reads.reader import Filter
     from tracedb.reads.stats import stats
 
@@ -270,8 +316,9 @@ def queries(reader, now_ns: int) -> dict:
         "stats --all --by hour": lambda: reader.stats(None, "hour"),
         # What /overview asks at once: per day, by intent, by model.
         "overview (day, intent, model)": lambda: [reader.stats(None, by) for by in ("day", "intent", "model")],
-        "stats --all --by model, exact (traces)": lambda: stats(reader.engine, None, "model", exact=True),
     }
+    if exact:
+        out["stats --all --by model, exact (traces)"] = lambda: stats(reader.engine, None, "model", exact=True)
     for label, where in (
         ("--outcome failed", Filter(outcome="failed")),
         ("--model gpt-4o", Filter(model="gpt-4o")),
@@ -307,12 +354,63 @@ def scale(workdir: str, sizes=(100_000, 1_000_000)) -> dict:
     return out
 
 
-def run(workdir: str, quick: bool = False) -> dict:
-    """Both measurements; `quick`: small sizes (a smoke test, not figures)."""
-    return {
+def scale_pg(pg_url: str, workdir: str, sizes=(100_000, 1_000_000)) -> dict:
+    """`scale` on PostgreSQL: the same rows (four recorders' shards), a schema of their own each,
+    timed after a prune that deletes nothing (the nightly one of a store within its retention),
+    which merges the shards of the days and hours that are over; `stats --all --by hour` is also
+    timed before it."""
+    from benchmarks.pg import bench_schema
+    from tracedb.config import load_config
+    from tracedb.maintenance import retention
+    from tracedb.projection import db
+    from tracedb.reads.reader import Reader
+
+    now_ns = time.time_ns()
+    admin = db.create_engine(pg_url)
+    out: dict = {}
+    try:
+        for size in sizes:
+            with bench_schema(admin, pg_url, []) as url:
+                t0 = time.perf_counter()
+                build_pg_store(url, size, now_ns)
+                built = time.perf_counter() - t0
+                engine = db.create_engine(url)
+                with engine.connect() as conn:
+                    rollup_rows = conn.exec_driver_sql("SELECT COUNT(*) FROM stats_rollup").scalar()
+                engine.dispose()
+                d = tempfile.mkdtemp(dir=workdir)
+                try:
+                    with Reader.open(load_config(overrides={"data_dir": d, "db_url": url})) as reader:
+                        unmerged = _best_of(lambda: reader.stats(None, "hour"), 5)
+                        engine = db.create_engine(url)
+                        t0 = time.perf_counter()
+                        retention.prune(engine, older_than_s=10 * 365 * 86_400, now_ns=now_ns)
+                        pruned = time.perf_counter() - t0
+                        with engine.connect() as conn:
+                            merged_rows = conn.exec_driver_sql("SELECT COUNT(*) FROM stats_rollup").scalar()
+                        engine.dispose()
+                        figures = queries(reader, now_ns, exact=False)
+                        figures["stats --all --by hour, shards not merged"] = unmerged
+                        out[size] = {"build_s": built, "rollup_rows": rollup_rows, "merged_rollup_rows": merged_rows,
+                                     "prune_s": pruned, "queries": figures}
+                finally:
+                    shutil.rmtree(d)
+    finally:
+        admin.dispose()
+    return out
+
+
+def run(workdir: str, quick: bool = False, pg_url: str | None = None) -> dict:
+    """Both measurements, and the scale one on PostgreSQL when `pg_url` names a server; `quick`:
+    small sizes (a smoke test, not figures)."""
+    sizes = (10_000, 100_000) if quick else (100_000, 1_000_000)
+    out = {
         "derivation": derivation_cost(workdir, 300 if quick else 3000, rounds=1 if quick else 3),
-        "scale": scale(workdir, (10_000, 100_000) if quick else (100_000, 1_000_000)),
+        "scale": scale(workdir, sizes),
     }
+    if pg_url:
+        out["scale_postgresql"] = scale_pg(pg_url, workdir, sizes)
+    return out
 
 
 def report_lines(result: dict) -> list[str]:
@@ -326,19 +424,29 @@ def report_lines(result: dict) -> list[str]:
         f"ratio {d['cpu_ratio']:.3f}: {'met' if d['cpu_ratio'] >= 0.90 else 'NOT met'}",
         f"  (the price table's first use in a process, import and parse, not in the ratio: {d['price_table_load_s']:.2f} s)",
     ]
-    sizes = sorted(result["scale"])
+    lines += _scale_lines(result["scale"], "SQLite")
+    if "scale_postgresql" in result:
+        lines += _scale_lines(result["scale_postgresql"], "PostgreSQL (four recorders' shards)")
+    return lines
+
+
+def _scale_lines(scaled: dict, database: str) -> list[str]:
+    sizes = sorted(scaled)
     small, big = sizes[0], sizes[-1]
-    lines.append(f"  {'query':44} {small:>12,} {big:>12,}   ratio")
-    for label, t_small in result["scale"][small]["queries"].items():
-        t_big = result["scale"][big]["queries"][label]
+    lines = [f"  {database}:", f"  {'query':44} {small:>12,} {big:>12,}   ratio"]
+    for label, t_small in scaled[small]["queries"].items():
+        t_big = scaled[big]["queries"][label]
         lines.append(f"  {label:44} {t_small * 1e3:10.1f}ms {t_big * 1e3:10.1f}ms   {t_big / t_small:5.2f}")
     for label in ("stats --since 24h", "stats --all", "stats --all --by intent", "stats --all --by outcome",
                   "stats --all --by model", "stats --all --by day", "stats --all --by hour",
                   "overview (day, intent, model)"):
-        t = result["scale"][big]["queries"][label]
+        t = scaled[big]["queries"][label]
         lines.append(f"  {label} at {big:,}: {t:.3f} s   target <= 1 s: {'met' if t <= 1 else 'NOT met'}")
-    lines.append("  stats_rollup rows (migration 0007): " + ", ".join(
-        f"{result['scale'][s]['rollup_rows']:,} for {s:,} executions" for s in sizes))
+    lines.append("  stats_rollup rows: " + ", ".join(
+        f"{scaled[s]['rollup_rows']:,} for {s:,} executions" for s in sizes))
+    if "merged_rollup_rows" in scaled[big]:
+        lines.append("  after the prune that merged the shards of the days and hours that are over: " + ", ".join(
+            f"{scaled[s]['merged_rollup_rows']:,} rows ({scaled[s]['prune_s']:.1f} s)" for s in sizes))
     lines.append("  (stores built with direct inserts: " + ", ".join(
-        f"{s:,} in {result['scale'][s]['build_s']:.0f} s" for s in sizes) + ")")
+        f"{s:,} in {scaled[s]['build_s']:.0f} s" for s in sizes) + ")")
     return lines

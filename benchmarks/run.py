@@ -875,7 +875,7 @@ def section_outcomes(args, workdir: str) -> None:
     print("\n== Outcomes: deriving them in live compaction; stats and the new filters at 100k and 1M executions")
     from benchmarks import outcomes as bench_outcomes
 
-    result = bench_outcomes.run(workdir, quick=args.quick)
+    result = bench_outcomes.run(workdir, quick=args.quick, pg_url=os.environ.get("TRACEDB_TEST_PG_URL"))
     report("outcomes", result, bench_outcomes.report_lines(result))
 
 
