@@ -273,7 +273,7 @@ def prune(
     Idempotent: a second run deletes nothing more. Then reclaims space (incremental vacuum, and
     a truncating checkpoint of SQLite's own WAL; a plain VACUUM, without ANALYZE, on PostgreSQL).
     On PostgreSQL it also merges the recorders' stats_rollup shards of the days and hours that
-    are over (`rollup.merge_shards`), dry run or not deleting anything aside.
+    are over (`rollup.merge_shards`), whether or not it deleted anything (not on a dry run).
     """
     if older_than_s < 0:
         raise InvalidInputError(f"older_than must not be negative, got {older_than_s}")

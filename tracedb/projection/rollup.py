@@ -210,12 +210,13 @@ _MERGE = (
     "WITH locked AS (SELECT dim, key, bucket, recorder_id FROM stats_rollup "
     "WHERE dim IN ('day', 'hour') AND recorder_id <> '' "
     f"AND key::bigint + CASE dim WHEN 'day' THEN {DAY_NS} ELSE {HOUR_NS} END <= %s "
-    "ORDER BY dim, key, bucket, recorder_id FOR UPDATE), "
+    # In Python's order (code points: the "C" collation), the order `Delta.write` locks rows in.
+    'ORDER BY dim COLLATE "C", key COLLATE "C", bucket, recorder_id COLLATE "C" FOR UPDATE), '
     "moved AS (DELETE FROM stats_rollup AS s USING locked AS l WHERE s.dim = l.dim AND s.key = l.key "
     "AND s.bucket = l.bucket AND s.recorder_id = l.recorder_id RETURNING s.*) "
     f"INSERT INTO stats_rollup (dim, key, bucket, recorder_id, {', '.join(COUNTS)}) "
     f"SELECT dim, key, bucket, '', {', '.join(f'SUM({c})' for c in COUNTS)} FROM moved "
-    "GROUP BY dim, key, bucket ORDER BY dim, key, bucket ON CONFLICT (dim, key, bucket, recorder_id) DO UPDATE SET "
+    "GROUP BY dim, key, bucket ORDER BY dim COLLATE \"C\", key COLLATE \"C\", bucket ON CONFLICT (dim, key, bucket, recorder_id) DO UPDATE SET "
     + ", ".join(f"{c} = stats_rollup.{c} + excluded.{c}" for c in COUNTS)
 )
 _EMPTIED = "DELETE FROM stats_rollup WHERE recorder_id = '' AND " + " AND ".join(f"{c} = 0" for c in COUNTS)
@@ -226,8 +227,8 @@ def merge_shards(conn, before_ns: int) -> int:
     row a key and bucket (`MERGED`), in the caller's transaction, and drop the merged rows that
     sum to nothing (days and hours prune emptied). A grouping by hour over all time reads a row a
     bucket instead of one a recorder; the days and hours still being written stay sharded.
-    The shards' rows are locked in key order, as every writer locks them. Returns the rows
-    merged."""
+    The shards' rows are locked in key order, as every writer locks them. Returns how many
+    merged rows it wrote."""
     merged = conn.exec_driver_sql(_MERGE, (before_ns,)).rowcount
     conn.exec_driver_sql(_EMPTIED)
     return merged
