@@ -140,10 +140,11 @@ class _Batch:
 
 
 def _run_batch(conn, cutoff_ns: int, after: tuple[int, str], limit: int, dry_run: bool,
-               outside_parents: Optional[Callable[[], set]] = None) -> _Batch:
+               outside_parents: Optional[Callable[[], set]] = None, keep_rollup: bool = False) -> _Batch:
     """One batch in the caller's transaction: classify the next `limit` old traces, then delete
     (or, dry, count) those that go, with their steps. `outside_parents()` names the parents of
-    forks the database does not hold yet (acknowledged in the WAL, not compacted): kept too."""
+    forks the database does not hold yet (acknowledged in the WAL, not compacted): kept too.
+    `keep_rollup`: the database keeps stats_rollup by batch (`rollup.present`)."""
     rows = conn.execute(_OLD_TRACES, {"after_ns": after[0], "after_id": after[1], "limit": limit}).all()
     b = _Batch(last=(rows[-1].created_at_ns, rows[-1].execution_id) if len(rows) == limit else None)
     candidates = []
@@ -170,8 +171,8 @@ def _run_batch(conn, cutoff_ns: int, after: tuple[int, str], limit: int, dry_run
         b.deleted = len(ids)
     else:
         b.steps = conn.execute(_DELETE_STEPS, {"ids": ids}).rowcount
-        # stats_rollup loses the batch's executions in one upsert a key (SQLite), not six a row.
-        with rollup.deferred(conn, rollup.present(conn)) as delta:
+        # stats_rollup loses the batch's executions in one upsert a key, not six a row.
+        with rollup.deferred(conn, keep_rollup) as delta:
             if delta is not None:
                 for row in rollup.read(conn, ids).values():
                     delta.add_stored(row, -1)
@@ -197,14 +198,14 @@ def _with_ancestors(conn, parents: set, candidates: set) -> set:
 
 
 def _batch(conn, cutoff_ns: int, after, limit: int, dry_run: bool,
-           outside_parents: Optional[Callable[[], set]] = None) -> _Batch:
+           outside_parents: Optional[Callable[[], set]] = None, keep_rollup: bool = False) -> _Batch:
     """One batch in one short transaction on `conn`, run again when it loses a deadlock or a
     lock wait."""
     backoff = Backoff(first_s=0.01, max_s=0.5)
     while True:
         try:
             with conn.begin():
-                return _run_batch(conn, cutoff_ns, after, limit, dry_run, outside_parents)
+                return _run_batch(conn, cutoff_ns, after, limit, dry_run, outside_parents, keep_rollup)
         except sa.exc.DBAPIError as e:
             state = db.sqlstate(e)
             if state not in db.RETRY_SQLSTATES or backoff.attempts + 1 >= _BATCH_ATTEMPTS:
@@ -293,8 +294,10 @@ def prune(
     # (created_at_ns, execution_id) < (cutoff, ""): exactly the traces created before the cutoff.
     after: tuple[int, str] = (cutoff, "")
     with _walk_connection(engine) as conn:
+        with conn.begin():
+            keep_rollup = rollup.present(conn)
         while True:
-            b = _batch(conn, cutoff, after, batch_traces, dry_run, outside_parents)
+            b = _batch(conn, cutoff, after, batch_traces, dry_run, outside_parents, keep_rollup)
             deleted += b.deleted
             steps += b.steps
             pinned += b.pinned
@@ -310,7 +313,7 @@ def prune(
             _reclaim(conn)  # on the walk's connection: its checkpoint interval too
     if dry_run:
         return PruneResult(deleted, steps, pinned, parents, 0, 0, True)
-    if engine.dialect.name == "postgresql":
+    if engine.dialect.name == "postgresql" and keep_rollup:
         _merge_rollup_shards(engine, now_ns)
     freed = 0
     if engine.dialect.name == "sqlite" and deleted:
@@ -326,8 +329,7 @@ def _merge_rollup_shards(engine: Engine, now_ns: int) -> None:
     and bucket (`rollup.merge_shards`): what `stats` by hour over all time reads. Each prune does
     it, whether or not it deleted anything."""
     with engine.begin() as conn:
-        if rollup.present(conn):
-            rollup.merge_shards(conn, now_ns - rollup.HOUR_NS)
+        rollup.merge_shards(conn, now_ns - rollup.HOUR_NS)
 
 
 def _analyze_if_unknown(engine: Engine) -> None:

@@ -147,19 +147,27 @@ TERMINAL_STATUSES = ("completed", "incomplete", "invalidated")
 # migrations'). Declared on a MetaData of its own, because PostgreSQL's differs (below);
 # tracedb.reads.stats reads it.
 sqlite_metadata: sa.MetaData = sa.MetaData()
+
+
+def _rollup_columns() -> list:
+    """The columns both databases' stats_rollup share, PostgreSQL's shard aside."""
+    return [
+        # 'intent', 'outcome', 'model', 'day' or 'hour' (the total, '*' until migration 0008, is
+        # summed from 'outcome').
+        sa.Column("dim", sa.String(8), nullable=False),
+        # The group's key: char(0) for a NULL intent or model ('' on PostgreSQL), the UTC start of
+        # the bucket in ns for day and hour.
+        sa.Column("key", sa.Text, nullable=False),
+        # The duration's bucket, 16 an octave (migration 0007); -1 below 1 ns; -2 no last event.
+        sa.Column("bucket", sa.Integer, nullable=False),
+        *(sa.Column(c, sa.BigInteger, nullable=False) for c in (
+            "executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
+            "cost_unknown")),
+    ]
+
+
 stats_rollup: sa.Table = sa.Table(
-    "stats_rollup", sqlite_metadata,
-    # 'intent', 'outcome', 'model', 'day' or 'hour' (the total, '*' until migration 0008, is
-    # summed from 'outcome').
-    sa.Column("dim", sa.String(8), nullable=False),
-    # The group's key: char(0) for a NULL intent or model, the UTC start of the bucket in ns for
-    # day and hour.
-    sa.Column("key", sa.Text, nullable=False),
-    # The duration's bucket, 16 an octave (migration 0007); -1 below 1 ns; -2 no last event.
-    sa.Column("bucket", sa.Integer, nullable=False),
-    *(sa.Column(c, sa.BigInteger, nullable=False) for c in (
-        "executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
-        "cost_unknown")),
+    "stats_rollup", sqlite_metadata, *_rollup_columns(),
     sa.PrimaryKeyConstraint("dim", "key", "bucket", name="pk_stats_rollup"),
     # Stored in key order: a grouping's rows are one range of the table.
     sqlite_with_rowid=False,
@@ -170,14 +178,8 @@ stats_rollup: sa.Table = sa.Table(
 # shards. The NULL key is '' there (PostgreSQL's text holds no char(0)).
 postgresql_metadata: sa.MetaData = sa.MetaData()
 stats_rollup_shards: sa.Table = sa.Table(
-    "stats_rollup", postgresql_metadata,
-    sa.Column("dim", sa.String(8), nullable=False),
-    sa.Column("key", sa.Text, nullable=False),
-    sa.Column("bucket", sa.Integer, nullable=False),
+    "stats_rollup", postgresql_metadata, *_rollup_columns(),
     sa.Column("recorder_id", sa.String(64), nullable=False),
-    *(sa.Column(c, sa.BigInteger, nullable=False) for c in (
-        "executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
-        "cost_unknown")),
     sa.PrimaryKeyConstraint("dim", "key", "bucket", "recorder_id", name="pk_stats_rollup"),
 )
 

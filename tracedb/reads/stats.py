@@ -41,6 +41,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Optional
 
+from tracedb.projection import rollup
+
 BY = ("intent", "model", "outcome", "day", "hour")
 _BUCKET_NS = {"day": 86_400 * 10**9, "hour": 3_600 * 10**9}
 _PERCENTILES = (50, 95, 99)
@@ -79,7 +81,7 @@ def stats(engine, since_ns: Optional[int] = None, by: Optional[str] = None, exac
     params = {} if since_ns is None else {"since": since_ns}
     dialect = engine.dialect.name
     with engine.connect() as conn:
-        if since_ns is None and not exact and (dialect == "sqlite" or _rollup_present(conn)):
+        if since_ns is None and not exact and rollup.present(conn):
             total, groups = _rolled_up(conn, sa, dialect, by)
         else:
             total, groups = _exact(conn, sa, dialect, by, where, params, since_ns)
@@ -130,15 +132,10 @@ _INDEXED = "traces INDEXED BY ix_traces_outcome_created_id"
 _NO_KEY = object()
 
 
-# The key of a NULL intent or model in stats_rollup, in SQL and as read: char(0) on SQLite, ''
-# on PostgreSQL (whose text holds no char(0); an intent is never empty).
+# The key of a NULL intent or model in stats_rollup as read (`rollup.NUL`, `rollup.PG_NUL`), and
+# written in SQL.
+_NULL_READ = {"sqlite": rollup.NUL, "postgresql": rollup.PG_NUL}
 _NULL_KEY = {"sqlite": "char(0)", "postgresql": "''"}
-_NULL_READ = {"sqlite": "\x00", "postgresql": ""}
-
-
-def _rollup_present(conn) -> bool:
-    """Whether PostgreSQL's schema has stats_rollup (migration 0009); SQLite's always has."""
-    return conn.exec_driver_sql("SELECT to_regclass('stats_rollup') IS NOT NULL").scalar() is True
 
 
 def _key(dim: str, stored: str, dialect: str):
