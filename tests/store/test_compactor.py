@@ -583,3 +583,46 @@ def test_a_starting_compactor_process_holds_up_no_read_and_takes_over_where_the_
     assert sum(o.records for o in applied_by_child) == store.durable_lsn - first_start
     n_traces, n_steps, applied = counts(store.engine)
     assert applied == store.durable_lsn and n_steps == 5 * n_traces and store.durable_lsn == 6 * n_traces
+
+
+def test_the_cyclic_collector_is_off_during_a_batch_and_restored_after(open_store, monkeypatch):
+    """A batch frees everything it makes, so collecting while it runs is wasted work; the
+    collector comes back on after the batch, also when the batch fails, and one the application
+    turned off stays off."""
+    import gc
+
+    from tracedb.projection import compactor as compactor_mod
+    from tracedb.records.fold import Fold
+
+    seen = []
+    add = Fold.add
+
+    def watching_add(self, *a, **k):
+        seen.append(gc.isenabled())
+        return add(self, *a, **k)
+
+    monkeypatch.setattr(Fold, "add", watching_add)
+    store = open_store()
+    store.start("X", {}).finish({"status": "success"})
+    assert gc.isenabled()
+    store.compact()
+    assert seen and not any(seen)
+    assert gc.isenabled()
+
+    def failing_add(self, *a, **k):
+        seen.append(gc.isenabled())
+        raise RuntimeError("fold failed")
+
+    monkeypatch.setattr(Fold, "add", failing_add)
+    store.start("X", {}).finish({"status": "success"})
+    with pytest.raises(RuntimeError, match="fold failed"):
+        store.compact()
+    assert seen[-1] is False and gc.isenabled()
+
+    gc.disable()
+    try:
+        with compactor_mod._collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
