@@ -435,11 +435,13 @@ def _fresh_db(path: str):
     return engine
 
 
-def bench_compaction(workdir: str, executions: int, events_per: int) -> tuple[dict, dict]:
+def bench_compaction(workdir: str, executions: int, events_per: int, scattered_ids: bool = False) -> tuple[dict, dict]:
     """tracedb's compactor reading the WAL segments (recovery, `tracedb compact`, the sidecar's
-    compactor process) over records written straight into the WAL, sequential ids, each
-    execution's records contiguous; next to a raw executemany of the same rows into the same
+    compactor process) over records written straight into the WAL, sequential ids (or, with
+    `scattered_ids`, ids in no order, as uuid4 ids are), each execution's records contiguous;
+    in batches of the configured size; next to a raw executemany of the same rows into the same
     schema, in one transaction."""
+    from tracedb.config import Config
     from tracedb.projection import db
     from tracedb.projection.compactor import Compactor
 
@@ -447,19 +449,20 @@ def bench_compaction(workdir: str, executions: int, events_per: int) -> tuple[di
 
     d = tempfile.mkdtemp(dir=workdir)
     wal_dir = os.path.join(d, "wal")
-    n_events = fill_store_wal(wal_dir, executions, events_per)
+    n_events = fill_store_wal(wal_dir, executions, events_per, scattered_ids=scattered_ids)
     durable = wal.scan(wal_dir).last_lsn
 
     engine = _fresh_db(os.path.join(d, "compact.db"))
     db.ensure_checkpoint(engine, "bench", 0)
-    comp = Compactor(engine, wal_dir, "bench", 0)
+    comp = Compactor(engine, wal_dir, "bench", 0, batch_records=Config().compact_batch_records)
     t0 = time.perf_counter()
     result = comp.compact(durable)
     elapsed = time.perf_counter() - t0
     comp.close()
     engine.dispose()
     assert result.steps == n_events, result
-    ours = row(f"compaction from WAL segments ({n_events:,} events)", n_events / elapsed)
+    ids = "scattered" if scattered_ids else "sequential"
+    ours = row(f"compaction from WAL segments, {ids} ids ({n_events:,} events)", n_events / elapsed)
     raw_s = executemany_one_transaction(os.path.join(d, "compact.db"), os.path.join(d, "raw.db"))
     base = row(f"raw executemany, same rows, one transaction ({n_events:,})", n_events / raw_s)
     shutil.rmtree(d)
@@ -564,6 +567,11 @@ def section_store(args, workdir: str) -> None:
         check(arow, "p99 <= 10 ms", arow["p99_ms"] <= 10.0, f"async API, {size} B")
         rt = ratio(f"sync API, 64 thr / the WAL alone ({size} B)", trow["rate"], wrow["rate"])
         check(trow, ">= 0.5x the WAL alone", rt >= 0.5, f"sync API, {size} B")
+        rs = ratio(f"sync API, 64 thr / async API ({size} B)", trow["rate"], arow["rate"])
+        check(trow, ">= 0.5x the async API", rs >= 0.5, f"sync API, {size} B")
+        rp = ratio(f"sync API p99 / async API p99 ({size} B)", trow["p99_ms"], arow["p99_ms"])
+        check(trow, "p99 <= 1.5x the async API's", rp <= 1.5, f"sync API, {size} B")
+        trow["vs_async"], trow["p99_vs_async"] = rs, rp
         # What 64 blocking threads cost by themselves: the WAL's own blocking append.
         wtrow = bench_wal_threads(workdir, 64, sec, w, api.wal_records(size),
                                   f"the WAL alone, 64 threads (blocking Wal.append), {size} B")
@@ -583,6 +591,9 @@ def section_store(args, workdir: str) -> None:
     r = ratio("live compaction / raw executemany", live["rate"], live_base["rate"])
     check(live, ">= 0.8x raw executemany", r >= 0.8, "generated ids")
     live["vs_raw"] = r
+    live_batched = row(f"raw executemany, same rows, {c['compactions']} transactions", c["raw_batched_rows_per_s"])
+    live["vs_raw_batched"] = ratio("live compaction / raw executemany in as many transactions",
+                                   live["rate"], live_batched["rate"])
     print("  the same with ids the caller chooses: random uuid4 (`ex = await astore.start(intent, env, id)`)")
     c4 = api.compaction_interleaved(workdir, events, make_id=lambda: f"exec-{uuid.uuid4().hex}")
     live4 = row(f"compaction, live, caller's uuid4 ids ({c4['events']:,})", c4["events_per_s"])
@@ -590,13 +601,20 @@ def section_store(args, workdir: str) -> None:
     r4 = ratio("live compaction / raw executemany (uuid4 ids)", live4["rate"], base4["rate"])
     check(live4, ">= 0.8x raw executemany", r4 >= 0.8, "uuid4 ids")
     live4["vs_raw"] = r4
+    base4_batched = row(f"raw executemany, same rows, {c4['compactions']} transactions", c4["raw_batched_rows_per_s"])
+    live4["vs_raw_batched"] = ratio("live compaction / raw executemany in as many transactions (uuid4 ids)",
+                                    live4["rate"], base4_batched["rate"])
     print("  the layer beneath: records written below the public API, sequential ids, each execution's"
           " records contiguous in the log")
     ex = args.executions
     seq_live = bench_compaction_live(workdir, ex, 50)
     ours, base = bench_compaction(workdir, ex, 50)
     ratio("sequential: live compaction / raw executemany", seq_live["rate"], base["rate"])
-    ratio("sequential: from WAL segments / raw executemany", ours["rate"], base["rate"])
+    rs = ratio("sequential: from WAL segments / raw executemany", ours["rate"], base["rate"])
+    check(ours, ">= 0.8x raw executemany", rs >= 0.8, "from WAL segments, sequential ids")
+    ours_s, base_s = bench_compaction(workdir, ex, 50, scattered_ids=True)
+    rss = ratio("scattered ids: from WAL segments / raw executemany", ours_s["rate"], base_s["rate"])
+    check(ours_s, ">= 0.8x raw executemany", rss >= 0.8, "from WAL segments, scattered ids")
     get_row, prune_row = bench_get_and_prune(workdir, ex, 50)
     RESULTS["store"] = {
         "ingest": ingest,
@@ -604,6 +622,8 @@ def section_store(args, workdir: str) -> None:
         "compaction_live_uuid4": live4, "raw_executemany_uuid4": base4,
         "compaction_live_sequential": seq_live, "compaction_from_wal_sequential": ours,
         "raw_executemany_sequential": base,
+        "raw_executemany_batched": live_batched, "raw_executemany_uuid4_batched": base4_batched,
+        "compaction_from_wal_scattered": ours_s, "raw_executemany_scattered": base_s,
         "get_sequential": get_row, "prune": prune_row,
     }
 

@@ -34,8 +34,59 @@ def test_interleaved_compaction_compacts_every_event_in_chunks(tmp_path, make_id
     r = api.compaction_interleaved(str(tmp_path), 1000, concurrency=16, chunk=300, make_id=make_id)
     assert r["events"] == 1000 and r["executions"] == 1000 // EVENTS_PER_EXECUTION
     assert r["compactions"] >= 3  # stopped mid-recording, then once at the end
-    assert r["events_per_s"] > 0 and r["raw_rows_per_s"] > 0
+    assert r["events_per_s"] > 0 and r["raw_rows_per_s"] > 0 and r["raw_batched_rows_per_s"] > 0
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("batches", [1, 4, 7])
+def test_the_raw_baseline_inserts_every_row_in_the_transactions_asked_for(tmp_path, monkeypatch, batches):
+    """The baseline in batches commits the same rows as in one transaction (each trace before
+    its steps, or the foreign key refuses them), in as many transactions as asked."""
+    import sqlite3
+
+    from sqlalchemy import event as sa_event
+
+    from tracedb.projection import db
+
+    source = tracedb_store_with_interleaved_executions(tmp_path)
+    target = str(tmp_path / f"raw-{batches}.db")
+    statements: list = []
+    real = db.create_engine
+
+    def watched_engine(*a, **k):
+        engine = real(*a, **k)
+        sa_event.listen(engine, "connect", lambda c, _r: c.set_trace_callback(statements.append))
+        return engine
+
+    monkeypatch.setattr(db, "create_engine", watched_engine)
+    assert api.executemany_one_transaction(source, target, batches=batches) > 0
+    # The transactions that insert steps, each ended by its own COMMIT.
+    text = "\n".join(statements)
+    with_steps = [t for t in text.split("COMMIT") if "INSERT INTO trace_steps" in t]
+    assert len(with_steps) == batches
+    a, b = sqlite3.connect(source), sqlite3.connect(target)
+    for query in ("SELECT * FROM trace_steps ORDER BY execution_id, seq", "SELECT * FROM traces ORDER BY execution_id"):
+        assert a.execute(query).fetchall() == b.execute(query).fetchall()
+
+
+def tracedb_store_with_interleaved_executions(tmp_path) -> str:
+    """A store's database holding 40 executions of 5 events recorded four at a time."""
+    import tracedb
+
+    data = str(tmp_path / "data")
+    with tracedb.open(data, config={"compact_interval_ms": 0}) as store:
+        running = []
+        for i in range(40):
+            running.append(store.start("X", {"i": i}))
+            if len(running) == 4:
+                for k in range(4):
+                    for ex in running:
+                        ex.event("tool.requested", {"k": k})
+                for ex in running:
+                    ex.finish({"status": "success"})
+                running = []
+        store.compact()
+    return os.path.join(data, "traces.db")
 
 
 def test_replay_from_the_store_times_each_sample(tmp_path):

@@ -80,11 +80,12 @@ def is_event(record: bytes) -> bool:
     return record[:1] == b"\x01"
 
 
-def split_event(record: bytes) -> EventFrame:
+def split_event(record: bytes, _new=tuple.__new__, _loads=orjson.loads) -> EventFrame:
     """The frame of an event's record (`encode_event`): the one place it is parsed."""
     cut = record.index(b"\n")
-    eid, seq, type_, t = orjson.loads(record[1:cut])
-    return EventFrame(eid, seq, type_, cut + 1, t)
+    eid, seq, type_, t = _loads(record[1:cut])
+    # The tuple made directly, not through the named tuple's Python __new__: once per event read.
+    return _new(EventFrame, (eid, seq, type_, cut + 1, t, None))
 
 
 def encode_start(
