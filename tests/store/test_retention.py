@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.conftest import REPO
+from tracedb.maintenance import retention
 from tracedb.projection.models import trace_steps, traces
 
 from .conftest import record_seed_002
@@ -95,9 +96,18 @@ def test_prune_works_in_batches_and_gives_space_back(open_store, clock):
     assert os.path.getsize(db_path + "-wal") == 0
 
 
-def test_prune_gives_its_connection_back_with_sqlites_checkpoint_interval(open_store, clock):
-    # The walk checkpoints less often; the connection the recorder's compactor takes from the
-    # pool next must checkpoint as before, whether prune deleted, or failed half-way.
+def test_prune_gives_its_connection_back_with_sqlites_settings(open_store, clock):
+    # The walk checkpoints less often, commits without fsync and zeroes less; the connection the
+    # recorder's compactor takes from the pool next must run as before, whether prune deleted,
+    # or failed half-way.
+    import sqlite3
+
+    names = [name for name, _ in retention._WALK_PRAGMAS]
+    assert names == ["wal_autocheckpoint", "secure_delete", "synchronous"]
+    plain = sqlite3.connect(":memory:")
+    # This build's secure_delete default, whatever it is; the store's own synchronous (FULL).
+    default = (1000, plain.execute("PRAGMA secure_delete").fetchone()[0], 2)
+    plain.close()
     store = open_store(prune_batch_traces=2)
     for i in range(5):
         record(store, clock, f"exec-old{i}")
@@ -105,25 +115,50 @@ def test_prune_gives_its_connection_back_with_sqlites_checkpoint_interval(open_s
     clock.advance(31 * DAY)
     seen = []
 
+    def settings(raw) -> tuple:
+        return tuple(raw.execute(f"PRAGMA {name}").fetchone()[0] for name in names)
+
     def progress(done, total):
         with store.engine.connect() as other:  # the pool's other connection, not the walk's
-            seen.append(other.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar())
+            seen.append(settings(other.connection.driver_connection))
         if done >= 4:
             raise RuntimeError("stop")
 
     with pytest.raises(RuntimeError):
         store.prune(older_than_s=30 * DAY, progress=progress)
-    assert seen and set(seen) == {1000}
+    assert seen and set(seen) == {default}
     assert store.prune(older_than_s=30 * DAY).deleted_traces == 1
     # Every connection the pool holds, the walk's among them, held at once (read outside a
     # transaction: the engine's BEGIN IMMEDIATE would make them wait for each other).
     conns = [store.engine.connect() for _ in range(store.engine.pool.size() + 2)]
     try:
-        intervals = [c.connection.driver_connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] for c in conns]
-        assert intervals == [1000] * len(conns)
+        assert [settings(c.connection.driver_connection) for c in conns] == [default] * len(conns)
     finally:
         for c in conns:
             c.close()
+
+
+def test_the_walk_runs_with_its_own_settings(open_store, clock):
+    store = open_store(prune_batch_traces=2)
+    for i in range(3):
+        record(store, clock, f"exec-old{i}")
+    store.compact()
+    clock.advance(31 * DAY)
+    during = []
+
+    real = retention._run_batch
+
+    def watching(conn, *a, **k):
+        raw = conn.connection.driver_connection
+        during.append(tuple(raw.execute(f"PRAGMA {name}").fetchone()[0] for name, _ in retention._WALK_PRAGMAS))
+        return real(conn, *a, **k)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(retention, "_run_batch", watching):
+        assert store.prune(older_than_s=30 * DAY).deleted_traces == 3
+    # 16,384 pages between checkpoints, secure_delete FAST (2), synchronous NORMAL (1).
+    assert set(during) == {(retention.PRUNE_WAL_AUTOCHECKPOINT_PAGES, 2, 1)}
 
 
 def test_cli_prune_runs_next_to_a_live_recorder(open_store, clock, data_dir):

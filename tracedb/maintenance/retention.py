@@ -220,22 +220,40 @@ def _batch(conn, cutoff_ns: int, after, limit: int, dry_run: bool,
 # pages), and the truncating checkpoint at the end copies each page once.
 PRUNE_WAL_AUTOCHECKPOINT_PAGES = 16384
 
+# The walk's connection settings on SQLite (`_walk_connection`), each set back afterwards:
+# - the checkpoint interval above;
+# - secure_delete FAST: deleted rows are zeroed inside the b-tree pages that keep them, and a
+#   page freed whole is not written over with zeros (builds of SQLite differ in their default,
+#   on or off): `_reclaim` then cuts every free page off the file or writes a moved page over
+#   it, so no deleted row is left in the file either way, for less I/O than zeroing them;
+# - synchronous NORMAL: a batch's commit does not fsync. Prune makes them durable before it
+#   returns (`_reclaim`); a power cut in the middle of a walk can only undo whole batches
+#   (their deltas to stats_rollup with them), which the next prune deletes again.
+_WALK_PRAGMAS = (
+    ("wal_autocheckpoint", str(PRUNE_WAL_AUTOCHECKPOINT_PAGES)),
+    ("secure_delete", "FAST"),
+    ("synchronous", "NORMAL"),
+)
+
 
 @contextlib.contextmanager
 def _walk_connection(engine: Engine):
-    """The one connection a prune walks with; on SQLite, with a longer automatic checkpoint
-    interval for the walk, set back before the connection goes back to the pool."""
+    """The one connection a prune walks with; on SQLite, with `_WALK_PRAGMAS` for the walk, set
+    back before the connection goes back to the pool."""
     with engine.connect() as conn:
         if engine.dialect.name != "sqlite":
             yield conn
             return
         raw = conn.connection.driver_connection
-        before = raw.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
-        raw.execute(f"PRAGMA wal_autocheckpoint={PRUNE_WAL_AUTOCHECKPOINT_PAGES}").fetchall()
+        before = [(name, int(raw.execute(f"PRAGMA {name}").fetchone()[0])) for name, _ in _WALK_PRAGMAS]
+        for name, value in _WALK_PRAGMAS:
+            raw.execute(f"PRAGMA {name}={value}").fetchall()
         try:
             yield conn
         finally:
-            raw.execute(f"PRAGMA wal_autocheckpoint={int(before)}").fetchall()
+            for name, value in before:
+                # secure_delete reads 2 for FAST, and is set to FAST by name only.
+                raw.execute(f"PRAGMA {name}={'FAST' if name == 'secure_delete' and value == 2 else value}").fetchall()
 
 
 def _estimate(engine: Engine, cutoff_ns: int) -> int:
@@ -374,13 +392,27 @@ VACUUM_PAGES_PER_STEP = 2048
 
 
 def _reclaim(conn) -> None:
-    """Give freed pages back to the file system, a bounded number of pages per write lock."""
+    """Give freed pages back to the file system, a bounded number of pages per write lock, and
+    make the walk durable (it committed without fsync: `_WALK_PRAGMAS`)."""
     raw = conn.connection.driver_connection
     while raw.execute("PRAGMA freelist_count").fetchone()[0] > 0:
         # executescript steps the pragma to completion; a plain execute frees one page.
         raw.executescript(f"PRAGMA incremental_vacuum({VACUUM_PAGES_PER_STEP});")
-    # Move SQLite's own WAL into the file and cut it to zero bytes.
+    # Move SQLite's own WAL into the file and cut it to zero bytes: the checkpoint syncs the WAL
+    # before it copies pages, and the file after.
     raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    # A reader's snapshot can hold the checkpoint back: then what is left in the WAL is synced
+    # here, the walk's commits with it.
+    wal_file = raw.execute("PRAGMA database_list").fetchone()[2] + "-wal"
+    try:
+        fd = os.open(wal_file, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        if os.fstat(fd).st_size:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def set_pinned(engine: Engine, execution_id: str, pinned: bool) -> None:
