@@ -513,7 +513,7 @@ def bench_get_and_prune(workdir: str, executions: int, events_per: int) -> tuple
 
     d = tempfile.mkdtemp(dir=workdir)
     data = os.path.join(d, "data")
-    os.makedirs(data)
+    os.makedirs(data, mode=0o700)
     n_events = fill_store_wal(os.path.join(data, "wal"), executions, events_per)
     store = tracedb.open(data)  # recovery compacts the WAL on open
     ids = [f"exec-{e:08d}" for e in range(0, executions, max(1, executions // 500))]
@@ -664,7 +664,7 @@ def section_replay(args, workdir: str) -> None:
     print("  IntentusNet's replay docs quote ~1 ms per replay")
     d = tempfile.mkdtemp(dir=workdir)
     data = os.path.join(d, "data")
-    os.makedirs(data)
+    os.makedirs(data, mode=0o700)
     n = 500 if args.quick else 2000
     fill_store_wal(os.path.join(data, "wal"), n, 8)
     store = tracedb.open(data)

@@ -302,7 +302,7 @@ def run(clients: Sequence[int] = DEFAULT_CLIENTS, seconds: float = 3.0, *, windo
     try:
         for n in clients:
             data_dir = os.path.join(base, f"c{n}")
-            os.makedirs(data_dir)
+            os.makedirs(data_dir, mode=0o700)
             port = free_port()
             proc, sock = start_server(data_dir, extra_args=[*server_args, "--metrics-port", str(port)], env=env)
             try:

@@ -108,19 +108,12 @@ def test_prune_gives_its_connection_back_with_sqlites_settings(open_store, clock
     # This build's secure_delete default, whatever it is; the store's own synchronous (FULL).
     default = (1000, plain.execute("PRAGMA secure_delete").fetchone()[0], 2)
     plain.close()
-    store = open_store(prune_batch_traces=2)
-    for i in range(5):
-        record(store, clock, f"exec-old{i}")
-    store.compact()
-    clock.advance(31 * DAY)
+    store = _store_of_old_executions(open_store, clock, 5)
     seen = []
-
-    def settings(raw) -> tuple:
-        return tuple(raw.execute(f"PRAGMA {name}").fetchone()[0] for name in names)
 
     def progress(done, total):
         with store.engine.connect() as other:  # the pool's other connection, not the walk's
-            seen.append(settings(other.connection.driver_connection))
+            seen.append(_walk_settings(other.connection.driver_connection))
         if done >= 4:
             raise RuntimeError("stop")
 
@@ -132,25 +125,34 @@ def test_prune_gives_its_connection_back_with_sqlites_settings(open_store, clock
     # transaction: the engine's BEGIN IMMEDIATE would make them wait for each other).
     conns = [store.engine.connect() for _ in range(store.engine.pool.size() + 2)]
     try:
-        assert [settings(c.connection.driver_connection) for c in conns] == [default] * len(conns)
+        assert [_walk_settings(c.connection.driver_connection) for c in conns] == [default] * len(conns)
     finally:
         for c in conns:
             c.close()
 
 
-def test_the_walk_runs_with_its_own_settings(open_store, clock):
+def _store_of_old_executions(open_store, clock, n: int):
+    """A store pruning two traces a batch, holding `n` executions 31 days old."""
     store = open_store(prune_batch_traces=2)
-    for i in range(3):
+    for i in range(n):
         record(store, clock, f"exec-old{i}")
     store.compact()
     clock.advance(31 * DAY)
-    during = []
+    return store
 
+
+def _walk_settings(raw) -> tuple:
+    """A SQLite connection's values of the settings prune's walk changes (`_WALK_PRAGMAS`)."""
+    return tuple(raw.execute(f"PRAGMA {name}").fetchone()[0] for name, _ in retention._WALK_PRAGMAS)
+
+
+def test_the_walk_runs_with_its_own_settings(open_store, clock):
+    store = _store_of_old_executions(open_store, clock, 3)
+    during = []
     real = retention._run_batch
 
     def watching(conn, *a, **k):
-        raw = conn.connection.driver_connection
-        during.append(tuple(raw.execute(f"PRAGMA {name}").fetchone()[0] for name, _ in retention._WALK_PRAGMAS))
+        during.append(_walk_settings(conn.connection.driver_connection))
         return real(conn, *a, **k)
 
     import unittest.mock
