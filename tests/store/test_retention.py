@@ -252,3 +252,30 @@ def test_prune_keeps_the_parents_of_forks_acknowledged_but_not_compacted(open_st
     store.compact()
     assert stored_ids(store.engine) == {"exec-old", "exec-fork1", "exec-fork2"}
     assert forks_without_parent(store.engine) == []
+
+
+def test_a_reader_holding_a_snapshot_holds_prunes_closing_checkpoint_back_only_briefly(open_store, clock):
+    """The truncating checkpoint holds every writer off while it waits for readers: prune lets
+    it wait CHECKPOINT_WAIT_MS, not the store's busy timeout (5 s), and the WAL is cut by the
+    next prune once the reader is gone."""
+    import sqlite3
+    import time
+
+    store = _store_of_old_executions(open_store, clock, 3)
+    db_path = store.config.sqlite_path
+    reader = sqlite3.connect(db_path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM traces").fetchone()
+    try:
+        t0 = time.monotonic()
+        assert store.prune(older_than_s=30 * DAY).deleted_traces == 3
+        waited = time.monotonic() - t0
+    finally:
+        reader.execute("COMMIT")
+        reader.close()
+    assert waited < store.config.busy_timeout_ms / 1000 / 2, waited
+    assert os.path.getsize(db_path + "-wal") > 0  # held back: not cut
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == store.config.busy_timeout_ms
+    store.prune(older_than_s=30 * DAY)
+    assert os.path.getsize(db_path + "-wal") == 0

@@ -290,7 +290,8 @@ def prune(
     a fork (created after its parent) goes before, or with, the trace it was made from.
 
     Idempotent: a second run deletes nothing more. Then reclaims space (incremental vacuum, and
-    a truncating checkpoint of SQLite's own WAL; a plain VACUUM, without ANALYZE, on PostgreSQL).
+    a truncating checkpoint of SQLite's own WAL, also when it deleted nothing; a plain VACUUM,
+    without ANALYZE, on PostgreSQL).
     On PostgreSQL it also merges the recorders' stats_rollup shards of the days and hours that
     are over (`rollup.merge_shards`), whether or not it deleted anything (not on a dry run).
     """
@@ -327,8 +328,11 @@ def prune(
             if b.last is None:
                 break
             after = b.last
-        if engine.dialect.name == "sqlite" and deleted and not dry_run:
-            _reclaim(conn)  # on the walk's connection: its checkpoint interval too
+        if engine.dialect.name == "sqlite" and not dry_run:
+            # Also when nothing was deleted: an earlier prune's checkpoint a reader held back
+            # left SQLite's WAL file long; this one cuts it. On the walk's connection: its
+            # checkpoint interval too.
+            _reclaim(conn)
     if dry_run:
         return PruneResult(deleted, steps, pinned, parents, 0, 0, True)
     if engine.dialect.name == "postgresql" and keep_rollup:
@@ -389,6 +393,8 @@ def _vacuum_pg(engine: Engine) -> None:
 
 
 VACUUM_PAGES_PER_STEP = 2048
+# How long prune's closing checkpoint waits for readers (`_reclaim`).
+CHECKPOINT_WAIT_MS = 200
 
 
 def _reclaim(conn) -> None:
@@ -399,8 +405,15 @@ def _reclaim(conn) -> None:
         # executescript steps the pragma to completion; a plain execute frees one page.
         raw.executescript(f"PRAGMA incremental_vacuum({VACUUM_PAGES_PER_STEP});")
     # Move SQLite's own WAL into the file and cut it to zero bytes: the checkpoint syncs the WAL
-    # before it copies pages, and the file after.
-    raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    # before it copies pages, and the file after. While it waits for a reader to move on it
+    # holds every writer off, the recorder's compactor too: it waits CHECKPOINT_WAIT_MS at most
+    # (the WAL is then cut by a later prune).
+    timeout = raw.execute("PRAGMA busy_timeout").fetchone()[0]
+    raw.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}").fetchall()
+    try:
+        raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={int(timeout)}").fetchall()
     # A reader's snapshot can hold the checkpoint back: then what is left in the WAL is synced
     # here, the walk's commits with it.
     wal_file = raw.execute("PRAGMA database_list").fetchone()[2] + "-wal"
