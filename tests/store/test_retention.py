@@ -279,3 +279,38 @@ def test_a_reader_holding_a_snapshot_holds_prunes_closing_checkpoint_back_only_b
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == store.config.busy_timeout_ms
     store.prune(older_than_s=30 * DAY)
     assert os.path.getsize(db_path + "-wal") == 0
+
+
+@pytest.mark.parametrize("payload_bytes", [40, 6000], ids=["in-page", "overflow-pages"])
+def test_no_pruned_row_is_left_in_the_database_files(open_store, clock, payload_bytes):
+    """Old executions recorded between young ones, so that they share pages: after prune no
+    byte of theirs is in the database file or SQLite's WAL file, whatever the build's
+    secure_delete default (rows zeroed in the pages that keep them, free pages cut off or
+    written over by the vacuum)."""
+    store = open_store()
+    marker = "PRUNED-SECRET-"
+    for i in range(60):
+        old = store.start("Old", {"i": i}, f"exec-old-{i:03d}")
+        old.event("tool.responded", {"text": marker + "x" * payload_bytes})
+        old.finish({"status": "success", "note": marker})
+        clock.advance(1)
+    clock.advance(31 * DAY)
+    for i in range(60):
+        young = store.start("Young", {"i": i})
+        young.event("tool.responded", {"text": "kept " + "y" * payload_bytes})
+        young.finish({"status": "success"})
+    store.compact()
+    path = store.config.sqlite_path
+
+    def holding_marker() -> list:
+        found = []
+        for name in (path, path + "-wal"):
+            if os.path.exists(name):
+                with open(name, "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(os.path.basename(name))
+        return found
+
+    assert holding_marker()  # the test can see a row
+    assert store.prune(older_than_s=30 * DAY).deleted_traces == 60
+    assert holding_marker() == []
