@@ -38,11 +38,13 @@ def acquire_dir_lock(directory: str, fs=None) -> int:
 
 
 def is_locked(directory: str) -> bool:
-    """True while a writer holds the directory's lock. A shared probe: unlike taking the lock,
-    it writes nothing into the lock file."""
+    """True while a writer holds the directory's lock; False when it is free, or when no writer
+    ever made the lock file. A shared probe: unlike taking the lock, it writes nothing into the
+    lock file. Raises the OSError of a lock file this process may not open (another user's, a
+    file system failing): whether a writer holds it cannot be told then."""
     try:
         fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    except FileNotFoundError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

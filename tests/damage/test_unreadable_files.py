@@ -205,3 +205,14 @@ def test_a_file_the_disk_fails_to_read_is_damage_exit_4(split_store, tmp_path, w
                            capture_output=True, text=True, timeout=120)
         _refused(r, path, 4, says="Input/output error")
         assert "dmesg" in r.stderr
+
+
+@pytest.mark.parametrize("args", READS + [["wal", "repair", "--dry-run"], ["recover", "--rebuild"]], ids=" ".join)
+def test_an_unreadable_lock_file_is_an_error_naming_it(nobody, split_store, args):
+    """Whether a recorder holds the WAL cannot be told from a lock file this user may not open:
+    a command that needs to know (a repair, a rebuild, a read of what is not compacted) says so
+    instead of taking the log for free."""
+    d = _copy_for(nobody, split_store)
+    lock = os.path.join(d, "wal", "LOCK")
+    os.chmod(lock, 0)
+    _refused(nobody.tracedb("--data-dir", d, *args), lock)
