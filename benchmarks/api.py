@@ -293,8 +293,8 @@ def compaction_interleaved(
     asyncio.run(main())
     n_steps = executions * EVENTS_PER_EXECUTION
     assert timing["steps"] == n_steps, (timing, n_steps)
-    base_s = executemany_one_transaction(os.path.join(data, "traces.db"), os.path.join(d, "raw.db"))
-    batched_s = executemany_one_transaction(
+    base_s = executemany_baseline(os.path.join(data, "traces.db"), os.path.join(d, "raw.db"))
+    batched_s = executemany_baseline(
         os.path.join(data, "traces.db"), os.path.join(d, "raw-batched.db"), batches=timing["compactions"]
     )
     shutil.rmtree(d)
@@ -308,7 +308,7 @@ def compaction_interleaved(
     }
 
 
-def executemany_one_transaction(source_db: str, target_db: str, batches: int = 1) -> float:
+def executemany_baseline(source_db: str, target_db: str, batches: int = 1) -> float:
     """Copy the trace and step rows of `source_db` into a new, migrated `target_db` with
     sqlite3's executemany in one transaction; returns the seconds the insert and commit took
     (reading the rows back is not timed). Steps go in LSN order, traces in creation order.

@@ -375,29 +375,30 @@ def scale_pg(pg_url: str, workdir: str, sizes=(100_000, 1_000_000)) -> dict:
                 build_pg_store(url, size, now_ns)
                 built = time.perf_counter() - t0
                 engine = db.create_engine(url)
-                with engine.connect() as conn:
-                    rollup_rows = conn.exec_driver_sql("SELECT COUNT(*) FROM stats_rollup").scalar()
-                engine.dispose()
                 d = tempfile.mkdtemp(dir=workdir)
                 try:
+                    rollup_rows = _count_rollup_rows(engine)
                     with Reader.open(load_config(overrides={"data_dir": d, "db_url": url})) as reader:
                         unmerged = _best_of(lambda: reader.stats(None, "hour"), 5)
-                        engine = db.create_engine(url)
                         t0 = time.perf_counter()
                         retention.prune(engine, older_than_s=10 * 365 * 86_400, now_ns=now_ns)
                         pruned = time.perf_counter() - t0
-                        with engine.connect() as conn:
-                            merged_rows = conn.exec_driver_sql("SELECT COUNT(*) FROM stats_rollup").scalar()
-                        engine.dispose()
+                        merged_rows = _count_rollup_rows(engine)
                         figures = queries(reader, now_ns, exact=False)
                         figures["stats --all --by hour, shards not merged"] = unmerged
                         out[size] = {"build_s": built, "rollup_rows": rollup_rows, "merged_rollup_rows": merged_rows,
                                      "prune_s": pruned, "queries": figures}
                 finally:
+                    engine.dispose()
                     shutil.rmtree(d)
     finally:
         admin.dispose()
     return out
+
+
+def _count_rollup_rows(engine) -> int:
+    with engine.connect() as conn:
+        return conn.exec_driver_sql("SELECT COUNT(*) FROM stats_rollup").scalar()
 
 
 def run(workdir: str, quick: bool = False, pg_url: str | None = None) -> dict:

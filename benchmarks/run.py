@@ -445,7 +445,7 @@ def bench_compaction(workdir: str, executions: int, events_per: int, scattered_i
     from tracedb.projection import db
     from tracedb.projection.compactor import Compactor
 
-    from .api import executemany_one_transaction
+    from .api import executemany_baseline
 
     d = tempfile.mkdtemp(dir=workdir)
     wal_dir = os.path.join(d, "wal")
@@ -463,7 +463,7 @@ def bench_compaction(workdir: str, executions: int, events_per: int, scattered_i
     assert result.steps == n_events, result
     ids = "scattered" if scattered_ids else "sequential"
     ours = row(f"compaction from WAL segments, {ids} ids ({n_events:,} events)", n_events / elapsed)
-    raw_s = executemany_one_transaction(os.path.join(d, "compact.db"), os.path.join(d, "raw.db"))
+    raw_s = executemany_baseline(os.path.join(d, "compact.db"), os.path.join(d, "raw.db"))
     base = row(f"raw executemany, same rows, one transaction ({n_events:,})", n_events / raw_s)
     shutil.rmtree(d)
     return ours, base

@@ -59,7 +59,7 @@ def test_the_raw_baseline_inserts_every_row_in_the_transactions_asked_for(tmp_pa
         return engine
 
     monkeypatch.setattr(db, "create_engine", watched_engine)
-    assert api.executemany_one_transaction(source, target, batches=batches) > 0
+    assert api.executemany_baseline(source, target, batches=batches) > 0
     # The transactions that insert steps, each ended by its own COMMIT.
     text = "\n".join(statements)
     with_steps = [t for t in text.split("COMMIT") if "INSERT INTO trace_steps" in t]

@@ -14,6 +14,17 @@ from tracedb.reads.reader import Filter
 
 ENVELOPE = {"intent": "ProcessIntent", "payload": {"document": "invoice-17"}}
 EVENTS = SEED_002
+
+
+def record_processor_run(store, clock: FakeClock, eid: str, envelope: dict = ENVELOPE) -> None:
+    """One execution `eid`, a second after the last: SEED_002's events (none for "finish-only"),
+    then a successful finish."""
+    clock.ns += 10**9
+    ex = store.start("ProcessIntent", envelope, eid)
+    if eid != "finish-only":
+        for e in EVENTS:
+            ex.event(*e)
+    ex.finish({"status": "success", "metadata": {"agent": "processor-b"}})
 T0 = T0_NS  # where FakeClock starts
 
 

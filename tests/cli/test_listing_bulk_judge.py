@@ -20,7 +20,7 @@ from tracedb.reads.reader import Reader
 
 from tests.conftest import FakeClock
 
-from .conftest import ENVELOPE, EVENTS, settings
+from .conftest import ENVELOPE, EVENTS, record_processor_run, settings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,15 +60,6 @@ DAMAGE = {
 }
 
 
-def _record(store, clock: FakeClock, eid: str, envelope: dict = ENVELOPE) -> None:
-    clock.ns += 10**9
-    ex = store.start("ProcessIntent", envelope, eid)
-    if eid != "finish-only":
-        for e in EVENTS:
-            ex.event(*e)
-    ex.finish({"status": "success", "metadata": {"agent": "processor-b"}})
-
-
 def _meta_crc(conn: sqlite3.Connection, eid: str) -> None:
     (meta,) = conn.execute("SELECT meta FROM traces WHERE execution_id = ?", (eid,)).fetchone()
     conn.execute("UPDATE traces SET meta_crc = ? WHERE execution_id = ?", (of_stored(meta), eid))
@@ -81,13 +72,13 @@ def damaged(tmp_path, data_dir):
     with tracedb.open(data_dir, config=settings(), clock=clock) as store:
         for eid in DAMAGE:
             if eid != "redacted-meta-hash":
-                _record(store, clock, eid)
+                record_processor_run(store, clock, eid)
         ex = store.start("ProcessIntent", ENVELOPE, "running")
         ex.event(*EVENTS[0])
     config = tmp_path / "redacting.toml"
     config.write_text(REDACTING)
     with tracedb.open(data_dir, config=str(config), clock=clock) as store:
-        _record(store, clock, "redacted-meta-hash", {**ENVELOPE, "auth": {"password": "hunter2"}})
+        record_processor_run(store, clock, "redacted-meta-hash", {**ENVELOPE, "auth": {"password": "hunter2"}})
     with sqlite3.connect(os.path.join(data_dir, "traces.db")) as conn:
         for eid, (statements, _) in DAMAGE.items():
             for sql in statements:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import tracedb
-from tests.cli.conftest import ENVELOPE, EVENTS
+from tests.cli.conftest import ENVELOPE, EVENTS, record_processor_run
 from tests.conftest import FakeClock
 from tracedb.config import load_config
 from tracedb.reads.reader import Reader
@@ -41,12 +41,7 @@ def test_a_bulk_verdict_on_postgresql_is_the_verdict_of_the_whole_record(pg_url,
     config = {"compact_interval_ms": 0, "idle_timeout_s": 0, "db_url": pg_url}
     with tracedb.open(data, config=config, clock=clock) as store:
         for eid in DAMAGE:
-            clock.ns += 10**9
-            ex = store.start("ProcessIntent", ENVELOPE, eid)
-            if eid != "finish-only":
-                for e in EVENTS:
-                    ex.event(*e)
-            ex.finish({"status": "success", "metadata": {"agent": "processor-b"}})
+            record_processor_run(store, clock, eid)
         ex = store.start("ProcessIntent", ENVELOPE, "running")
         ex.event(*EVENTS[0])
     raw = pg_engine.raw_connection()

@@ -1,11 +1,13 @@
 """Power cuts right after prune returned: what it deleted stays deleted.
 
-Prune's walk commits its batches without an fsync each (retention._WALK_PRAGMAS) and makes them
-durable before it returns: through the vacuum's commits and the truncating checkpoint, or, when
-a reader's snapshot holds the checkpoint back and nothing was vacuumed, by syncing SQLite's WAL
-file itself. Each case runs prune in a child process on the lazy file system with another
-connection holding a read transaction open, lets it exit without closing anything, cuts the power
-losing every write not synced, and reads what the disk kept.
+Prune's walk and its vacuum commit without an fsync each (retention._WALK_PRAGMAS), and prune
+makes them durable before it returns: the truncating checkpoint syncs what it copies, and when a
+reader's snapshot holds the checkpoint back, prune syncs SQLite's WAL file itself. Each case here
+is the second path: prune runs in a child process on the lazy file system while another
+connection holds a read transaction open, exits without closing anything, the power is cut losing
+every write not synced, and the test reads what the disk kept; once with nothing for the vacuum
+to do, once with pages vacuumed. (Both fail without that fsync.) The first path runs in the
+power-loss scenarios of test_power_loss.py, where prune runs next to a recorder.
 """
 
 from __future__ import annotations

@@ -416,7 +416,7 @@ def _reclaim(conn) -> None:
         raw.execute(f"PRAGMA busy_timeout={int(timeout)}").fetchall()
     # A reader's snapshot can hold the checkpoint back: then what is left in the WAL is synced
     # here, the walk's commits with it.
-    wal_file = raw.execute("PRAGMA database_list").fetchone()[2] + "-wal"
+    wal_file = _db_files(conn.engine)[1]
     try:
         fd = os.open(wal_file, os.O_RDONLY)
     except FileNotFoundError:

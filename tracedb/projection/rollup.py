@@ -42,6 +42,10 @@ COLUMNS = ("intent", "outcome", "models", "input_tokens", "output_tokens", "cost
 COUNTS = ("executions", "succeeded", "failed", "incomplete", "input_tokens", "output_tokens", "cost_nano_usd",
           "cost_unknown")
 
+# PostgreSQL: a shard's row takes the sums of the row it would have been.
+_PG_ADD = "ON CONFLICT (dim, key, bucket, recorder_id) DO UPDATE SET " + ", ".join(
+    f"{c} = stats_rollup.{c} + excluded.{c}" for c in COUNTS)
+
 # By dialect: (defer, resume, upsert).
 _SQL = {
     "sqlite": (
@@ -54,8 +58,7 @@ _SQL = {
         f"SELECT set_config('{DEFERRED_SETTING}', 'on', true)",
         f"SELECT set_config('{DEFERRED_SETTING}', 'off', true)",
         f"INSERT INTO stats_rollup (dim, key, bucket, recorder_id, {', '.join(COUNTS)}) "
-        f"VALUES ({', '.join(['%s'] * (4 + len(COUNTS)))}) ON CONFLICT (dim, key, bucket, recorder_id) DO UPDATE SET "
-        + ", ".join(f"{c} = stats_rollup.{c} + excluded.{c}" for c in COUNTS),
+        f"VALUES ({', '.join(['%s'] * (4 + len(COUNTS)))}) {_PG_ADD}",
     ),
 }
 _PRESENT = {
@@ -208,18 +211,17 @@ def read(conn, ids: list) -> dict:
 MERGED = ""
 _MERGE = (
     "WITH locked AS (SELECT dim, key, bucket, recorder_id FROM stats_rollup "
-    "WHERE dim IN ('day', 'hour') AND recorder_id <> '' "
+    f"WHERE dim IN ('day', 'hour') AND recorder_id <> '{MERGED}' "
     f"AND key::bigint + CASE dim WHEN 'day' THEN {DAY_NS} ELSE {HOUR_NS} END <= %s "
     # In Python's order (code points: the "C" collation), the order `Delta.write` locks rows in.
     'ORDER BY dim COLLATE "C", key COLLATE "C", bucket, recorder_id COLLATE "C" FOR UPDATE), '
     "moved AS (DELETE FROM stats_rollup AS s USING locked AS l WHERE s.dim = l.dim AND s.key = l.key "
     "AND s.bucket = l.bucket AND s.recorder_id = l.recorder_id RETURNING s.*) "
     f"INSERT INTO stats_rollup (dim, key, bucket, recorder_id, {', '.join(COUNTS)}) "
-    f"SELECT dim, key, bucket, '', {', '.join(f'SUM({c})' for c in COUNTS)} FROM moved "
-    "GROUP BY dim, key, bucket ORDER BY dim COLLATE \"C\", key COLLATE \"C\", bucket ON CONFLICT (dim, key, bucket, recorder_id) DO UPDATE SET "
-    + ", ".join(f"{c} = stats_rollup.{c} + excluded.{c}" for c in COUNTS)
+    f"SELECT dim, key, bucket, '{MERGED}', {', '.join(f'SUM({c})' for c in COUNTS)} FROM moved "
+    f'GROUP BY dim, key, bucket ORDER BY dim COLLATE "C", key COLLATE "C", bucket {_PG_ADD}'
 )
-_EMPTIED = "DELETE FROM stats_rollup WHERE recorder_id = '' AND " + " AND ".join(f"{c} = 0" for c in COUNTS)
+_EMPTIED = f"DELETE FROM stats_rollup WHERE recorder_id = '{MERGED}' AND " + " AND ".join(f"{c} = 0" for c in COUNTS)
 
 
 def merge_shards(conn, before_ns: int) -> int:
