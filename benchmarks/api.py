@@ -27,6 +27,7 @@ from .common import (
     agent_event_type,
     agent_payload,
     agent_response,
+    event_record,
 )
 
 # The store's background work stays as configured by default, except where a bench says so.
@@ -153,15 +154,10 @@ def _generated_id() -> str:
 def wal_records(size: int, count: int = 256) -> list[bytes]:
     """The WAL records the store writes for events of `size`-byte payloads, for measuring the
     WAL alone with the same bytes."""
-    import orjson
-
-    from tracedb.records.codec import encode_event
-
     out = []
     for i in range(count):
         seq = i % (EVENTS_PER_EXECUTION - 1) + 1
-        out.append(encode_event(_generated_id(), seq, agent_event_type(seq),
-                                orjson.dumps(agent_payload(size, seq)), time.time_ns()))
+        out.append(event_record(_generated_id(), seq, agent_event_type(seq), agent_payload(size, seq), time.time_ns()))
     return out
 
 

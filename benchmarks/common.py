@@ -8,6 +8,7 @@ import hashlib
 import os
 import threading
 import time
+from typing import Optional
 
 import orjson
 
@@ -40,6 +41,15 @@ def execution_envelope(n: int) -> dict:
     return {"intent": "summarize", "n": n}
 
 
+def event_record(eid: str, seq: int, type_: str, payload, t: int, payload_json: Optional[bytes] = None) -> bytes:
+    """The WAL record the store writes for an event: its frame carries the payload's facts."""
+    from tracedb.records.codec import encode_event
+    from tracedb.records.outcomes import event_facts
+
+    pj = orjson.dumps(payload) if payload_json is None else payload_json
+    return encode_event(eid, seq, type_, pj, t, event_facts(type_, pj, payload))
+
+
 def fill_store_wal(wal_dir: str, executions: int, events_per: int, prefix: str = "exec",
                    spacing_ns: int = 0, scattered_ids: bool = False) -> int:
     """Fill a WAL with the records the store writes for `executions` executions of
@@ -50,7 +60,7 @@ def fill_store_wal(wal_dir: str, executions: int, events_per: int, prefix: str =
     import wal
 
     from tracedb import compute_envelope_hash
-    from tracedb.records.codec import encode_event, encode_finish, encode_start
+    from tracedb.records.codec import encode_finish, encode_start
 
     w = wal.open_wal(wal_dir)
     payload = orjson.dumps(TOOL_RESULT)
@@ -63,7 +73,7 @@ def fill_store_wal(wal_dir: str, executions: int, events_per: int, prefix: str =
         t0 = T0_NS + e * spacing_ns
         batch.append(encode_start(eid, "summarize", env, compute_envelope_hash(env), t0))
         for i in range(1, events_per):
-            batch.append(encode_event(eid, i, "tool.responded", payload, t0 + i))
+            batch.append(event_record(eid, i, "tool.responded", TOOL_RESULT, t0 + i, payload))
         batch.append(encode_finish(eid, events_per, {"status": "success", "payload": {"n": e}}, t0 + events_per))
         n_events += events_per
         if len(batch) >= 10_000:

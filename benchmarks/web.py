@@ -29,7 +29,7 @@ import time
 
 import orjson
 
-from .common import T0_NS, TOOL_RESULT, fill_store_wal, pct
+from .common import T0_NS, TOOL_RESULT, event_record, fill_store_wal, pct
 
 INTENTS = [f"Intent{i:02d}" for i in range(20)] + ["AnswerQuestion", "SummarizeDocument"]
 # Of every 100 executions: 2 running, 5 incomplete, 3 invalidated, the rest completed.
@@ -117,7 +117,7 @@ def build_long_execution(data_dir: str, events: int = 10_000, nested: bool = Fal
     spans: the page draws its span tree too."""
     import wal
     from tracedb import compute_envelope_hash
-    from tracedb.records.codec import encode_event, encode_finish, encode_start
+    from tracedb.records.codec import encode_finish, encode_start
 
     import tracedb
 
@@ -140,7 +140,7 @@ def build_long_execution(data_dir: str, events: int = 10_000, nested: bool = Fal
         if nested:
             call = (seq + 1) // 2
             payload.update(span_id=f"{call:016x}", parent_span_id=f"a{call % 50:015x}")
-        records.append(encode_event(eid, seq, typ, orjson.dumps(payload), T0_NS + seq * 3_000_000))
+        records.append(event_record(eid, seq, typ, payload, T0_NS + seq * 3_000_000))
     records.append(encode_finish(eid, events, {"status": "success"}, T0_NS + events * 3_000_000))
     for i in range(0, len(records), 5000):
         w.append_many(records[i:i + 5000])

@@ -2,8 +2,9 @@
 rows, and the read of what only the WAL holds (tracedb.reads.wal_tail), which shows them. The same WAL
 through both gives the same rows and steps: a second start of an id, router decisions, finishes,
 status changes, error outcomes, usage and cost, a row another recorder owns; whether the database
-holds none of it yet or the first part of it, and whether the compactor splits the event frames
-itself or is handed them (the live store's hints)."""
+holds none of it yet or the first part of it, whether the event frames carry the payloads' facts
+(as the store writes them) or not (a WAL written before they did), and whether the compactor
+splits the frames itself or is handed them (the live store's hints)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,11 @@ FOLD_COLUMNS = tuple(new_row({"id": "x", "envelope": {}, "hash": "h", "t": 0}, R
 
 
 class Log:
-    """WAL records of a made-up recording, each event at a time of its own."""
+    """WAL records of a made-up recording, each event at a time of its own; `framed`: event
+    frames carry their payload's facts, as the store writes them."""
 
-    def __init__(self):
+    def __init__(self, framed: bool = False):
+        self.framed = framed
         self.records: list[bytes] = []
         self.t = 1_700_000_000 * 10**9
         self.seqs: dict = {}
@@ -58,7 +61,9 @@ class Log:
     def event(self, eid: str, type_: str, payload) -> None:
         seq = self.seqs[eid]
         self.seqs[eid] = seq + 1
-        self.records.append(encode_event(eid, seq, type_, orjson.dumps(payload), self.tick()))
+        pj = orjson.dumps(payload)
+        facts = event_facts(type_, pj, payload) if self.framed else None
+        self.records.append(encode_event(eid, seq, type_, pj, self.tick(), facts))
 
     def finish(self, eid: str, response: dict) -> None:
         self.records.append(encode_finish(eid, self.seqs[eid], response, self.tick()))
@@ -67,8 +72,8 @@ class Log:
         self.records.append(encode_status(op, eid, text, self.tick()))
 
 
-def recording() -> list[bytes]:
-    log = Log()
+def recording(framed: bool = False) -> list[bytes]:
+    log = Log(framed)
     log.start("ex-failed", {"n": 1})
     log.event("ex-failed", "ROUTER_DECISION", {"agent": "planner", "reason": "first"})
     log.event("ex-failed", "llm.responded",
@@ -130,7 +135,7 @@ def compact(engine, wal_dir: str, recorder: str, from_lsn: int, to_lsn: int, hin
                 if is_event(raw):  # as the store hands it over: frame and derived facts
                     frame = split_event(raw)
                     body = raw[frame.payload_offset :]
-                    frame = frame._replace(facts=event_facts(frame.type, body, orjson.loads(body), frame.t))
+                    frame = frame._replace(facts=event_facts(frame.type, body, orjson.loads(body)))
                 out.append((lsn, raw, frame))
             return out
     comp = Compactor(engine, wal_dir, recorder, from_lsn, batch_records=4, source=source)
@@ -182,10 +187,11 @@ def store_dir(tmp_path):
 # Where the database stops before the read: nothing applied; inside the first ex-reused; right
 # before its second start; right after it; all but the last record.
 @pytest.mark.parametrize("applied", [0, 6, 22, 23, len(recording()) - 1])
-@pytest.mark.parametrize("hinted", [False, True])
-def test_the_pending_read_and_compaction_fold_the_same_rows(store_dir, applied, hinted):
+@pytest.mark.parametrize("frames", ["bare", "framed", "hinted"])
+def test_the_pending_read_and_compaction_fold_the_same_rows(store_dir, applied, frames):
     data_dir, engine = store_dir
-    records = recording()
+    records = recording(framed=frames != "bare")
+    hinted = frames == "hinted"
     wal_dir = os.path.join(data_dir, "wal")
     write_wal(wal_dir, records)
     compact(engine, wal_dir, RECORDER, 0, applied, hinted, records)
@@ -234,6 +240,59 @@ def test_the_pending_read_and_compaction_fold_the_same_rows(store_dir, applied, 
     assert (theirs["recorder_id"], theirs["envelope"], theirs["last_seq"]) == (OTHER, {}, 0)
     assert (theirs["status"], theirs["replayable_reason"]) == ("running", "recording_failure")
     assert "ex-theirs" not in steps
+
+
+def test_facts_in_the_frame_fold_as_the_payloads_do_without_decoding_one(monkeypatch):
+    """Events framed with their payload's facts (as the store writes them) fold into the rows
+    and steps the payloads fold into, and no payload is decoded for them; a WAL written before
+    the facts were framed is still decoded (the monkeypatch below would stop it)."""
+    from tracedb.records import fold as fold_module
+
+    def numbered(records):
+        return list(enumerate(records, 1))
+
+    bare = fold(numbered(recording()), RECORDER)
+
+    def refuse(*_a):
+        raise AssertionError("a payload was looked into")
+
+    monkeypatch.setattr(fold_module, "may_matter", refuse)
+    monkeypatch.setattr(fold_module, "fold_event", refuse)
+    with pytest.raises(AssertionError, match="looked into"):
+        fold(numbered(recording()), RECORDER)
+    framed = fold(numbered(recording(framed=True)), RECORDER)
+    assert {e: comparable(r) for e, r in framed.new.items()} == {e: comparable(r) for e, r in bare.new.items()}
+    assert framed.upd == bare.upd and framed.steps == bare.steps
+    assert framed.new["ex-failed"]["cost_usd"] > 0 and framed.new["ex-unpriced"]["cost_usd"] is None
+
+
+def test_the_store_frames_each_event_with_the_facts_of_its_stored_payload(tmp_path):
+    """What the frame says is what the payload as stored says, after redaction: an error's
+    message with its secret redacted, a model call's usage; [] for an event that adds nothing."""
+    import tracedb
+    from tests.store.redaction_config import SECRET_PATTERN, write_config
+
+    data = str(tmp_path / "data")
+    store = tracedb.open(data, config=load_config(write_config(str(tmp_path))))
+    try:
+        ex = store.start("Research", {"q": 1})
+        ex.event("tool.responded", {"name": "search", "error": {"code": "E1", "message": f"bad {SECRET_PATTERN}"}})
+        ex.event("llm.responded", {"response": {"model": "gpt-4o-mini", "usage": {"input_tokens": 7, "output_tokens": 2}}})
+        ex.event("tool.requested", {"name": "search"})
+    finally:
+        store.close()
+    frames = {}
+    for r in wal.WalReader(os.path.join(data, "wal")).records():
+        if is_event(r.payload):
+            f = split_event(r.payload)
+            body = r.payload[f.payload_offset :]
+            assert f.facts == list(orjson.loads(orjson.dumps(event_facts(f.type, body, orjson.loads(body)))))
+            frames[f.type] = f.facts
+    err, used = frames["tool.responded"]
+    assert used is None and err["code"] == "E1"
+    assert SECRET_PATTERN not in err["message"] and "[REDACTED]" in err["message"]
+    assert frames["llm.responded"] == [None, ["gpt-4o-mini", 7, 2, 0]]
+    assert frames["tool.requested"] == []
 
 
 def test_read_record_names_every_record():

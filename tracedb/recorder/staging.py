@@ -373,11 +373,11 @@ class Staging:
             if changed:
                 pj = payload_json(value, type_)
                 parsed = value
-        data = encode_event(execution_id, seq, type_, pj, now)
+        facts = event_facts(type_, pj, parsed)
+        data = encode_event(execution_id, seq, type_, pj, now, facts)
         if len(data) > wal.MAX_PAYLOAD_BYTES:
             check_record_size(data)
-        hint = EventFrame(execution_id, seq, type_, event_payload_offset(data, pj), now,
-                          event_facts(type_, pj, parsed, now)) if self.hinting else None
+        hint = EventFrame(execution_id, seq, type_, event_payload_offset(data, pj), now, facts) if self.hinting else None
         return data, hint
 
     @staticmethod

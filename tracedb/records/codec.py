@@ -3,7 +3,14 @@
 An event, the bulk of a log, is framed so that its payload goes into `trace_steps` as the JSON text
 the recorder serialised, never decoded and encoded again by the compactor:
 
-    0x01, JSON array [id, seq, type, t], "\\n", payload JSON
+    0x01, JSON array [id, seq, type, t, facts], "\\n", payload JSON
+
+`facts` is what the payload adds to its execution's derived columns (`outcomes.event_facts`,
+worked out by the store from the payload as stored, after redaction): [] for nothing, else
+[error or null, usage or null], error {"code", "message"}, usage [model or null, input tokens,
+output tokens, cached input tokens]. Compaction and the read of the WAL take them from the
+frame instead of decoding the payload. A record written before facts were framed has four
+items; its payload is decoded when it may matter, as before.
 
 Every other record is one orjson document:
 
@@ -46,10 +53,13 @@ STATUS_TEXT_KEY = {OP_INVALIDATE: "reason", OP_INCOMPLETE: "why", OP_RECORDING_F
 EVENT_TAG = 0x01  # never the first byte of a JSON document
 
 
-def encode_event(execution_id: str, seq: int, type_: str, payload_json: bytes, t: int) -> bytes:
-    """One event's record; `payload_json` is the payload already serialised."""
+def encode_event(execution_id: str, seq: int, type_: str, payload_json: bytes, t: int,
+                 facts: Optional[tuple] = None) -> bytes:
+    """One event's record; `payload_json` is the payload already serialised, `facts` its
+    `outcomes.event_facts` (None: a frame without them, as records were written before)."""
     # JSON escapes newlines inside strings, so the first b"\n" ends the header.
-    return b"\x01" + orjson.dumps((execution_id, seq, type_, t)) + b"\n" + payload_json
+    head = (execution_id, seq, type_, t) if facts is None else (execution_id, seq, type_, t, facts)
+    return b"\x01" + orjson.dumps(head) + b"\n" + payload_json
 
 
 def event_payload_offset(record: bytes, payload_json: bytes) -> int:
@@ -70,8 +80,9 @@ class EventFrame(NamedTuple):
     type: str
     payload_offset: int  # the payload JSON is record[payload_offset:]
     t: int
-    # What the event adds to the derived columns (`outcomes.event_facts`), when the writer
-    # knew it from the payload it had decoded; None: the reader decodes the payload if needed.
+    # What the event adds to the derived columns (`outcomes.event_facts`), as its frame says (lists)
+    # or the store handed it over; None: a record framed without them (the reader decodes the
+    # payload if needed).
     facts: Optional[tuple] = None
 
 
@@ -83,8 +94,14 @@ def is_event(record: bytes) -> bool:
 def split_event(record: bytes, _new=tuple.__new__, _loads=orjson.loads) -> EventFrame:
     """The frame of an event's record (`encode_event`): the one place it is parsed."""
     cut = record.index(b"\n")
-    eid, seq, type_, t = _loads(record[1:cut])
+    head = _loads(record[1:cut])
     # The tuple made directly, not through the named tuple's Python __new__: once per event read.
+    if len(head) == 5:
+        eid, seq, type_, t, facts = head
+        if type(facts) is not list:
+            raise TypeError(f"an event record's facts are a JSON array, not {type(facts).__name__}")
+        return _new(EventFrame, (eid, seq, type_, cut + 1, t, facts))
+    eid, seq, type_, t = head
     return _new(EventFrame, (eid, seq, type_, cut + 1, t, None))
 
 

@@ -264,25 +264,25 @@ def fold_event(row: dict, seq: int, event_type: str, payload: Any, t: int) -> No
     err = event_error(event_type, payload)
     used = event_usage(event_type, payload)
     if err is not None or used is not None:
-        fold_facts(row, seq, event_type, (err, None if used is None else (*used, call_price(used, t))), t)
+        fold_facts(row, seq, event_type, (err, used), t)
 
 
 NO_FACTS = ()  # what `event_facts` says of an event that changes no derived column
 
 
-def event_facts(event_type: str, payload_json: bytes, payload: Any, t: int) -> tuple:
-    """What an event recorded at `t` adds to the derived columns: (error or None, usage and
-    price or None: `event_usage` and `call_price`), NO_FACTS when nothing; `payload` is
-    `payload_json` decoded. The store has the payload decoded at hand when it writes the record,
-    and hands this to the compactor with it (`codec.EventFrame.facts`), so that compaction
-    decodes no payload and prices no call."""
+def event_facts(event_type: str, payload_json: bytes, payload: Any) -> tuple:
+    """What an event adds to the derived columns: (error or None, usage or None: `event_error`
+    and `event_usage`), NO_FACTS when nothing; `payload` is `payload_json` decoded. A function
+    of the payload alone (the price is looked up as the facts are folded). The store has the
+    payload decoded at hand when it writes the record and writes these into the record's frame
+    (`codec.encode_event`), so that neither compaction nor a read of the WAL decodes a payload."""
     if not may_matter(event_type, payload_json):
         return NO_FACTS
     err = event_error(event_type, payload)
     used = event_usage(event_type, payload)
     if err is None and used is None:
         return NO_FACTS
-    return err, None if used is None else (*used, call_price(used, t))
+    return err, used
 
 
 # (model, day, its `_rates`) of the last model call `call_price` priced: one tuple, read and
@@ -315,14 +315,16 @@ def call_price(used: tuple, t: int) -> Optional[float]:
 
 
 def fold_facts(row: dict, seq: int, event_type: str, facts: tuple, t: int) -> None:
-    """Fold an event's `event_facts` (not NO_FACTS) into the derived columns of `row`, as
-    `fold_event` folds its payload. Written for speed: compaction runs it for every model call."""
+    """Fold an event's `event_facts` (not NO_FACTS; lists, as read back from a record's frame,
+    do as well as tuples) recorded at `t` into the derived columns of `row`, the call priced at
+    `t`, as `fold_event` folds its payload. Written for speed: compaction runs it for every
+    model call."""
     err, used = facts
     if err is not None:
         _note_error(row, seq, event_type, err)
     if used is None:
         return
-    model, n_in, n_out, _cached, price = used
+    model, n_in, n_out, _cached = used
     models = row.get("models")
     if models is None:
         models = row["models"] = []
@@ -333,6 +335,7 @@ def fold_facts(row: dict, seq: int, event_type: str, facts: tuple, t: int) -> No
     if n_in or n_out:
         cost = row.get("cost_usd", 0.0)
         if cost is not None:
+            price = call_price(used, t)
             row["cost_usd"] = None if price is None else cost + price
         row["prices_version"] = _PRICES_VERSION or prices_version()
 
