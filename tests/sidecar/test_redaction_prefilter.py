@@ -1,11 +1,16 @@
 """Redaction's text search before its walk (`Rules.might_match`) never says "nothing to redact"
 for a value the walk would redact: generated values with secret key names hidden at any depth,
 in [name, value] pairs, dotted and header-prefixed names, strings holding documents (escaped
-too), odd case, dashes and underscores, non-ASCII look-alikes."""
+too), odd case, dashes and underscores, non-ASCII look-alikes. Both searches are checked: the one
+an event loop's thread runs (one pass of an automaton) and the one other threads run (a search
+per key)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +34,23 @@ def _docs(children):
     )
 
 
+_LOOP = asyncio.new_event_loop()
+
+
+def might_match(rules, on_loop: bool, value, text=None) -> bool:
+    """`rules.might_match` called on a thread running an event loop, or on one that is not."""
+    if not on_loop:
+        return rules.might_match(value, text)
+
+    async def call():
+        return rules.might_match(value, text)
+
+    return _LOOP.run_until_complete(call())
+
+
+SEARCHES = pytest.mark.parametrize("on_loop", [False, True], ids=["per-key", "automaton"])
+
+
 VALUES = st.recursive(LEAVES, lambda c: st.one_of(
     _docs(c),
     _docs(c).map(lambda d: orjson.dumps(d).decode()),  # a string holding a document
@@ -36,27 +58,32 @@ VALUES = st.recursive(LEAVES, lambda c: st.one_of(
 ), max_leaves=20)
 
 
+@SEARCHES
 @settings(max_examples=400, deadline=None)
-@given(VALUES)
-def test_text_search_never_hides_what_the_walk_finds(value):
+@given(value=VALUES)
+def test_text_search_never_hides_what_the_walk_finds(on_loop, value):
     plain = orjson.loads(orjson.dumps(value))
     needles = RULES.needles
     assert needles is not None
     _, changed = redact(plain, RULES)
     if changed:
-        assert RULES.might_match(plain)
+        assert might_match(RULES, on_loop, plain)
 
 
-def test_secret_found_through_the_text():
-    assert RULES.might_match({"a": [{"b": '{"X-API-KEY": 1}'}]})
-    assert RULES.might_match({"headers": [["Authorization", "Bearer x"]]})
-    assert RULES.might_match({"http.request.header.x-api-key": "v"})
-    assert not RULES.might_match({"usage": {"prompt_tokens": 3}, "content": "hello"})
+@SEARCHES
+def test_secret_found_through_the_text(on_loop):
+    assert might_match(RULES, on_loop, {"a": [{"b": '{"X-API-KEY": 1}'}]})
+    assert might_match(RULES, on_loop, {"headers": [["Authorization", "Bearer x"]]})
+    assert might_match(RULES, on_loop, {"http.request.header.x-api-key": "v"})
+    assert might_match(RULES, on_loop, {"a": '{"\\u0061pi_key": 1}'})  # an escape: left to the walk
+    assert not might_match(RULES, on_loop, {"usage": {"prompt_tokens": 3}, "content": "hello"})
+    assert not might_match(RULES, on_loop, {"a": '{"q": "x"}', "stop": ["\n\n"]})  # escapes, none \\u
 
 
+@SEARCHES
 @settings(max_examples=300, deadline=None)
-@given(VALUES)
-def test_text_given_by_the_caller_is_searched_as_written(value):
+@given(value=VALUES)
+def test_text_given_by_the_caller_is_searched_as_written(on_loop, value):
     """`might_match(value, text)` searches the JSON text the caller has (the stored payload's,
     or one a client wrote with other spacing and escapes) and never hides what the walk finds."""
     import json
@@ -64,13 +91,31 @@ def test_text_given_by_the_caller_is_searched_as_written(value):
     plain = orjson.loads(orjson.dumps(value))
     _, changed = redact(plain, RULES)
     if changed:
-        assert RULES.might_match(plain, orjson.dumps(plain))
-        assert RULES.might_match(plain, json.dumps(plain, indent=1).replace("/", "\\/").encode())
-        assert RULES.might_match(plain, json.dumps(plain, ensure_ascii=False).encode())
+        assert might_match(RULES, on_loop, plain, orjson.dumps(plain))
+        assert might_match(RULES, on_loop, plain, json.dumps(plain, indent=1).replace("/", "\\/").encode())
+        assert might_match(RULES, on_loop, plain, json.dumps(plain, ensure_ascii=False).encode())
 
 
-def test_shared_start_searched_once():
+@SEARCHES
+def test_keys_sharing_a_start_are_each_found(on_loop):
     rules = Redactor(keys=("password", "passwd"), patterns=()).for_intent(None)
-    assert rules.might_match({"PassWD": 1}, b'{"PassWD":1}')
-    assert rules.might_match({"pass-word": 1}, b'{"pass-word":1}')
-    assert not rules.might_match({"passport": 1}, b'{"passport":1}')
+    assert might_match(rules, on_loop, {"PassWD": 1}, b'{"PassWD":1}')
+    assert might_match(rules, on_loop, {"pass-word": 1}, b'{"pass-word":1}')
+    assert not might_match(rules, on_loop, {"passport": 1}, b'{"passport":1}')
+
+
+def test_an_event_loops_thread_searches_with_the_automaton_and_any_other_thread_key_by_key():
+    rules = Redactor(keys=("api_key",), patterns=()).for_intent(None)
+    assert rules.needles == (b"apikey",)
+    searched = []
+
+    class Spy:
+        def find_matches_as_indexes(self, text):
+            searched.append(text)
+            return []
+
+    object.__setattr__(rules, "_matcher", Spy())
+    assert not might_match(rules, False, {"Q-x": 1})
+    assert searched == []
+    assert not might_match(rules, True, {"Q-x": 1})
+    assert searched == [b'{"qx":1}']  # lowered, "-" and "_" taken out

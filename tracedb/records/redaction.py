@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 import orjson
+from ahocorasick_rs import BytesAhoCorasick, Implementation
 
+from wal.futures import running_loop
 from tracedb.errors import ConfigError
 from tracedb.records.record import REDACTED
 
@@ -169,6 +171,9 @@ def _has_key(value: Any, secret: dict, keys: frozenset) -> bool:
 _NEEDLES_MAX = 64
 # One pass over the text: ASCII capitals lowered, "-" and "_" taken out (`_norm`'s normalisation).
 _LOWER = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
+# Searched for with the keys: a \\u escape could spell one (lowering makes a \\U one too, which
+# costs a needless walk at most).
+_ESCAPE = b"\\u"
 # Needles sharing a first part this long are searched for once by it ("passw": "password",
 # "passwd"): each search is a pass over the whole text, whatever the needle.
 _SHARED_PREFIX = 5
@@ -189,21 +194,32 @@ def _search_plan(needles: tuple) -> tuple:
     return tuple((a, tuple(ks)) if len(ks) > 1 else (ks[0], ()) for a, ks in groups.items())
 
 
-def _names_absent(value: Any, plan: tuple, text: Optional[bytes] = None) -> bool:
+def _names_absent(value: Any, plan: tuple, matcher: Any, text: Optional[bytes] = None) -> bool:
     """True when no key can name a secret anywhere in `value`: its JSON text (`text` when the
     caller has it), lowered and with "-" and "_" taken out (the
     normalisation of `_norm`), holds none of the keys. A key that
     matches, as a whole, by its last dotted part or after a header prefix, inside a [name,
     value] pair or inside a string holding a document, has its normalised name in that text.
     Only ASCII text without escapes is read so (a \\u escape, or a non-ASCII letter whose lower
-    case is ASCII, could spell a key otherwise); anything else is left to the walk (False)."""
+    case is ASCII, could spell a key otherwise); anything else is left to the walk (False).
+
+    On a thread running an event loop (the asyncio API, the sidecar: one thread records for
+    many callers) the text is searched in one pass by `matcher`, an Aho-Corasick automaton of
+    the keys and `_ESCAPE`, which lets go of the GIL while it searches. Elsewhere (the sync
+    API, called from many threads at once) each key of `plan` is searched for with the GIL
+    held: a thread that lets go of it waits behind the other callers to get it back, which cost
+    the sync API more than the single pass saves (docs/benchmarks.md)."""
     if text is None:
         try:
             text = orjson.dumps(value)
         except (TypeError, orjson.JSONEncodeError):
             return False
+    if not text.isascii():
+        return False
+    if running_loop() is not None:
+        return not matcher.find_matches_as_indexes(text.translate(_LOWER, b"-_"))
     # A backslash is found by memchr; the two-byte search runs only on text that has one.
-    if not text.isascii() or (b"\\" in text and b"\\u" in text):
+    if b"\\" in text and _ESCAPE in text:
         return False
     text = text.translate(_LOWER, b"-_")
     for anchor, group in plan:
@@ -228,6 +244,8 @@ class Rules:
     _needles: Any = field(default=None, compare=False, repr=False, init=False)
     # `needles` grouped for the search (`_search_plan`), set with them
     _plan: tuple = field(default=(), compare=False, repr=False, init=False)
+    # `needles` and `_ESCAPE` as one automaton (`_names_absent`), set with them
+    _matcher: Any = field(default=None, compare=False, repr=False, init=False)
 
     @property
     def empty(self) -> bool:
@@ -242,7 +260,7 @@ class Rules:
             return True
         if not self.keys:
             return False
-        if self.needles is not None and _names_absent(value, self._plan, text):
+        if self.needles is not None and _names_absent(value, self._plan, self._matcher, text):
             return False
         return _has_key(value, self.seen, self.keys)
 
@@ -257,6 +275,9 @@ class Rules:
             got = tuple(k.encode() for k in self.keys if not any(o != k and o in k for o in self.keys)) if ok else False
             object.__setattr__(self, "_needles", got)
             object.__setattr__(self, "_plan", _search_plan(got) if got else ())
+            if got:
+                object.__setattr__(
+                    self, "_matcher", BytesAhoCorasick([*got, _ESCAPE], implementation=Implementation.DFA))
         return got or None
 
 
