@@ -28,13 +28,13 @@ trace's `meta` for `verify`. A record lists where it was redacted (`ExecutionRec
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 import orjson
 from ahocorasick_rs import BytesAhoCorasick, Implementation
 
-from wal.futures import running_loop
 from tracedb.errors import ConfigError
 from tracedb.records.record import REDACTED
 
@@ -194,6 +194,13 @@ def _search_plan(needles: tuple) -> tuple:
     return tuple((a, tuple(ks)) if len(ks) > 1 else (ks[0], ()) for a, ks in groups.items())
 
 
+def _on_loop_thread() -> bool:
+    """Whether an asyncio event loop runs on this thread (asyncio is not imported for it: a read
+    command that never imported it has no loop)."""
+    aio = sys.modules.get("asyncio")
+    return aio is not None and aio._get_running_loop() is not None
+
+
 def _names_absent(value: Any, plan: tuple, matcher: Any, text: Optional[bytes] = None) -> bool:
     """True when no key can name a secret anywhere in `value`: its JSON text (`text` when the
     caller has it), lowered and with "-" and "_" taken out (the
@@ -216,7 +223,7 @@ def _names_absent(value: Any, plan: tuple, matcher: Any, text: Optional[bytes] =
             return False
     if not text.isascii():
         return False
-    if running_loop() is not None:
+    if _on_loop_thread():
         return not matcher.find_matches_as_indexes(text.translate(_LOWER, b"-_"))
     # A backslash is found by memchr; the two-byte search runs only on text that has one.
     if b"\\" in text and _ESCAPE in text:
@@ -273,11 +280,12 @@ class Rules:
             ok = len(self.keys) <= _NEEDLES_MAX and all(_plain_name(k) for k in self.keys)
             # A key that holds another is found through it ("xapikey" through "apikey").
             got = tuple(k.encode() for k in self.keys if not any(o != k and o in k for o in self.keys)) if ok else False
-            object.__setattr__(self, "_needles", got)
+            # The plan and the automaton first: a thread that finds `_needles` set searches with them.
             object.__setattr__(self, "_plan", _search_plan(got) if got else ())
             if got:
                 object.__setattr__(
                     self, "_matcher", BytesAhoCorasick([*got, _ESCAPE], implementation=Implementation.DFA))
+            object.__setattr__(self, "_needles", got)
         return got or None
 
 
