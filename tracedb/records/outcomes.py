@@ -286,7 +286,7 @@ def event_facts(event_type: str, payload_json: bytes, payload: Any) -> tuple:
 
 
 # (model, day, its `_rates`) of the last model call `call_price` priced: one tuple, read and
-# replaced whole, since threads recording at once price their calls side by side.
+# replaced whole, since threads folding at once (the compactor, reads of the WAL) price side by side.
 _last_rates: tuple = (None, None, None)
 
 
@@ -294,7 +294,7 @@ def call_price(used: tuple, t: int) -> Optional[float]:
     """The price in USD of a model call recorded at `t`, `used` its `event_usage`: 0.0 with no
     tokens, None when the table does not know the model. `price_usd` written out for the linear
     prices (nearly every model), the last model's rates kept at hand: this runs for every model
-    call recorded."""
+    call folded."""
     model, n_in, n_out, cached = used
     if not (n_in or n_out):
         return 0.0
