@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import uuid
 
 import orjson
@@ -49,7 +50,13 @@ def _refused(value, *, bare: bool = False) -> bool:
     if isinstance(value, float):
         if not math.isfinite(value):
             return True
-        return bare and value.is_integer() and -I64 <= value < I64
+        if not bare:
+            return False
+        # A whole number SQLite would give back as an integer, or one its reading of the text
+        # would change (its conversion is not correctly rounded for every float).
+        text = orjson.dumps(value).decode()
+        return (value.is_integer() and -I64 <= value < I64) or \
+            sqlite3.connect(":memory:").execute("SELECT CAST(? AS REAL)", (text,)).fetchone()[0] != value
     if isinstance(value, str):
         return any(0xD800 <= ord(c) <= 0xDFFF for c in value)
     if isinstance(value, list):

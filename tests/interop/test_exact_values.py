@@ -44,6 +44,7 @@ def test_values_come_back_identical_or_are_refused_before_anything_is_written(st
         (1, 1, 1.0, 1),
         (1, 1, -0.0, 1),
         (1, 1, 1e16, 1),
+        (1, 1, 3.611192091442987e-308, 1),  # SQLite reads it back one unit in the last place away
         (1, 1, "x", {"n": 1 << 64}),
         (1, 1, "x", {"n": "\ud800"}),
         ({"big": (1 << 64) - 1, "neg": -(1 << 63), "f": -0.0, "one": 1.0}, [1e16, 1e-300, 0.1], 1.5,

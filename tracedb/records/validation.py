@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import sqlite3
 from typing import Any, Mapping, Optional
 
 import orjson
@@ -277,15 +278,32 @@ def check_depth(value: Any, text: bytes, what: str) -> None:
 
 
 def check_bare_float(payload: float, type_: str) -> None:
-    """A payload that is a bare float must not be a whole number in the 64-bit range: SQLite
-    stores a JSON column's bare number by NUMERIC affinity, which turns 1.0, -0.0 and 1e16
-    into the integers 1, 0 and 10000000000000000."""
+    """A payload that is a bare float must come back from SQLite as itself. SQLite stores a JSON
+    column's bare number by NUMERIC affinity: it turns 1.0, -0.0 and 1e16 into the integers 1,
+    0 and 10000000000000000, and its own reading of the text is not correctly rounded for
+    every float (3.611192091442987e-308 comes back one unit in the last place away)."""
     if payload.is_integer() and -_I64 <= payload < _I64:
-        raise InvalidInputError(
-            f"payload of event {type_!r} is the bare float {payload!r}, which the database would "
-            "give back as an integer",
-            hint="wrap it in an object ({\"value\": ...}): inside an object it is kept exactly",
-        )
+        _refuse_bare_float(payload, type_, "an integer")
+    got = _sqlite_real(orjson.dumps(payload).decode())
+    if got != payload:
+        _refuse_bare_float(payload, type_, repr(got))
+
+
+def _sqlite_real(text: str) -> float:
+    """The float SQLite reads `text` as (NUMERIC affinity and CAST take the same path)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        return conn.execute("SELECT CAST(? AS REAL)", (text,)).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _refuse_bare_float(payload: float, type_: str, given_back: str) -> None:
+    raise InvalidInputError(
+        f"payload of event {type_!r} is the bare float {payload!r}, which the database would "
+        f"give back as {given_back}",
+        hint="wrap it in an object ({\"value\": ...}): inside an object it is kept exactly",
+    )
 
 
 def payload_json(payload: Any, type_: str) -> bytes:
