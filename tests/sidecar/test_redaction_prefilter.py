@@ -119,3 +119,29 @@ def test_an_event_loops_thread_searches_with_the_automaton_and_any_other_thread_
     assert searched == []
     assert not might_match(rules, True, {"Q-x": 1})
     assert searched == [b'{"qx":1}']  # lowered, "-" and "_" taken out
+
+
+def test_more_keys_than_a_search_key_by_key_pays_for_are_searched_in_one_pass_on_a_loop():
+    """Beyond `_NEEDLES_MAX` keys a thread without a loop walks every value; a loop's thread
+    still searches the text first, in the automaton's one pass, whatever the number of keys."""
+    keys = DEFAULT_KEYS + tuple(f"vault_{i:03d}_token" for i in range(100))
+    rules = Redactor(keys=keys, patterns=()).for_intent(None)
+    assert rules.needles is not None and len(rules.needles) > 64
+    for on_loop in (False, True):
+        assert might_match(rules, on_loop, {"a": [{"Vault-099-Token": 1}]})
+        assert might_match(rules, on_loop, {"a": '{"x": {"vault_007_token": 2}}'})
+        assert not might_match(rules, on_loop, {"usage": {"prompt_tokens": 3}, "content": "hello"})
+    searched = []
+
+    class Spy:
+        def find_matches_as_indexes(self, text):
+            searched.append(text)
+            return []
+
+    object.__setattr__(rules, "_matcher", Spy())
+    assert not might_match(rules, False, {"q": 1})
+    assert searched == []  # walked, not searched
+    assert not might_match(rules, True, {"q": 1})
+    assert searched == [b'{"q":1}']
+    redacted, changed = redact({"vault_042_token": "s3cret", "q": 1}, rules)
+    assert changed and redacted["vault_042_token"] != "s3cret" and redacted["q"] == 1

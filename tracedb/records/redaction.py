@@ -167,7 +167,8 @@ def _has_key(value: Any, secret: dict, keys: frozenset) -> bool:
     return False
 
 
-# Beyond this many keys the text search costs more than the walk it saves.
+# Beyond this many keys a search key by key costs more than the walk it saves; the automaton's
+# one pass costs about the same whatever the number of keys.
 _NEEDLES_MAX = 64
 # One pass over the text: ASCII capitals lowered, "-" and "_" taken out (`_norm`'s normalisation).
 _LOWER = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
@@ -201,7 +202,7 @@ def _on_loop_thread() -> bool:
     return aio is not None and aio._get_running_loop() is not None
 
 
-def _names_absent(value: Any, plan: tuple, matcher: Any, text: Optional[bytes] = None) -> bool:
+def _names_absent(value: Any, plan: Optional[tuple], matcher: Any, text: Optional[bytes] = None) -> bool:
     """True when no key can name a secret anywhere in `value`: its JSON text (`text` when the
     caller has it), lowered and with "-" and "_" taken out (the
     normalisation of `_norm`), holds none of the keys. A key that
@@ -215,7 +216,11 @@ def _names_absent(value: Any, plan: tuple, matcher: Any, text: Optional[bytes] =
     the keys and `_ESCAPE`, which lets go of the GIL while it searches. Elsewhere (the sync
     API, called from many threads at once) each key of `plan` is searched for with the GIL
     held: a thread that lets go of it waits behind the other callers to get it back, which cost
-    the sync API more than the single pass saves (docs/benchmarks.md)."""
+    the sync API more than the single pass saves (docs/benchmarks.md); `plan` is None when
+    there are more keys than `_NEEDLES_MAX`, and such a thread walks the value instead."""
+    on_loop = _on_loop_thread()
+    if plan is None and not on_loop:
+        return False  # more keys than a search key by key pays for: the walk
     if text is None:
         try:
             text = orjson.dumps(value)
@@ -223,7 +228,7 @@ def _names_absent(value: Any, plan: tuple, matcher: Any, text: Optional[bytes] =
             return False
     if not text.isascii():
         return False
-    if _on_loop_thread():
+    if on_loop:
         return not matcher.find_matches_as_indexes(text.translate(_LOWER, b"-_"))
     # A backslash is found by memchr; the two-byte search runs only on text that has one.
     if b"\\" in text and _ESCAPE in text:
@@ -249,8 +254,9 @@ class Rules:
     seen: dict = field(default_factory=dict, compare=False, repr=False)
     # `needles`, once worked out (None: not yet; False: the keys cannot be searched as text)
     _needles: Any = field(default=None, compare=False, repr=False, init=False)
-    # `needles` grouped for the search (`_search_plan`), set with them
-    _plan: tuple = field(default=(), compare=False, repr=False, init=False)
+    # `needles` grouped for the search (`_search_plan`), set with them; None: too many to search
+    # for one by one (more than `_NEEDLES_MAX`)
+    _plan: Optional[tuple] = field(default=(), compare=False, repr=False, init=False)
     # `needles` and `_ESCAPE` as one automaton (`_names_absent`), set with them
     _matcher: Any = field(default=None, compare=False, repr=False, init=False)
 
@@ -277,11 +283,12 @@ class Rules:
         as its own characters in JSON text (then every value is walked)."""
         got = self._needles
         if got is None:
-            ok = len(self.keys) <= _NEEDLES_MAX and all(_plain_name(k) for k in self.keys)
+            ok = all(_plain_name(k) for k in self.keys)
             # A key that holds another is found through it ("xapikey" through "apikey").
             got = tuple(k.encode() for k in self.keys if not any(o != k and o in k for o in self.keys)) if ok else False
             # The plan and the automaton first: a thread that finds `_needles` set searches with them.
-            object.__setattr__(self, "_plan", _search_plan(got) if got else ())
+            plan = _search_plan(got) if got and len(got) <= _NEEDLES_MAX else None
+            object.__setattr__(self, "_plan", plan)
             if got:
                 object.__setattr__(
                     self, "_matcher", BytesAhoCorasick([*got, _ESCAPE], implementation=Implementation.DFA))
