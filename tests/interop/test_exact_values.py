@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -76,6 +77,45 @@ def test_nan_through_the_recording_api_is_refused_naming_where_it_is(tmp_path):
         rec = store.get(ex.execution_id)
         assert rec.header.replayable and tracedb.ReplayEngine(rec).replay().payload == {"score": 0.5}
 
+
+def test_a_bare_nan_is_refused_as_not_a_json_number_not_as_a_float_to_wrap(tmp_path):
+    """JSON has no NaN or infinity, inside an object or not: the error says so, and its hint is
+    the one that works (a string or null), not wrapping the value."""
+    with tracedb.open(str(tmp_path / "d"), config=SETTINGS) as store:
+        ex = store.start("Score", {"intent": "Score"})
+        for bare in (math.nan, math.inf, -math.inf):
+            with pytest.raises(tracedb.InvalidInputError) as err:
+                ex.event("agent.score", bare)
+            assert "NaN or infinity" in err.value.message and "wrap" not in err.value.hint
+            assert "null" in err.value.hint
+
+
+class _Int(int):
+    """An int subclass (an IntEnum's members are ints so)."""
+
+
+def test_a_bare_number_given_as_json_text_or_an_int_subclass_is_checked_as_the_number_it_is(tmp_path):
+    """An `orjson.Fragment` holding a bare number, or an int subclass, gets the rules of the
+    bare number it stands for; text SQLite would not give back as written is refused, and
+    nothing reaches the WAL."""
+    with tracedb.open(str(tmp_path / "d"), config=SETTINGS) as store:
+        ex = store.start("Score", {"intent": "Score"})
+        lsn = store.durable_lsn
+        for bare in (orjson.Fragment(b"3.611192091442987e-308"), orjson.Fragment(b"1.0"),
+                     orjson.Fragment(b"1.50"), orjson.Fragment(b"18446744073709551616"), _Int(1 << 63)):
+            with pytest.raises(tracedb.InvalidInputError) as err:
+                ex.event("agent.score", bare)
+            assert "wrap it in an object" in err.value.hint, bare
+        assert store.durable_lsn == lsn
+        assert ex.event("agent.score", orjson.Fragment(b"1.5")) == 1
+        assert ex.event("agent.score", _Int(25)) == 2
+        assert ex.event("agent.score", orjson.Fragment(b"-7")) == 3
+        ex.finish({"status": "success"})
+        store.compact()
+        rec = store.get(ex.execution_id)
+        assert [e.payload for e in rec.events[:3]] == [1.5, 25, -7]
+        assert rec.header.replayable
+        assert store.verify().problems == ()
 
 def test_the_asyncio_twin_records_a_whole_execution_or_nothing(tmp_path):
     import asyncio

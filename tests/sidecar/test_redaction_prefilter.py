@@ -145,3 +145,15 @@ def test_more_keys_than_a_search_key_by_key_pays_for_are_searched_in_one_pass_on
     assert searched == [b'{"q":1}']
     redacted, changed = redact({"vault_042_token": "s3cret", "q": 1}, rules)
     assert changed and redacted["vault_042_token"] != "s3cret" and redacted["q"] == 1
+
+
+def test_a_thread_asks_for_a_loop_while_another_imports_asyncio(monkeypatch):
+    """While a first `import asyncio` runs on another thread, the module is in sys.modules
+    before its functions are: redaction then takes this thread for one without a loop."""
+    import sys
+    import types
+
+    rules = Redactor(keys=("api_key",), patterns=()).for_intent(None)
+    monkeypatch.setitem(sys.modules, "asyncio", types.ModuleType("asyncio"))  # half imported
+    assert not rules.might_match({"q": 1})
+    assert rules.might_match({"API-Key": 1})

@@ -198,8 +198,10 @@ def _search_plan(needles: tuple) -> tuple:
 def _on_loop_thread() -> bool:
     """Whether an asyncio event loop runs on this thread (asyncio is not imported for it: a read
     command that never imported it has no loop)."""
-    aio = sys.modules.get("asyncio")
-    return aio is not None and aio._get_running_loop() is not None
+    # While another thread imports asyncio for the first time, the module is there before the
+    # function is: no loop can run on this thread yet.
+    running = getattr(sys.modules.get("asyncio"), "_get_running_loop", None)
+    return running is not None and running() is not None
 
 
 def _names_absent(value: Any, plan: Optional[tuple], matcher: Any, text: Optional[bytes] = None) -> bool:

@@ -329,9 +329,7 @@ def payload_parsed(payload: Any, type_: str) -> tuple[bytes, Any]:
     payload given to `set_decoded` is its own parse."""
     t = type(payload)
     if t is int:
-        check_bare_int(payload, type_)
-    elif t is float:
-        check_bare_float(payload, type_)
+        check_bare_int(payload, type_)  # before orjson, whose refusal of 2**64 says less
     what = _PAYLOAD_WHAT.get(type_)
     if what is None:
         what = _payload_what(type_)
@@ -340,7 +338,23 @@ def payload_parsed(payload: Any, type_: str) -> tuple[bytes, Any]:
         # decoded holds none, and needs no check_finite.
         out = (dumps(payload, what), payload)
     else:
-        out = dumps_parsed(payload, what)
+        out = dumps_parsed(payload, what)  # a non-finite float is refused here, as such
+        # A bare number is checked as it was parsed back: given as an int subclass (an
+        # IntEnum's member) or as an orjson.Fragment's text, it is stored as that number.
+        parsed = out[1]
+        pt = type(parsed)
+        if pt is int and t is not int:
+            check_bare_int(parsed, type_)
+        elif pt is float:
+            check_bare_float(parsed, type_)
+        if (pt is int or pt is float) and t is not pt and orjson.dumps(parsed) != out[0]:
+            # SQLite keeps a bare number as the number, not as its text: "1.50" would read
+            # back as 1.5, and an integer orjson reads as a float (2**64) as that float.
+            raise InvalidInputError(
+                f"payload of event {type_!r} is the bare number {out[0].decode()}, which the "
+                f"database would give back as {orjson.dumps(parsed).decode()}",
+                hint="wrap it in an object ({\"value\": ...}): inside an object it is kept exactly",
+            )
     check_depth(payload, out[0], what)
     return out
 
