@@ -626,3 +626,65 @@ def test_the_cyclic_collector_is_off_during_a_batch_and_restored_after(open_stor
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_batch_of_ids_that_land_inside_the_index_is_inserted_in_id_order_and_reads_back_the_same(
+    open_store, monkeypatch, tmp_path
+):
+    """Caller-given uuid4 ids, executions interleaved: once the table holds greater ids, a
+    batch's traces and steps go in by execution id (a stable sort: each execution's steps stay
+    in seq order); what is read back is what was recorded. The store's own ids, which grow with
+    time, are inserted in log order."""
+    import random
+    import uuid
+
+    from tracedb.projection import compactor
+
+    rng = random.Random(7)  # uuid4 ids, the same in every run
+    keyed = []
+    real = compactor._in_key_order
+    monkeypatch.setattr(compactor, "_in_key_order", lambda steps: keyed.append(len(steps)) or real(steps))
+    store = open_store()
+    expected = {}
+    for round_ in range(3):
+        execs = [store.start("X", {"r": round_}, execution_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)))
+                 for _ in range(12)]
+        for seq in range(1, 6):
+            for k, ex in enumerate(execs):
+                ex.event("tool.responded", {"k": k, "seq": seq, "r": round_})
+        for ex in execs:
+            ex.finish({"status": "success"})
+        for k, ex in enumerate(execs):
+            expected[ex.execution_id] = [{"k": k, "seq": s, "r": round_} for s in range(1, 6)]
+        store.compact()
+    assert keyed, "no batch was inserted in id order"
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(trace_steps.c.execution_id, trace_steps.c.seq, trace_steps.c.lsn)
+                            .order_by(trace_steps.c.lsn)).all()
+    assert len(rows) == 36 * 6
+    for eid, want in expected.items():
+        rec = store.get(eid)
+        assert [e.payload for e in rec.events[:5]] == want and rec.header.replayable
+        lsns = [lsn for _eid, _seq, lsn in sorted(r for r in rows if r[0] == eid)]
+        assert lsns == sorted(lsns)  # seq order is log order within an execution
+    assert store.verify().problems == ()
+
+    # The store's own ids (UUIDv7) grow with time: inserted in log order.
+    keyed.clear()
+    own = open_store(str(tmp_path / "own"))
+    for _ in range(3):
+        execs = [own.start("X", {}) for _ in range(12)]
+        for ex in execs:
+            ex.event("tool.responded", {})
+        for ex in execs:
+            ex.finish({"status": "success"})
+        own.compact()
+    assert keyed == []
+
+
+def test_in_key_order_sorts_rows_by_execution_id_and_keeps_each_executions_order():
+    from tracedb.projection.compactor import _in_key_order
+
+    flat = ["b", 1, "x", "p", 10, 5, 0, "a", 1, "x", "p", 11, 6, 0, "b", 2, "x", "p", 12, 7, 0, "a", 2, "x", "p", 13, 8, 0]
+    assert _in_key_order(flat) == ["a", 1, "x", "p", 11, 6, 0, "a", 2, "x", "p", 13, 8, 0,
+                                   "b", 1, "x", "p", 10, 5, 0, "b", 2, "x", "p", 12, 7, 0]

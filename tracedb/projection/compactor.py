@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
 import operator
 import time
@@ -59,7 +60,7 @@ from tracedb.projection import db, rollup
 from tracedb.records import outcomes
 from tracedb.projection.checksums import TRACE_VALUE_COLUMNS, crc_column
 from tracedb.errors import IntegrityError
-from tracedb.records.fold import STEP_COLUMNS, Fold, steps_of
+from tracedb.records.fold import STEP_COLUMNS, STEP_WIDTH, Fold, steps_of
 from tracedb.projection.models import compaction_checkpoint, trace_steps, traces
 from tracedb.records.record import REASON_RANK, STATUS_INCOMPLETE, STATUS_INVALIDATED
 from tracedb.projection.schema import TRACES
@@ -110,6 +111,32 @@ def _checked_json(value) -> tuple[Optional[str], int]:
         return None, 0
     data = orjson.dumps(value)
     return data.decode(), crc32c(data)
+
+
+_FIRST = operator.itemgetter(0)  # a trace row's execution id (schema.TRACES), as a step row's (TRACE_STEPS)
+_GREATEST_STEP_ID = "SELECT max(execution_id) FROM trace_steps"
+
+
+def _lands_inside(conn, steps: list) -> bool:
+    """Whether most executions of a batch's steps (laid end to end, as `Fold.steps`) have ids
+    below the greatest one `trace_steps` holds. Their rows then go into the middle of the
+    primary keys' indexes, not onto their end, and inserted in log order (executions
+    interleaved) each lands on a page of its own, which SQLite's small page cache has mostly
+    let go: a caller's uuid4 ids do so. Ids that grow with time, as the store's own do
+    (UUIDv7), land near the end whatever the order, and sorting would only cost."""
+    top = conn.exec_driver_sql(_GREATEST_STEP_ID).scalar()
+    if top is None:
+        return False
+    ids = dict.fromkeys(steps[0::STEP_WIDTH])
+    below = sum(1 for eid in ids if eid < top)
+    return below * 2 > len(ids)
+
+
+def _in_key_order(steps: list) -> list:
+    """Step rows laid end to end, ordered by execution id; one execution's rows stay in the
+    order given (its seq order: the sort is stable)."""
+    order = sorted(range(0, len(steps), STEP_WIDTH), key=steps.__getitem__)
+    return list(itertools.chain.from_iterable([steps[i : i + STEP_WIDTH] for i in order]))
 
 
 class _Raw:
@@ -270,6 +297,8 @@ class Compactor:
                 engine, trace_steps.insert(), STEP_COLUMNS, flat=True, column_keys=list(STEP_COLUMNS)
             )
         self._insert_traces = _Raw(engine, traces.insert(), TRACES, column_keys=list(TRACES))
+        # SQLite: a batch whose executions' ids land inside the indexes is inserted in id order.
+        self._key_order = engine.dialect.name == "sqlite"
         self._updates: dict = {}
         # Whether this database keeps stats_rollup by batch (SQLite since migration 0008,
         # PostgreSQL since 0009); known at the first batch.
@@ -517,11 +546,15 @@ class Compactor:
                     for r in new.values():
                         delta.add(r["intent"], r["outcome"], r["models"], r["input_tokens"], r["output_tokens"],
                                   r["cost_usd"], r["created_at_ns"], r["last_event_ns"], self.recorder_id)
+                keyed = self._key_order and _lands_inside(conn, steps)
                 if new:
-                    self._insert_traces.execute(conn, [self._trace_tuple(r) for r in new.values()])
+                    rows = [self._trace_tuple(r) for r in new.values()]
+                    if keyed:
+                        rows.sort(key=_FIRST)  # by execution id
+                    self._insert_traces.execute(conn, rows)
                 if upd:
                     self._run_updates(conn, upd, held)
-                self._insert_steps.execute(conn, steps)
+                self._insert_steps.execute(conn, _in_key_order(steps) if keyed else steps)
                 if delta is not None:
                     # Read back what is or was finished: a row that was running and that this
                     # batch gave no outcome is running still, and contributes nothing.
