@@ -197,11 +197,14 @@ def test_compact_prune_pin_migrate_wal_scan(seeded, run, data_dir):
     assert run("pin", "exec-a1b2c3d4").stdout.strip() == "pinned exec-a1b2c3d4"
     dry = json.loads(run("prune", "--older-than", "1s", "--dry-run", "--json").stdout)
     assert (dry["deleted_traces"], dry["kept_pinned"]) == (1, 1)
+    said = run("prune", "--older-than", "1s", "--dry-run").stdout
+    assert said.startswith("would delete 1 trace(s)") and "freed" not in said  # a dry run frees nothing
     real = json.loads(run("prune", "--older-than", "1s", "--json").stdout)
     assert (real["dry_run"], real["deleted_traces"], real["deleted_steps"]) == (False, 1, 3)
     assert json.loads(run("prune", "--older-than", "1s", "--json").stdout)["deleted_traces"] == 0
     assert run("unpin", "exec-a1b2c3d4").exit_code == 0
-    assert "deleted 1 trace(s)" in run("prune", "--older-than", "1s").stdout
+    said = run("prune", "--older-than", "1s").stdout
+    assert "deleted 1 trace(s)" in said and "; freed " in said
     assert run("migrate").stdout.startswith(f"schema at {HEAD_REVISION}")
     assert run("prune", "--older-than", "soon").exit_code == 2  # a bad option value is a usage error
     assert run("inspect", "--list", "--limit", "0").exit_code == 2  # a page of nothing is no page

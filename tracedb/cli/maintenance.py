@@ -124,9 +124,11 @@ def prune(ctx, older_than, dry_run, as_json):
         )
     else:
         verb = "would delete" if dry_run else "deleted"
+        # A dry run deletes nothing and so frees nothing: it says nothing of space.
+        freed = "" if dry_run else f"; freed {format_bytes(r.bytes_freed)}"
         click.echo(
             f"{verb} {r.deleted_traces} trace(s) and {r.deleted_steps} step(s); kept "
-            f"{r.kept_pinned} pinned and {r.kept_parents} fork parent(s); freed {format_bytes(r.bytes_freed)}"
+            f"{r.kept_pinned} pinned and {r.kept_parents} fork parent(s){freed}"
         )
 
 
