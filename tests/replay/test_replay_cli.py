@@ -153,7 +153,9 @@ def test_trace_diff_shows_steps_up_to_the_divergence(data_dir, ids):
     lines = r.stdout.splitlines()
     assert lines[1].startswith("0") and "http_call" in lines[1] and lines[1].endswith("=")
     assert lines[2].startswith("1") and '".price"' in lines[2] and lines[2].endswith("≠")
-    assert "first divergence at step 1: params differ" in r.stdout
+    # Two recorded traces: A vs B, neither called the original or the replay.
+    assert "first divergence at step 1: params differs: " in r.stdout and " vs " in r.stdout
+    assert "original" not in r.stdout and "replay" not in r.stdout
     assert run(data_dir, "trace", "diff", ids["plan_a"], ids["plan_b"], "--exit-code").exit_code == 1
 
 

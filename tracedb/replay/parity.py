@@ -245,11 +245,14 @@ def determinism_signature(
     return content_hash(signature_entries(steps))
 
 
+def _first_difference(a: Dict[str, Any], b: Dict[str, Any]) -> Optional[str]:
+    """The first part of two signature entries that differs, None if none does."""
+    return next((part for part in ("skill", "params", "status", "retries") if a[part] != b[part]), None)
+
+
 def _step_difference(a: Dict[str, Any], b: Dict[str, Any]) -> str:
-    for part in ("skill", "params", "status", "retries"):
-        if a[part] != b[part]:
-            return f"{part} differ: original {a[part]}, replay {b[part]}"
-    return "same"
+    part = _first_difference(a, b)
+    return "same" if part is None else f"{part} differ: original {a[part]}, replay {b[part]}"
 
 
 def compare_steps(original: Sequence[StepOutcome], replay: Sequence[StepOutcome]) -> ParityResult:
@@ -480,8 +483,9 @@ def diff_traces(a: ExecutionRecord, b: ExecutionRecord) -> TraceDiff:
         parity: Optional[ParityResult] = compare_steps(steps_a, steps_b)
 
         def differs(x, y):
-            why = _step_difference(x, y)  # versions are shown, never compared
-            return None if why == "same" else why
+            part = _first_difference(x, y)  # versions are shown, never compared
+            # A vs B, as the event rows say it: two recorded traces, neither of them a replay.
+            return None if part is None else f"{part} differs: {x[part]} vs {y[part]}"
     else:
         unit = "event"
         ea = [_event_entry(e) for e in a.events if e.type != FINAL_RESPONSE]
