@@ -34,5 +34,5 @@ def test_the_stats_table_has_a_line_per_group_and_counts_the_executions_of_unkno
     # one that called a model the price table does not know is counted, not priced.
     total = lines["total"]
     assert total[1:4] == ["4", "1", "33.3%"] and total[7] == "1,660" and total[-1] == "1"
-    assert lines["my-own-model"][-2:] == ["$0.0000", "1"] and lines["gpt-4o"][-1] == "-"
+    assert lines["my-own-model"][-2:] == ["unknown", "1"] and lines["gpt-4o"][-1] == "-"  # never $0.0000
     assert lines["gpt-4o"][-2] == "$0.0012"

@@ -219,7 +219,7 @@ PRINTERS = {"table": _print_table, "json": _print_json, "ndjson": _print_ndjson,
 @click.option("--model", help="Only executions that called this model.")
 @click.option("--error", "error_code", metavar="CODE", help="Only executions whose first error has this code.")
 @click.option("--min-cost", type=click.FloatRange(min=0), metavar="USD", help="Only executions that cost at least this.")
-@click.option("--slower-than", type=SlowerThanParam(), help="Only finished executions that took longer (500ms, 2s, 1m).")
+@click.option("--slower-than", type=SlowerThanParam(), help="Only executions no longer running that took longer, from creation to their last event (500ms, 2s, 1m).")
 @click.option("--limit", type=click.IntRange(min=1), help=f"Executions per page (default {DEFAULT_PAGE_SIZE}).")
 @click.option("--before", type=CursorParam(), help="The next page: the cursor printed after the previous one.")
 @click.option("--all", "all_", is_flag=True, help="Every matching execution, not one page.")
@@ -390,8 +390,9 @@ def stats(ctx, since, all_time, by, as_json):
     """Counts, failure rate, p50/p95/p99 duration, tokens and cost of executions, computed in SQL.
 
     FAILED% is failed / (succeeded + failed); durations run from creation to the last event of
-    executions no longer running; COST sums the known costs, and UNPRICED counts the executions
-    whose cost is unknown (a model the price table does not know). By model, an execution that
+    executions no longer running; COST sums the known costs ("unknown" when none is known), and
+    UNPRICED counts the executions whose cost is unknown (a model the price table does not
+    know). By model, an execution that
     called several models counts under each. Without --since or --all: the last 24 hours.
     With --all on SQLite the percentiles come from a duration histogram (16 buckets a doubling)
     and are within 3.1% of the exact ones (11.8% by hour); counts, tokens and cost are exact
@@ -433,5 +434,7 @@ def _stats_cells(key, g: dict) -> tuple[str, ...]:
     return (
         "-" if key is None else str(key), str(g["executions"]), str(g["failed"]), rate,
         ms(g["p50_ms"]), ms(g["p95_ms"]), ms(g["p99_ms"]), f"{g['input_tokens'] + g['output_tokens']:,}",
-        f"${g['cost_usd']:.4f}", f"{g['cost_unknown']:,}" if g["cost_unknown"] else "-",
+        # No known cost at all is "unknown", never $0.0000 (a model the price table lacks).
+        "unknown" if g["cost_unknown"] and g["cost_unknown"] >= g["executions"] else f"${g['cost_usd']:.4f}",
+        f"{g['cost_unknown']:,}" if g["cost_unknown"] else "-",
     )
