@@ -62,6 +62,7 @@ def quoted(text: str, ending: str) -> str:
 CASES = [
     (["inspect", "--list"], "recover"),               # the note: one left running with no recorder
     (["inspect", "exec-nosuch"], "inspect --list"),  # the hint of an error
+    (["inspect", "exec-nosuch", "--json"], "inspect --list"),  # the same hint, in the JSON error
     (["inspect", "--lisst"], "inspect --help"),       # the hint of a usage error
 ]
 

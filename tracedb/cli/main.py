@@ -108,7 +108,7 @@ class CommandError(click.ClickException):
 
     def show(self, file=None) -> None:
         if self.as_json:
-            doc = {"error": {"message": self.message, "hint": self.hint, "exit_code": self.exit_code}}
+            doc = {"error": {"message": as_invoked(self.message), "hint": as_invoked(self.hint), "exit_code": self.exit_code}}
             click.echo(orjson.dumps(doc).decode(), err=True)
             return
         click.echo(f"error: {as_invoked(self.message)}", err=True)
