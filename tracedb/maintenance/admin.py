@@ -217,12 +217,22 @@ def _require_wal_dir(config: Config) -> None:
         raise StoreNotFoundError(config.wal_dir)
 
 
-def _open_store(config: Config, progress: Progress = None) -> Store:
+def _open_store(config: Config, progress: Progress = None, *, doing: Optional[str] = None) -> Store:
+    """The store, for this process's one job; `doing`: the command, named in the hint when a
+    running recorder holds the data directory."""
     _require_data_dir(config)
     # No background threads: this process does one job and closes the store.
-    return Store(
-        config.replace(compact_interval_ms=0, idle_timeout_s=0), recovery_progress=progress, warn_if_shared=False
-    )
+    try:
+        return Store(
+            config.replace(compact_interval_ms=0, idle_timeout_s=0), recovery_progress=progress, warn_if_shared=False
+        )
+    except StoreInUseError as e:
+        if doing is None:
+            raise
+        raise StoreInUseError(
+            e.message, hint=f"the running recorder does this itself: it compacts continuously and recovers "
+            f"when it starts. To run `tracedb {doing}` yourself, stop the recorder first",
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -237,7 +247,7 @@ class CompactReport:
 def compact(config: Config, progress: Progress = None) -> CompactReport:
     """Apply every durable WAL record to the database now (a running recorder does it itself)."""
     # Opening recovers, which compacts everything durable; compact() then finds the rest.
-    store = _open_store(config, progress)
+    store = _open_store(config, progress, doing="compact")
     try:
         result = store.compact(progress=progress)
         opened = store.last_recovery
@@ -250,7 +260,7 @@ def compact(config: Config, progress: Progress = None) -> CompactReport:
 def recover(config: Config, progress: Progress = None) -> RecoverResult:
     """Repair a torn WAL tail, compact, mark unfinished executions incomplete; retry nothing."""
     try:
-        store = _open_store(config, progress)
+        store = _open_store(config, progress, doing="recover")
     except wal.WalCorruptionError as e:
         moved = _moved_aside(e.path)
         if moved is None:
