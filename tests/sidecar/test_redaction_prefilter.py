@@ -104,10 +104,9 @@ def test_keys_sharing_a_start_are_each_found(on_loop):
     assert not might_match(rules, on_loop, {"passport": 1}, b'{"passport":1}')
 
 
-def test_an_event_loops_thread_searches_with_the_automaton_and_any_other_thread_key_by_key():
-    rules = Redactor(keys=("api_key",), patterns=()).for_intent(None)
-    assert rules.needles == (b"apikey",)
-    searched = []
+def spy_on_the_automaton(rules) -> list:
+    """Replace the rules' automaton with one that finds nothing and notes each text it is given."""
+    searched: list = []
 
     class Spy:
         def find_matches_as_indexes(self, text):
@@ -115,6 +114,13 @@ def test_an_event_loops_thread_searches_with_the_automaton_and_any_other_thread_
             return []
 
     object.__setattr__(rules, "_matcher", Spy())
+    return searched
+
+
+def test_an_event_loops_thread_searches_with_the_automaton_and_any_other_thread_key_by_key():
+    rules = Redactor(keys=("api_key",), patterns=()).for_intent(None)
+    assert rules.needles == (b"apikey",)
+    searched = spy_on_the_automaton(rules)
     assert not might_match(rules, False, {"Q-x": 1})
     assert searched == []
     assert not might_match(rules, True, {"Q-x": 1})
@@ -131,14 +137,7 @@ def test_more_keys_than_a_search_key_by_key_pays_for_are_searched_in_one_pass_on
         assert might_match(rules, on_loop, {"a": [{"Vault-099-Token": 1}]})
         assert might_match(rules, on_loop, {"a": '{"x": {"vault_007_token": 2}}'})
         assert not might_match(rules, on_loop, {"usage": {"prompt_tokens": 3}, "content": "hello"})
-    searched = []
-
-    class Spy:
-        def find_matches_as_indexes(self, text):
-            searched.append(text)
-            return []
-
-    object.__setattr__(rules, "_matcher", Spy())
+    searched = spy_on_the_automaton(rules)
     assert not might_match(rules, False, {"q": 1})
     assert searched == []  # walked, not searched
     assert not might_match(rules, True, {"q": 1})
