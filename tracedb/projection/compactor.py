@@ -546,7 +546,7 @@ class Compactor:
                     for r in new.values():
                         delta.add(r["intent"], r["outcome"], r["models"], r["input_tokens"], r["output_tokens"],
                                   r["cost_usd"], r["created_at_ns"], r["last_event_ns"], self.recorder_id)
-                keyed = self._key_order and _lands_inside(conn, steps)
+                keyed = self._key_order and bool(steps) and _lands_inside(conn, steps)
                 if new:
                     rows = [self._trace_tuple(r) for r in new.values()]
                     if keyed:
