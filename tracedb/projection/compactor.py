@@ -297,7 +297,8 @@ class Compactor:
                 engine, trace_steps.insert(), STEP_COLUMNS, flat=True, column_keys=list(STEP_COLUMNS)
             )
         self._insert_traces = _Raw(engine, traces.insert(), TRACES, column_keys=list(TRACES))
-        # SQLite: a batch whose executions' ids land inside the indexes is inserted in id order.
+        # SQLite: a batch whose executions' ids land inside the indexes is inserted in id order
+        # (on PostgreSQL, measured, sorting before COPY only cost: docs/benchmarks.md).
         self._key_order = engine.dialect.name == "sqlite"
         self._updates: dict = {}
         # Whether this database keeps stats_rollup by batch (SQLite since migration 0008,
