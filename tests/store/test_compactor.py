@@ -686,5 +686,5 @@ def test_in_key_order_sorts_rows_by_execution_id_and_keeps_each_executions_order
     from tracedb.projection.compactor import _in_key_order
 
     flat = ["b", 1, "x", "p", 10, 5, 0, "a", 1, "x", "p", 11, 6, 0, "b", 2, "x", "p", 12, 7, 0, "a", 2, "x", "p", 13, 8, 0]
-    assert _in_key_order(flat) == ["a", 1, "x", "p", 11, 6, 0, "a", 2, "x", "p", 13, 8, 0,
+    assert list(_in_key_order(flat)) == ["a", 1, "x", "p", 11, 6, 0, "a", 2, "x", "p", 13, 8, 0,
                                    "b", 1, "x", "p", 10, 5, 0, "b", 2, "x", "p", 12, 7, 0]

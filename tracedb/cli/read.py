@@ -392,8 +392,8 @@ def stats(ctx, since, all_time, by, as_json):
     FAILED% is failed / (succeeded + failed); durations run from creation to the last event of
     executions no longer running; COST sums the known costs ("unknown" when none is known), and
     UNPRICED counts the executions whose cost is unknown (a model the price table does not
-    know). By model, an execution that
-    called several models counts under each. Without --since or --all: the last 24 hours.
+    know). By model, an execution that called several models counts under each. Without
+    --since or --all: the last 24 hours.
     With --all on SQLite the percentiles come from a duration histogram (16 buckets a doubling)
     and are within 3.1% of the exact ones (11.8% by hour); counts, tokens and cost are exact
     (docs/outcomes.md).

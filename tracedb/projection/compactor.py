@@ -132,11 +132,11 @@ def _lands_inside(conn, steps: list) -> bool:
     return below * 2 > len(ids)
 
 
-def _in_key_order(steps: list) -> list:
+def _in_key_order(steps: list) -> tuple:
     """Step rows laid end to end, ordered by execution id; one execution's rows stay in the
-    order given (its seq order: the sort is stable)."""
+    order given (its seq order: the sort is stable). A tuple: the insert takes it as it is."""
     order = sorted(range(0, len(steps), STEP_WIDTH), key=steps.__getitem__)
-    return list(itertools.chain.from_iterable([steps[i : i + STEP_WIDTH] for i in order]))
+    return tuple(itertools.chain.from_iterable([steps[i : i + STEP_WIDTH] for i in order]))
 
 
 class _Raw:
